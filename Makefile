@@ -1,0 +1,43 @@
+# gemma-tpu: `make demo` runs the course in the smoke profile, `make test` runs the test suite.
+# Each target creates the virtual environments it needs when they are missing, and installs iverilog with apt.
+PYTHON ?= python3
+VENV := .venv
+SERVE_VENV := .venv-serve
+PY := $(VENV)/bin/python
+PROFILE ?= smoke
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
+
+.PHONY: all venv serve-venv iverilog test demo clean-runs
+
+all: demo
+
+$(VENV)/.installed: requirements.txt requirements-common.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+$(SERVE_VENV)/.installed: requirements-serve.txt
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install -q --upgrade pip
+	$(SERVE_VENV)/bin/pip install -r requirements-serve.txt
+	$(SERVE_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+venv: $(VENV)/.installed
+serve-venv: $(SERVE_VENV)/.installed
+
+iverilog:
+	@command -v iverilog >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog; }
+
+test: venv serve-venv iverilog
+	$(PY) -m pytest tests/ -q
+	$(PY) -m pytest --nbmake --nbmake-timeout=600 notebooks/ -q
+
+demo: venv serve-venv iverilog
+	$(PY) -m gemma_tpu_helpers demo --profile $(PROFILE)
+
+clean-runs:
+	rm -rf runs/

@@ -1,0 +1,141 @@
+"""``python -m gemma_tpu_helpers <step> ...``: the functions the notebooks call, from a shell (for tmux on a TPU VM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import profiles
+
+
+def _profile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, help=f"one of {', '.join(profiles.PROFILES)} "
+                   f"(default: ${profiles.ENV_VAR}, else smoke when no TPU is visible)")
+
+
+def cmd_setup(args) -> int:
+    """Step 00: versions, devices, profile, course map and the profile's memory estimate."""
+    prof = profiles.configure_jax(args.profile)
+    from . import course, gemma4, plan, tiny
+
+    print(f"profile: {prof.name} - {prof.description}")
+    for k, v in course.versions().items():
+        print(f"  {k:18s} {v}")
+    print("devices:", json.dumps(course.devices()))
+    text = tiny.tiny_text_config(prof.model.tiny_layers) if prof.model.source == "tiny" else gemma4.GEMMA4_31B_TEXT_CONFIG
+    est = plan.memory_estimate(prof, text)
+    print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
+    print(plan.memory_table(est).to_string(index=False))
+    print(course.course_map().drop(columns=["helpers"]).to_string(index=False))
+    return 0
+
+
+def cmd_tiny_model(args) -> int:
+    """Write the tiny Gemma 4 checkpoint (31B structure, real on-disk layout, trained tokenizer)."""
+    from . import tiny
+
+    try:
+        out = tiny.write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, overwrite=args.overwrite)
+    except (ValueError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shards = sorted(p.name for p in Path(out).glob("*.safetensors"))
+    print(f"wrote {out}: {len(shards)} safetensors shards + index, config, generation config, tokenizer")
+    return 0
+
+
+def cmd_parity(args) -> int:
+    """tunix vs transformers logits (and, with --layers, hidden states per layer) on a checkpoint."""
+    prof = profiles.configure_jax(args.profile)
+    from . import mesh as mesh_lib
+    from . import parity
+    from .gemma4 import CheckpointError, load_model
+
+    try:
+        mesh = mesh_lib.make_mesh(prof)
+        model = load_model(args.model_dir, mesh, dtype="float32")
+    except (CheckpointError, mesh_lib.MeshError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stats = parity.compare_logits(args.model_dir, mesh, seq_len=args.seq_len, model=model)
+    print(f"max |dlogit|: {stats['max_abs']:.3e}  logit scale: {stats['scale']:.3f}  relative: {stats['rel']:.3e}"
+          f"  (bound {args.bound:.0e})")
+    if args.layers:
+        print(parity.compare_layers(args.model_dir, mesh, seq_len=args.seq_len, model=model).to_string(index=False))
+    ok = stats["rel"] <= args.bound
+    print("parity: OK" if ok else "parity: FAILED")
+    return 0 if ok else 1
+
+
+def cmd_report(args) -> int:
+    """Write runs/<profile>/report.md from the figures the notebooks recorded."""
+    from . import course
+
+    prof = profiles.get_profile(args.profile)
+    print(course.write_report(prof.run_dir(args.runs)))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Run every notebook in order under the profile; executed copies and report.md go to runs/<profile>/."""
+    from . import course
+
+    prof = profiles.get_profile(args.profile)
+    run_dir = prof.run_dir(args.runs)
+    results = course.run_notebooks(prof.name, run_dir)
+    for r in results:
+        print(f"{r['notebook']:28s} {r['seconds']:7.1f} s  {r['error'] or 'ok'}")
+    print(course.write_report(run_dir))
+    return 1 if any(r["error"] for r in results) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers",
+                                 description="gemma-tpu course steps. Each sub-command is what a notebook calls.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="STEP")
+
+    p = sub.add_parser("setup", help="00: versions, devices, profile, course map, memory estimate")
+    _profile_arg(p)
+    p.set_defaults(func=cmd_setup)
+
+    p = sub.add_parser("tiny-model", help="00: write the tiny random Gemma 4 checkpoint + tokenizer")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=6,
+                   help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint in OUT_DIR")
+    p.set_defaults(func=cmd_tiny_model)
+
+    p = sub.add_parser("parity", help="00: tunix vs transformers logits on a checkpoint")
+    p.add_argument("model_dir")
+    _profile_arg(p)
+    p.add_argument("--seq-len", type=int, default=40)
+    p.add_argument("--bound", type=float, default=1e-4, help="max |dlogit| / max |logit| allowed")
+    p.add_argument("--layers", action="store_true", help="also compare hidden states after each decoder layer")
+    p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
+    _profile_arg(p)
+    p.add_argument("--runs", default=None, help="runs root (default ./runs)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="write runs/<profile>/report.md from the recorded figures")
+    _profile_arg(p)
+    p.add_argument("--runs", default=None, help="runs root (default ./runs)")
+    p.set_defaults(func=cmd_report)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # unknown profile and other bad input: a message, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The course map, the environment report and the run report (notebook 00 and `make demo`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+# notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke measured; TPU estimated).
+COURSE = [
+    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "1 min", "10 min (31B download)"),
+    ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "mesh", "< 1 min", "2 min"),
+    ("02_lora_naming", "LoRA module naming (HF names vs tunix einsums)", "lora", "< 1 min", "5 min"),
+    ("03_sharding_annotation", "Sharding annotation corrections", "sharding", "< 1 min", "5 min"),
+    ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "remat, plan", "1 min", "15 min"),
+    ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "1 min", "10 min"),
+    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train", "1.5 min", "hours (1 epoch)"),
+    ("07_orbax_merge", "Orbax -> safetensors merge, streamed", "merge", "1 min", "30 min"),
+    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve", "3 min", "20 min"),
+    ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "2 min", "1 h"),
+    ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "bench", "2 min", "1 h"),
+]
+
+VERSIONED = ["jax", "jaxlib", "flax", "google-tunix", "qwix", "optax", "orbax-checkpoint", "grain", "transformers",
+             "safetensors", "tokenizers", "datasets", "torch", "libtpu"]
+
+
+def course_map():
+    """The course as a table; `available` says which notebooks exist in this checkout."""
+    import pandas as pd
+
+    rows = [
+        {"notebook": nb, "paper's fix": fix, "helpers": "gemma_tpu_helpers." + mods.replace(", ", ", ."),
+         "CPU (smoke)": cpu, "TPU (est.)": tpu, "available": (NOTEBOOKS_DIR / f"{nb}.ipynb").is_file()}
+        for nb, fix, mods, cpu, tpu in COURSE
+    ]
+    return pd.DataFrame(rows)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def devices() -> dict:
+    import jax
+
+    devs = jax.devices()
+    return {"backend": jax.default_backend(), "device_count": len(devs), "kind": devs[0].device_kind,
+            "process_count": jax.process_count()}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def record(run_dir: str | Path, step: str, **figures) -> dict:
+    """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises)."""
+    path = Path(run_dir) / "figures.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data[step] = figures
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
+    return data
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """``run_dir/report.md``: one section per step, with the figures each notebook recorded."""
+    run_dir = Path(run_dir)
+    path = run_dir / "figures.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    lines = [f"# gemma-tpu run report: {run_dir.name}", ""]
+    if not data:
+        lines.append("No step recorded figures yet (run the notebooks, or `make demo`).")
+    for step in sorted(data):
+        lines += [f"## {step}", "", "| figure | value |", "| --- | --- |"]
+        lines += [f"| {k} | {v} |" for k, v in data[step].items()]
+        lines.append("")
+    out = run_dir / "report.md"
+    write_atomic(out, "\n".join(lines) + "\n")
+    return out
+
+
+def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] | None = None,
+                  timeout: int = 1200) -> list[dict]:
+    """Execute the course notebooks in order under ``profile_name``; executed copies go to ``run_dir/executed``.
+
+    Stops at the first failing notebook, keeping its executed copy (with the error) for inspection.
+    """
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+    from tqdm.auto import tqdm
+
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "executed"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notebooks = notebooks or sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+    os.environ["GEMMA_TPU_PROFILE"] = profile_name
+    os.environ["GEMMA_TPU_RUNS"] = str(run_dir.parent.resolve())
+    results = []
+    for nb_path in tqdm(notebooks, desc="notebooks"):
+        nb = nbformat.read(nb_path, as_version=4)
+        start = time.perf_counter()
+        error = None
+        try:
+            NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                           resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+        except Exception as e:  # keep the executed copy, report, stop
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        write_atomic(out_dir / nb_path.name, nbformat.writes(nb))
+        results.append({"notebook": nb_path.stem, "seconds": round(time.perf_counter() - start, 1), "error": error})
+        if error:
+            break
+    record(run_dir, "demo", **{r["notebook"]: (f"{r['seconds']} s" if not r["error"] else r["error"]) for r in results})
+    return results

@@ -1,0 +1,202 @@
+"""One mapping from a Hugging Face Gemma 4 ``config.json`` to a tunix ``ModelConfig``, and a checked loader.
+
+The same functions serve the tiny smoke checkpoint and the real ``google/gemma-4-31B-it``: the tiny model's
+config is derived from :data:`GEMMA4_31B_TEXT_CONFIG` with smaller numbers, so tests walk the 31B's code paths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+# The text config of google/gemma-4-31B-it (the fields this course reads), as in its config.json "text_config".
+GEMMA4_31B_TEXT_CONFIG: dict = {
+    "model_type": "gemma4_text",
+    "vocab_size": 262144,
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 60,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "num_global_key_value_heads": 4,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0,
+    "enable_moe_block": False,
+    "use_double_wide_mlp": False,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    },
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+}
+
+PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period
+KEY_PREFIX = "model.language_model."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded as a Gemma 4 text model."""
+
+
+def read_text_config(model_dir: str | Path) -> dict:
+    """The text part of a Gemma 4 ``config.json`` (multimodal layout or text-only)."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise CheckpointError(f"Checkpoint directory {model_dir} does not exist. Build the smoke one with "
+                              f"`python -m gemma_tpu_helpers tiny-model {model_dir}` or download the real one.")
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory.")
+    cfg = json.loads(path.read_text())
+    text = cfg.get("text_config", cfg)
+    if text.get("model_type") not in ("gemma4_text", "gemma4"):
+        raise CheckpointError(f"{path} describes model_type={text.get('model_type')!r}, not a Gemma 4 text model.")
+    return text
+
+
+def layer_kinds(text_config: dict) -> list[str]:
+    """'global' or 'local' for every layer."""
+    return ["global" if t == "full_attention" else "local" for t in text_config["layer_types"]]
+
+
+def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "none"):
+    """The tunix ``gemma4.ModelConfig`` for a HF Gemma 4 text config (the only mapping in this package)."""
+    import jax.numpy as jnp
+    from tunix.models.gemma4 import model as gm
+
+    c = text_config
+    if c.get("enable_moe_block") or c.get("use_double_wide_mlp"):
+        raise CheckpointError("MoE and double-wide-MLP Gemma 4 variants are not covered by this course (31B is dense).")
+    if c.get("num_kv_shared_layers", 0):
+        raise CheckpointError("KV-shared layers (Gemma 4 E2B/E4B) are not covered by this course.")
+    rope = c["rope_parameters"]
+    pattern = tuple(
+        gm.AttentionType.GLOBAL if k == "global" else gm.AttentionType.LOCAL_SLIDING for k in layer_kinds(c)
+    )
+    jdtype = jnp.dtype(dtype)
+    return gm.ModelConfig(
+        num_layers=c["num_hidden_layers"],
+        num_embed=c["vocab_size"],
+        embed_dim=c["hidden_size"],
+        hidden_dim=c["intermediate_size"],
+        num_heads=c["num_attention_heads"],
+        head_dim=c["head_dim"],
+        num_kv_heads=c["num_key_value_heads"],
+        num_global_kv_heads=c.get("num_global_key_value_heads"),
+        global_key_size=c["global_head_dim"],
+        k_eq_v_global=bool(c.get("attention_k_eq_v")),
+        final_logit_softcap=c.get("final_logit_softcapping"),
+        sliding_window_size=c["sliding_window"],
+        per_layer_input_dim=c.get("hidden_size_per_layer_input", 0) or 0,
+        attention_pattern=pattern,
+        local_base_frequency=int(rope["sliding_attention"]["rope_theta"]),
+        global_base_frequency=int(rope["full_attention"]["rope_theta"]),
+        global_rope_proportion=rope["full_attention"].get("partial_rotary_factor", 1.0),
+        param_dtype=jdtype,
+        dtype=jdtype,
+        remat_config=getattr(gm.RematConfig, remat.upper()),
+    )
+
+
+def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> list[str]:
+    """Sharded dims that the mesh cannot divide, as sentences naming the tensor and the axis."""
+    c = text_config
+    tp = mesh_axes.get("tp", 1)
+    fsdp = mesh_axes.get("fsdp", 1)
+    checks = [
+        ("q_proj (attention heads)", c["num_attention_heads"], "tp", tp),
+        ("k_proj/v_proj on local layers (KV heads)", c["num_key_value_heads"], "tp", tp),
+        ("k_proj on global layers (global KV heads)", c.get("num_global_key_value_heads") or c["num_key_value_heads"], "tp", tp),
+        ("embed_tokens (vocab)", c["vocab_size"], "tp", tp),
+        ("mlp (intermediate_size)", c["intermediate_size"], "tp", tp),
+        ("hidden_size", c["hidden_size"], "fsdp", fsdp),
+    ]
+    return [
+        f"{name}: {n} is not divisible by mesh axis {axis!r} of size {size}"
+        for name, n, axis, size in checks
+        if n % size
+    ]
+
+
+def valid_tp_sizes(text_config: dict, max_tp: int = 64) -> list[int]:
+    """The tp sizes whose head counts and widths divide (e.g. [1, 2, 4] for the 31B: 4 global KV heads)."""
+    return [tp for tp in range(1, max_tp + 1) if not head_divisibility_problems(text_config, {"tp": tp})]
+
+
+def check_checkpoint(model_dir: str | Path) -> dict:
+    """Validate a checkpoint's files and key layout; return its text config. Raises CheckpointError."""
+    model_dir = Path(model_dir)
+    text = read_text_config(model_dir)
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"{model_dir} has config.json but no *.safetensors weights.")
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        keys = list(json.loads(index.read_text())["weight_map"])
+    else:
+        from safetensors import safe_open
+
+        keys = []
+        for s in shards:
+            with safe_open(s, framework="np") as f:
+                keys.extend(f.keys())
+    layer_keys = [k for k in keys if re.search(r"layers\.\d+\.", k)]
+    wrong = [k for k in layer_keys if not k.startswith(KEY_PREFIX)]
+    if wrong or not layer_keys:
+        example = wrong[0] if wrong else "(no decoder layer keys at all)"
+        raise CheckpointError(
+            f"{model_dir}: tensor {example!r} does not use the Gemma 4 checkpoint layout "
+            f"(keys under {KEY_PREFIX!r}, as google/gemma-4-31B-it saves them). A plain Gemma4ForCausalLM "
+            f"saves 'model.layers...'; save with Gemma4ForConditionalGeneration or rename the keys."
+        )
+    return text
+
+
+def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str = "none"):
+    """Load a HF Gemma 4 checkpoint into a sharded tunix model on ``mesh``.
+
+    Checks the key layout and that the mesh divides every sharded head count before tunix sees the files,
+    so errors name the tensor and the mesh axis instead of failing deep inside the loader.
+    """
+    from tunix.models.gemma4 import params_safetensors
+
+    text = check_checkpoint(model_dir)
+    axes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    problems = head_divisibility_problems(text, axes)
+    if problems:
+        raise CheckpointError(
+            "The mesh cannot shard this model: " + "; ".join(problems)
+            + f". Valid tp sizes for this config: {valid_tp_sizes(text)}."
+        )
+    cfg = to_tunix_config(text, dtype=dtype, remat=remat)
+    return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh)
+
+
+def ensure_base(profile, run_dir: str | Path | None = None) -> Path:
+    """The profile's base checkpoint in ``runs/<profile>/base``: the tiny model is built on first use; the real
+    one is downloaded from the Hugging Face Hub (needs network and, for Gemma, an accepted licence + HF_TOKEN)."""
+    base = Path(run_dir or profile.run_dir()) / "base"
+    if profile.model.source == "tiny":
+        from .tiny import ensure_tiny_model
+
+        return ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers)
+    if not (base / "config.json").is_file():
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(profile.model.source, local_dir=base,
+                          allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
+    check_checkpoint(base)
+    return base

@@ -1,0 +1,269 @@
+"""Every hyperparameter and hardware preset of the course, in one place.
+
+A profile is picked by name (``smoke``, ``v5p-8``, ``v6e-8``) or by the ``GEMMA_TPU_PROFILE`` environment
+variable. ``smoke`` is the default when no TPU is visible: a tiny random Gemma 4 on 8 virtual CPU devices that
+walks the same code paths as the real 31B.
+
+This module must not import JAX: :func:`configure_jax` sets ``XLA_FLAGS`` and has to run before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import sys
+from pathlib import Path
+
+ENV_VAR = "GEMMA_TPU_PROFILE"
+
+# The paper's GPU baseline and the TPU list prices it compared against (USD per hour, on-demand, us-central1).
+PRICES_DATE = "2026-05"
+PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    platform: str  # "cpu" or "tpu"
+    num_devices: int  # devices JAX sees (virtual CPU devices in smoke)
+    mesh: tuple[tuple[str, int], ...]  # axis name -> size, in order
+    tpu_topology: str | None = None  # for jax.experimental.topologies (AOT plans)
+    chip: str | None = None
+    hbm_gib_per_chip: float | None = None
+    price_usd_per_hour: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    # "tiny" builds the tiny random Gemma 4 (tiny.py) into runs/<profile>/base; otherwise a Hugging Face id.
+    source: str
+    dtype: str  # param and compute dtype in JAX
+    tiny_layers: int = 6
+    tiny_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    dropout: float
+    # Hugging Face / PEFT names; lora.py maps them to tunix module paths.
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    learning_rate: float
+    warmup_steps: int
+    schedule: str  # "cosine"
+    weight_decay: float
+    micro_batch: int  # global rows per micro-step
+    grad_accum: int
+    max_seq_len: int
+    epochs: int
+    max_steps: int | None  # None: one pass over the data times `epochs`
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    remat: str  # "none" | "block" | "decoder"
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    # "shipped" reads gemma_tpu_helpers/data/verilog_sft.jsonl; otherwise a local .jsonl/.json/.parquet or a HF dataset id.
+    source: str
+    split: str = "train"
+    strip_think: bool = True  # drop <think>...</think> reasoning, keep the answer with its fenced Verilog
+    overlong: str = "drop"  # "drop" or "trim" examples longer than max_seq_len
+    eval_fraction: float = 0.05
+    pack: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSpec:
+    tensor_parallel: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str = "auto"
+    image: str = "vllm/vllm-tpu:v0.32.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    hardware: Hardware
+    model: ModelSpec
+    lora: LoraSpec
+    train: TrainSpec
+    data: DataSpec
+    serve: ServeSpec
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.hardware.mesh)
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.hardware.mesh)
+
+    def run_dir(self, root: str | os.PathLike | None = None) -> Path:
+        """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout)."""
+        root = root or os.environ.get("GEMMA_TPU_RUNS")
+        if root is None:
+            checkout = Path(__file__).resolve().parent.parent
+            root = checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
+        return Path(root) / self.name
+
+
+_PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)
+_PAPER_TRAIN = TrainSpec(
+    learning_rate=1e-4,
+    warmup_steps=100,
+    schedule="cosine",
+    weight_decay=0.001,
+    micro_batch=1,
+    grad_accum=8,
+    max_seq_len=3072,
+    epochs=1,
+    max_steps=None,
+    eval_every=200,
+    checkpoint_every=200,
+    keep_checkpoints=3,
+    remat="block",
+)
+_REAL_DATA = DataSpec(source="zhuyaoyu/CodeV-R1-dataset")
+# Reported as working for the 31B on v6e: TP8 runs out of HBM in the benchmark configuration.
+_V6E_SERVE = ServeSpec(
+    tensor_parallel=4,
+    max_model_len=16384,
+    max_num_batched_tokens=4096,
+    gpu_memory_utilization=0.98,
+    kv_cache_dtype="fp8",
+)
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in [
+        Profile(
+            name="smoke",
+            description="Tiny random Gemma 4 with the 31B's structure, 8 virtual CPU devices; runs anywhere in minutes.",
+            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
+            model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0),
+            lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
+            train=TrainSpec(
+                learning_rate=1e-3,
+                warmup_steps=2,
+                schedule="cosine",
+                weight_decay=0.001,
+                micro_batch=4,
+                grad_accum=2,
+                max_seq_len=512,
+                epochs=1,
+                max_steps=30,
+                eval_every=10,
+                checkpoint_every=10,
+                keep_checkpoints=2,
+                remat="none",
+            ),
+            data=DataSpec(source="shipped"),
+            serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
+        ),
+        Profile(
+            name="v5p-8",
+            description="Gemma 4 31B LoRA training on a TPU v5p-8 (4 chips), the paper's hyperparameters.",
+            hardware=Hardware(
+                platform="tpu",
+                num_devices=4,
+                mesh=(("fsdp", 1), ("tp", 4)),  # tp=8 cannot divide the 31B's 4 global KV heads
+                tpu_topology="v5p:2x2x1",
+                chip="v5p",
+                hbm_gib_per_chip=95.0,
+                price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-8"],
+            ),
+            model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
+            lora=_PAPER_LORA,
+            train=_PAPER_TRAIN,
+            data=_REAL_DATA,
+            serve=_V6E_SERVE,
+        ),
+        Profile(
+            name="v6e-8",
+            description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP4 per the working configuration).",
+            hardware=Hardware(
+                platform="tpu",
+                num_devices=8,
+                mesh=(("fsdp", 2), ("tp", 4)),
+                tpu_topology="v6e:2x4",
+                chip="v6e",
+                hbm_gib_per_chip=32.0,
+                price_usd_per_hour=PRICES_USD_PER_HOUR["v6e-8"],
+            ),
+            model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
+            lora=_PAPER_LORA,
+            train=_PAPER_TRAIN,
+            data=_REAL_DATA,
+            serve=_V6E_SERVE,
+        ),
+    ]
+}
+
+
+def tpu_visible() -> bool:
+    """True on a TPU VM (TPU device files present), without importing JAX."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def default_profile_name() -> str:
+    name = os.environ.get(ENV_VAR)
+    if name:
+        return name
+    if not tpu_visible():
+        return "smoke"
+    accel = os.environ.get("TPU_ACCELERATOR_TYPE", "")
+    if accel in PROFILES:
+        return accel
+    raise ValueError(
+        f"A TPU is visible but {ENV_VAR} is not set. Set it to one of: {', '.join(PROFILES)} "
+        f"(e.g. `export {ENV_VAR}=v5p-8`)."
+    )
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The named profile, or the one chosen by $GEMMA_TPU_PROFILE (default ``smoke`` without a TPU)."""
+    name = name or default_profile_name()
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"Unknown profile {name!r}. Valid profiles: {', '.join(PROFILES)}.") from None
+
+
+def configure_jax(profile: Profile | str | None = None) -> Profile:
+    """Set the environment JAX reads at import time; call it before the first ``import jax``.
+
+    For a CPU profile this asks XLA for the profile's number of virtual devices and pins JAX to the CPU, so
+    a machine with libtpu installed (it is, for AOT plans) does not probe for a TPU.
+    """
+    profile = profile if isinstance(profile, Profile) else get_profile(profile)
+    if profile.hardware.platform == "cpu":
+        flag = f"--xla_force_host_platform_device_count={profile.hardware.num_devices}"
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+        wanted = " ".join(flags + [flag])
+        if "jax" in sys.modules and os.environ.get("XLA_FLAGS") != wanted:
+            import jax  # already imported: only check
+
+            if jax.device_count() != profile.hardware.num_devices:
+                raise RuntimeError(
+                    f"JAX was imported before configure_jax() and sees {jax.device_count()} devices, but profile "
+                    f"{profile.name!r} needs {profile.hardware.num_devices}. Restart the kernel and run the "
+                    f"parameters cell first (or set XLA_FLAGS='{flag}' before importing JAX)."
+                )
+        os.environ["XLA_FLAGS"] = wanted
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return profile
+
+
+def as_dict(profile: Profile) -> dict:
+    return dataclasses.asdict(profile)

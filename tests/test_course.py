@@ -1,0 +1,53 @@
+import json
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook
+
+from gemma_tpu_helpers import course
+from conftest import run_cli
+
+
+def test_record_and_report(tmp_path):
+    course.record(tmp_path, "00_setup", parity_rel="2.1e-05")
+    course.record(tmp_path, "06_training", final_loss=1.5)
+    course.record(tmp_path, "00_setup", parity_rel="3.0e-05")  # a rerun replaces the step's figures
+    report = course.write_report(tmp_path).read_text()
+    assert "| parity_rel | 3.0e-05 |" in report and "2.1e-05" not in report
+    assert report.index("## 00_setup") < report.index("## 06_training")
+
+
+def test_course_map_marks_available_notebooks():
+    table = course.course_map()
+    assert list(table["notebook"])[:2] == ["00_setup", "01_mesh_setup"]
+    assert table.set_index("notebook").loc["00_setup", "available"]
+
+
+def test_run_notebooks_keeps_going_in_order_and_stops_on_error(tmp_path):
+    paths = []
+    for name, src in [("00_ok", "x = 1 + 1"), ("01_fail", "raise RuntimeError('boom')"), ("02_never", "y = 2")]:
+        nb = new_notebook(cells=[new_code_cell(src)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        p = tmp_path / f"{name}.ipynb"
+        nbformat.write(nb, p)
+        paths.append(p)
+    run_dir = tmp_path / "runs" / "smoke"
+    results = course.run_notebooks("smoke", run_dir, notebooks=paths, timeout=120)
+    assert [r["notebook"] for r in results] == ["00_ok", "01_fail"]
+    assert results[0]["error"] is None and "boom" in (results[1]["error"] + json.dumps(
+        nbformat.read(run_dir / "executed" / "01_fail.ipynb", 4).cells[0].outputs))
+    assert (run_dir / "executed" / "00_ok.ipynb").is_file()
+
+
+def test_cli_help_lists_steps():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for step in ("setup", "tiny-model", "parity", "demo", "report"):
+        assert step in r.stdout
+
+
+def test_cli_setup_prints_the_memory_estimate():
+    r = run_cli("setup", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    from gemma_tpu_helpers import gemma4, plan
+
+    assert f"{plan.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout

@@ -1,0 +1,70 @@
+import math
+
+import pytest
+
+from gemma_tpu_helpers import gemma4, plan, profiles, tiny
+
+
+def test_unknown_profile_lists_valid_names():
+    with pytest.raises(ValueError) as e:
+        profiles.get_profile("v5p-9000")
+    for name in profiles.PROFILES:
+        assert name in str(e.value)
+
+
+def test_env_var_picks_profile(monkeypatch):
+    monkeypatch.setenv(profiles.ENV_VAR, "v6e-8")
+    assert profiles.get_profile().name == "v6e-8"
+    monkeypatch.delenv(profiles.ENV_VAR)
+    monkeypatch.setattr(profiles, "tpu_visible", lambda: False)
+    assert profiles.get_profile().name == "smoke"
+
+
+def test_tpu_without_profile_is_an_error(monkeypatch):
+    monkeypatch.delenv(profiles.ENV_VAR, raising=False)
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+    monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
+    with pytest.raises(ValueError, match=profiles.ENV_VAR):
+        profiles.get_profile()
+
+
+@pytest.mark.parametrize("name", list(profiles.PROFILES))
+def test_mesh_fits_devices_and_model(name):
+    p = profiles.PROFILES[name]
+    assert math.prod(p.mesh_shape) == p.hardware.num_devices
+    text = tiny.tiny_text_config() if p.model.source == "tiny" else gemma4.GEMMA4_31B_TEXT_CONFIG
+    assert gemma4.head_divisibility_problems(text, dict(p.hardware.mesh)) == []
+
+
+def test_training_profile_has_the_papers_hyperparameters():
+    p = profiles.get_profile("v5p-8")
+    assert (p.lora.rank, p.lora.alpha, p.lora.dropout) == (64, 64, 0.05)
+    t = p.train
+    assert (t.learning_rate, t.warmup_steps, t.schedule, t.weight_decay) == (1e-4, 100, "cosine", 0.001)
+    assert (t.micro_batch, t.grad_accum, t.max_seq_len, t.epochs) == (1, 8, 3072, 1)
+    assert dict(p.hardware.mesh)["tp"] == 4
+
+
+def test_configure_jax_sets_device_count(smoke):
+    import jax
+
+    assert jax.device_count() == smoke.hardware.num_devices == 8
+    assert jax.default_backend() == "cpu"
+
+
+def test_param_count_matches_the_real_models(tiny_dir):
+    from gemma_tpu_helpers.parity import load_hf
+
+    hf = load_hf(tiny_dir)
+    real = sum(t.numel() for t in hf.model.language_model.state_dict().values())  # layer_scalar is a buffer
+    assert plan.param_count(gemma4.read_text_config(tiny_dir)) == real
+    # The 31B: about 30.7 billion parameters.
+    assert 30.5e9 < plan.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) < 31.0e9
+
+
+def test_memory_estimate_scales_with_devices():
+    p = profiles.get_profile("v5p-8")
+    est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
+    base = est["per_device_bytes"]["base params (sharded)"]
+    assert base == pytest.approx(plan.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) * 2 / 4)
+    assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+
+from gemma_tpu_helpers import gemma4, tiny
+from conftest import run_cli
+
+
+def test_layout_is_the_real_checkpoints(tiny_dir):
+    shards = sorted(tiny_dir.glob("*.safetensors"))
+    assert len(shards) >= 2
+    index = json.loads((tiny_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {s.name for s in shards}
+    assert all(k.startswith("model.language_model.") for k in index["weight_map"])
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (tiny_dir / name).is_file(), name
+
+
+def test_structure_follows_the_31b(tiny_dir):
+    c = gemma4.read_text_config(tiny_dir)
+    big = gemma4.GEMMA4_31B_TEXT_CONFIG
+    assert c["layer_types"] == list(gemma4.PATTERN) * (c["num_hidden_layers"] // 6)
+    assert c["attention_k_eq_v"] is True
+    assert c["num_global_key_value_heads"] < c["num_key_value_heads"] < c["num_attention_heads"]
+    assert c["final_logit_softcapping"] == big["final_logit_softcapping"]
+    assert c["tie_word_embeddings"] is True
+    assert c["hidden_size"] not in (c["head_dim"], c["global_head_dim"])
+    # Same head-count ratios as the 31B: the same tp sizes are valid.
+    assert gemma4.valid_tp_sizes(c, 8) == gemma4.valid_tp_sizes(big, 8) == [1, 2, 4]
+    index = json.loads((tiny_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    globals_ = [i for i, k in enumerate(gemma4.layer_kinds(c)) if k == "global"]
+    assert globals_ and all(f"model.language_model.layers.{i}.self_attn.v_proj.weight" not in index for i in globals_)
+
+
+def test_transformers_reloads_without_missing_keys(tiny_dir):
+    from transformers import AutoModelForImageTextToText
+
+    _, info = AutoModelForImageTextToText.from_pretrained(tiny_dir, output_loading_info=True)
+    assert info["missing_keys"] == set() or not info["missing_keys"]
+    assert not info["unexpected_keys"]
+
+
+def test_tokenizer_chat_template_and_assistant_mask(tiny_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    msgs = [{"role": "system", "content": "Answer in Verilog."},
+            {"role": "user", "content": "Write a 2:1 mux named mux2."},
+            {"role": "assistant", "content": "```verilog\nmodule mux2(input a, b, s, output y); assign y = s ? b : a; endmodule\n```"}]
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    assert text.startswith("<bos><start_of_turn>user\nAnswer in Verilog.\n\nWrite a 2:1 mux")
+    assert "<start_of_turn>model\n```verilog" in text and "system" not in text
+    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    assert tok.decode(masked) == msgs[2]["content"] + "<end_of_turn>"
+    assert tok.decode(tok("module counter;").input_ids, skip_special_tokens=True) == "module counter;"
+    assert len(tok) <= gemma4.read_text_config(tiny_dir)["vocab_size"]
+
+
+def test_deterministic_for_a_seed(tiny_dir, tmp_path):
+    again = tiny.write_tiny_model(tmp_path / "again", seed=0)
+    other = tiny.write_tiny_model(tmp_path / "other", seed=1)
+    for f in sorted(tiny_dir.iterdir()):
+        assert (again / f.name).read_bytes() == f.read_bytes(), f.name
+    shard = sorted(tiny_dir.glob("*.safetensors"))[0].name
+    assert (other / shard).read_bytes() != (tiny_dir / shard).read_bytes()
+
+
+@pytest.mark.parametrize("layers", [0, 5, 7, 13])
+def test_layers_must_be_a_multiple_of_the_pattern(layers, tmp_path):
+    with pytest.raises(ValueError, match="multiple of 6"):
+        tiny.write_tiny_model(tmp_path / "x", layers=layers)
+    assert not (tmp_path / "x").exists()
+
+
+def test_refuses_to_clobber_without_overwrite(tmp_path):
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        tiny.write_tiny_model(out)
+    assert (out / "precious.txt").read_text() == "keep me"
+    tiny.write_tiny_model(out, overwrite=True)
+    assert not (out / "precious.txt").exists() and (out / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp dirs left behind
+
+
+def test_cli_tiny_model(tmp_path):
+    r = run_cli("tiny-model", "--help")
+    assert "multiple of 6" in r.stdout
+    r = run_cli("tiny-model", tmp_path / "bad", "--layers", "8")
+    assert r.returncode == 2 and "multiple of 6" in r.stderr
+    r = run_cli("tiny-model", tmp_path / "m", "--layers", "12")
+    assert r.returncode == 0, r.stderr
+    assert gemma4.read_text_config(tmp_path / "m")["num_hidden_layers"] == 12
+    r = run_cli("tiny-model", tmp_path / "m")
+    assert r.returncode == 2 and "--overwrite" in r.stderr
