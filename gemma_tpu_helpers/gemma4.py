@@ -200,3 +200,16 @@ def ensure_base(profile, run_dir: str | Path | None = None) -> Path:
                           allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
     check_checkpoint(base)
     return base
+
+
+def ensure_check_model(profile, run_dir: str | Path | None = None) -> Path:
+    """A checkpoint small enough for host-side checks (parity, probes): the base in smoke, else the tiny model.
+
+    transformers cannot hold the 31B in fp32 on a host, so TPU profiles run these checks on the tiny Gemma 4,
+    whose head counts keep the 31B's ratios (it loads on the same meshes).
+    """
+    if profile.model.source == "tiny":
+        return ensure_base(profile, run_dir)
+    from .tiny import ensure_tiny_model
+
+    return ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny")
