@@ -69,6 +69,25 @@ def cmd_parity(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_mesh(args) -> int:
+    """Step 01: the profile's mesh, the tp sizes the model allows, and the trainer mesh-context probe."""
+    prof = profiles.configure_jax(args.profile)
+    from . import gemma4
+    from . import mesh as mesh_lib
+
+    try:
+        mesh = mesh_lib.make_mesh(prof)
+    except mesh_lib.MeshError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"mesh {dict(mesh.shape)}:\n{mesh_lib.describe(mesh).to_string()}")
+    text = gemma4.GEMMA4_31B_TEXT_CONFIG if prof.model.source != "tiny" else gemma4.read_text_config(gemma4.ensure_base(prof))
+    print(mesh_lib.tp_table(text).to_string(index=False))
+    if args.probe:
+        print(mesh_lib.compare_trainer_contexts(gemma4.ensure_check_model(prof), mesh).to_string(index=False))
+    return 0
+
+
 def cmd_report(args) -> int:
     """Write runs/<profile>/report.md from the figures the notebooks recorded."""
     from . import course
@@ -115,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bound", type=float, default=1e-4, help="max |dlogit| / max |logit| allowed")
     p.add_argument("--layers", action="store_true", help="also compare hidden states after each decoder layer")
     p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("mesh", help="01: the mesh, valid tp sizes, and the trainer mesh-context probe")
+    _profile_arg(p)
+    p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
+    p.set_defaults(func=cmd_mesh)
 
     p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
     _profile_arg(p)

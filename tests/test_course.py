@@ -41,7 +41,7 @@ def test_run_notebooks_keeps_going_in_order_and_stops_on_error(tmp_path):
 def test_cli_help_lists_steps():
     r = run_cli("--help")
     assert r.returncode == 0
-    for step in ("setup", "tiny-model", "parity", "demo", "report"):
+    for step in ("setup", "tiny-model", "parity", "mesh", "demo", "report"):
         assert step in r.stdout
 
 

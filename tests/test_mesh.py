@@ -36,3 +36,13 @@ def test_trainer_batch_is_sharded_only_under_the_trainer_context(tiny_dir, mesh,
     model = gemma4.load_model(tiny_dir, mesh)  # fresh: the probe takes one (tiny) optimizer step
     sharding = mesh_lib.trainer_batch_sharding(model, mesh, context=context)
     assert sharding.spec == spec  # set_mesh alone: the batch is silently replicated on every device
+
+
+def test_cli_mesh():
+    from conftest import run_cli
+
+    r = run_cli("mesh", "--profile", "smoke")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fsdp" in r.stdout and "global KV heads" in r.stdout  # tp=8 row explains itself
+    r = run_cli("mesh", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})  # 1 CPU device, mesh needs 4
+    assert r.returncode == 2 and "needs 4 devices but 1" in r.stderr
