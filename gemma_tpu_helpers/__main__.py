@@ -110,6 +110,20 @@ def cmd_demo(args) -> int:
     return 1 if any(r["error"] for r in results) else 0
 
 
+def cmd_eval(args) -> int:
+    """Step 09: VerilogEval-style pass@k with iverilog (from a server or a completions file)."""
+    from . import evaluate
+
+    return evaluate.main_eval(args)
+
+
+def cmd_cost(args) -> int:
+    """Step 10: TPU-vs-GPU training cost and $ per million output tokens."""
+    from . import cost
+
+    return cost.main_cost(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers",
                                  description="gemma-tpu course steps. Each sub-command is what a notebook calls.")
@@ -139,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_arg(p)
     p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
     p.set_defaults(func=cmd_mesh)
+
+    from . import cost, evaluate
+
+    p = sub.add_parser("eval", help="09: VerilogEval-style pass@k with iverilog (--url server or --completions file)")
+    evaluate.add_arguments(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("cost", help="10: TPU-vs-GPU training cost ratio and $ per million output tokens")
+    cost.add_arguments(p)
+    p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
     _profile_arg(p)

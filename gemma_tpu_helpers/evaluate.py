@@ -1,0 +1,699 @@
+"""VerilogEval-style pass@k with Icarus Verilog (notebook 09).
+
+The pieces, in the order a run uses them:
+
+- :func:`load_problems` reads problems in the VerilogEval v2 three-file layout (``<task>_prompt.txt``,
+  ``<task>_ref.sv`` with ``module RefModule``, ``<task>_test.sv`` with ``module tb``): the shipped 28 by default, or
+  your own VerilogEval copy (its ``dataset_spec-to-rtl`` folder).
+- :func:`build_prompt` turns a problem into a spec-to-RTL chat prompt; :func:`sample_completions` asks an
+  OpenAI-compatible server (vLLM) for ``n`` answers per problem.
+- :func:`extract_verilog` pulls the Verilog out of an answer; :func:`simulate` runs the official harness
+  (``iverilog -Wall -Winfloop -Wno-timescale -g2012 -s tb -o bin sample.sv test.sv ref.sv``, then ``vvp bin``) and
+  reads ``Mismatches: N in M samples``.
+- :func:`score_completions` does both for every answer, in parallel, and computes the unbiased pass@k
+  (:func:`pass_at_k`).
+
+A sample passes when its testbench prints ``Mismatches: 0 in M samples`` with M > 0. Every other outcome has one
+category, so a failure chart tells you *why* a model fails: ``no_code`` (no Verilog module in the answer),
+``compile_error`` (iverilog rejected it: syntax, missing ``TopModule``, ...), ``timeout`` (the simulation did not
+finish), ``runtime_error`` (it ran but the testbench printed no usable result) and ``mismatch`` (wrong behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .data import SHIPPED_EVAL
+
+IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
+CATEGORIES = ("pass", "mismatch", "compile_error", "runtime_error", "timeout", "no_code")
+FILE_SUFFIXES = {"prompt": "_prompt.txt", "ref": "_ref.sv", "test": "_test.sv"}
+DEFAULT_TIMEOUT = 30.0  # seconds per sample, compile + simulation
+LOG_TAIL_CHARS = 2000
+MAX_LOG_BYTES = 8 * 1024 * 1024  # a sample that floods stdout is stopped here
+INSTALL_HINT = ("Install Icarus Verilog: `sudo apt-get install iverilog` (Debian/Ubuntu, Colab, TPU VM), "
+                "`brew install icarus-verilog` (macOS) or `conda install -c conda-forge iverilog`.")
+# VerilogEval's spec-to-rtl system message.
+SYSTEM_PROMPT = "You are a Verilog RTL designer that only writes code using correct Verilog syntax."
+
+_MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples\s*$", re.M)
+
+
+class EvalError(ValueError):
+    """Bad input to the evaluation: a problem folder, a completions file, an argument."""
+
+
+class IverilogNotFoundError(EvalError):
+    pass
+
+
+class ServerError(RuntimeError):
+    """The OpenAI-compatible server could not be reached or refused a request."""
+
+
+# ---------------------------------------------------------------------------
+# Problems and prompts
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str  # the spec; the answer must define `module TopModule`
+    ref: str  # reference solution, `module RefModule`
+    test: str  # testbench `module tb`, prints `Mismatches: N in M samples`
+    kind: str | None = None
+    description: str | None = None
+
+
+def load_problems(directory: str | os.PathLike | None = None, tasks: Iterable[str] | None = None) -> list[Problem]:
+    """Problems in the VerilogEval v2 three-file layout, sorted by task id.
+
+    ``directory`` defaults to the 28 shipped problems. Any folder with ``<task>_prompt.txt``, ``<task>_ref.sv`` and
+    ``<task>_test.sv`` per task works, e.g. VerilogEval v2's ``dataset_spec-to-rtl``. An optional
+    ``problems.jsonl`` (``task_id``, ``kind``, ``description``) adds metadata. ``tasks`` keeps only those ids.
+    """
+    directory = Path(directory) if directory is not None else SHIPPED_EVAL
+    if not directory.is_dir():
+        raise EvalError(f"Problem folder {directory} does not exist (expected VerilogEval files such as "
+                        f"Prob001_zero_prompt.txt, Prob001_zero_ref.sv, Prob001_zero_test.sv).")
+    found: dict[str, set[str]] = {}
+    for path in directory.iterdir():
+        for role, suffix in FILE_SUFFIXES.items():
+            if path.name.endswith(suffix) and path.is_file():
+                found.setdefault(path.name[: -len(suffix)], set()).add(role)
+    if not found:
+        raise EvalError(f"No problems in {directory}: expected <task>_prompt.txt, <task>_ref.sv and <task>_test.sv "
+                        f"files (the VerilogEval v2 layout).")
+    for task_id in sorted(found):
+        missing = [task_id + FILE_SUFFIXES[r] for r in FILE_SUFFIXES if r not in found[task_id]]
+        if missing:
+            raise EvalError(f"Problem {task_id!r} in {directory} is incomplete: missing {', '.join(missing)}. "
+                            f"Each task needs {', '.join(task_id + s for s in FILE_SUFFIXES.values())}.")
+    meta: dict[str, dict] = {}
+    meta_path = directory / "problems.jsonl"
+    if meta_path.is_file():
+        for line in meta_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise EvalError(f"{meta_path}: a line is not valid JSON ({e.msg}); fix or remove the file "
+                                    f"(it only adds kind/description metadata)") from None
+                meta[row.get("task_id")] = row
+    wanted = sorted(found)
+    if tasks is not None:
+        tasks = list(tasks)
+        unknown = [t for t in tasks if t not in found]
+        if unknown:
+            raise EvalError(f"Unknown task id(s) {unknown} in {directory}; it has {len(found)} problems, "
+                            f"e.g. {wanted[:3]}.")
+        wanted = sorted(set(tasks))
+    problems = []
+    for task_id in wanted:
+        text = {r: (directory / (task_id + s)).read_text(encoding="utf-8") for r, s in FILE_SUFFIXES.items()}
+        m = meta.get(task_id, {})
+        problems.append(Problem(task_id=task_id, kind=m.get("kind"), description=m.get("description"), **text))
+    return problems
+
+
+def build_prompt(problem: Problem) -> str:
+    """The user message in VerilogEval's spec-to-RTL style (use it with :data:`SYSTEM_PROMPT`)."""
+    return (
+        "\nQuestion:\n"
+        + problem.prompt.strip()
+        + "\n\nAnswer with a complete Verilog module named TopModule, with exactly the interface above, "
+        "enclosed in a single ```verilog code block.\n"
+        "\nAnswer:\n"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Extracting the code
+# ---------------------------------------------------------------------------
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+_OPEN_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.S)
+_MODULE_RE = re.compile(r"^[ \t]*module\b.*?\bendmodule\b", re.S | re.M)
+_HAS_MODULE = re.compile(r"^[ \t]*module\s+\w+", re.M)
+_VERILOG_TAGS = {"", "verilog", "systemverilog", "sv", "v", "vlog"}
+
+
+def _strip_think(text: str) -> str:
+    text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
+    if "</think>" in text:  # the template opened <think> in the prompt: the answer follows the last close
+        text = text.rsplit("</think>", 1)[1]
+    if "<think>" in text:  # reasoning cut off by max_tokens: nothing after it is an answer
+        text = text.split("<think>", 1)[0]
+    return text
+
+
+def extract_verilog(text: str | None) -> str | None:
+    """The Verilog in a model's answer, or None when there is none.
+
+    Order: the first closed ```verilog / ```systemverilog / ``` block that holds a module (one with
+    ``module TopModule`` wins); else an unterminated fence (an answer cut off by max_tokens); else bare
+    ``module ... endmodule`` text. ``<think>...</think>`` reasoning is removed first.
+    """
+    if not text:
+        return None
+    text = _strip_think(text)
+    blocks = [(tag.lower(), body) for tag, body in _FENCE_RE.findall(text)]
+    blocks = [body.strip() for tag, body in blocks if tag in _VERILOG_TAGS and _HAS_MODULE.search(body)]
+    if blocks:
+        top = [b for b in blocks if re.search(r"^[ \t]*module\s+TopModule\b", b, re.M)]
+        return (top or blocks)[0]
+    last = text.rfind("```")
+    if last != -1 and text.count("```") % 2 == 1:
+        m = _OPEN_FENCE_RE.match(text, last)
+        if m and m.group(1).lower() in _VERILOG_TAGS and _HAS_MODULE.search(m.group(2)):
+            return m.group(2).strip()
+    modules = _MODULE_RE.findall(text)
+    if modules:
+        return "\n\n".join(m.strip() for m in modules)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Simulation
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class SimResult:
+    category: str  # one of CATEGORIES
+    mismatches: int | None = None
+    samples: int | None = None
+    detail: str = ""  # one line: the first compile error, the timeout, ...
+    log_tail: str = ""  # the end of iverilog's and vvp's output
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.category == "pass"
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "passed": self.passed}
+
+
+def _tools() -> tuple[str, str]:
+    iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
+    if iverilog is None or vvp is None:
+        missing = "iverilog" if iverilog is None else "vvp"
+        raise IverilogNotFoundError(f"`{missing}` was not found on PATH; the VerilogEval harness needs Icarus "
+                                    f"Verilog. {INSTALL_HINT}")
+    return iverilog, vvp
+
+
+def _run(cmd: list[str], cwd: str, deadline: float, log_path: Path) -> tuple[int | None, str]:
+    """Run ``cmd`` in its own process group with output to a file; None as exit code on timeout or flood."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        rc, why, poll = None, "", 0.005
+        while True:
+            try:
+                rc = proc.wait(timeout=poll)
+                break
+            except subprocess.TimeoutExpired:
+                poll = min(poll * 2, 0.1)
+                if time.monotonic() >= deadline:
+                    why = "timeout"
+                elif log_path.stat().st_size > MAX_LOG_BYTES:
+                    why = "flood"
+                if why:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+                    break
+    return rc, why
+
+
+def _read_tail(path: Path, limit: int = 64 * 1024) -> str:
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read().decode("utf-8", "replace")
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if "error" in line.lower() or "I give up" in line:
+            return line.strip()
+    lines = [l for l in log.splitlines() if l.strip()]
+    return lines[0].strip() if lines else ""
+
+
+def simulate(sample_code: str | None, problem: Problem, timeout: float = DEFAULT_TIMEOUT) -> SimResult:
+    """Run one sample through the official VerilogEval harness and classify the outcome.
+
+    ``sample_code`` must define ``module TopModule`` (None or blank: ``no_code``). ``timeout`` bounds compile and
+    simulation together; on expiry the whole process group is killed.
+    """
+    start = time.monotonic()
+    if sample_code is None or not sample_code.strip():
+        return SimResult("no_code", detail="no Verilog module in the completion")
+    iverilog, vvp = _tools()
+    deadline = start + timeout
+    with tempfile.TemporaryDirectory(prefix="verilog-eval-") as tmp:
+        d = Path(tmp)
+        (d / "sample.sv").write_text(sample_code, encoding="utf-8")
+        (d / "test.sv").write_text(problem.test, encoding="utf-8")
+        (d / "ref.sv").write_text(problem.ref, encoding="utf-8")
+        cmd = [iverilog, *IVERILOG_FLAGS, "-o", "bin", "sample.sv", "test.sv", "ref.sv"]
+        rc, why = _run(cmd, tmp, deadline, d / "compile.log")
+        compile_log = _read_tail(d / "compile.log")
+        if why == "timeout":
+            return SimResult("timeout", detail=f"iverilog did not finish within {timeout:g} s",
+                             log_tail=compile_log[-LOG_TAIL_CHARS:], seconds=time.monotonic() - start)
+        if rc != 0 or why or not (d / "bin").is_file():
+            return SimResult("compile_error", detail=_first_error(compile_log),
+                             log_tail=compile_log[-LOG_TAIL_CHARS:], seconds=time.monotonic() - start)
+        rc, why = _run([vvp, "bin"], tmp, deadline, d / "run.log")
+        run_log = _read_tail(d / "run.log")
+    log = (compile_log + run_log)[-LOG_TAIL_CHARS:]
+    seconds = time.monotonic() - start
+    if why == "timeout":
+        return SimResult("timeout", detail=f"simulation did not finish within {timeout:g} s (killed)",
+                         log_tail=log, seconds=seconds)
+    if why == "flood":
+        return SimResult("runtime_error", detail=f"simulation printed more than {MAX_LOG_BYTES:,} bytes (killed)",
+                         log_tail=log, seconds=seconds)
+    if re.search(r"^TIMEOUT\s*$", run_log, re.M):
+        return SimResult("timeout", detail="the testbench's own time limit fired (TIMEOUT)", log_tail=log,
+                         seconds=seconds)
+    found = _MISMATCH_RE.findall(run_log)
+    if not found:
+        return SimResult("runtime_error", detail=f"no 'Mismatches: N in M samples' line (vvp exit code {rc})",
+                         log_tail=log, seconds=seconds)
+    n_bad, n_samples = map(int, found[-1])
+    if n_samples == 0:
+        return SimResult("runtime_error", mismatches=n_bad, samples=0, detail="the testbench checked 0 samples",
+                         log_tail=log, seconds=seconds)
+    category = "pass" if n_bad == 0 else "mismatch"
+    detail = "" if n_bad == 0 else f"{n_bad} of {n_samples} samples differ from the reference"
+    return SimResult(category, mismatches=n_bad, samples=n_samples, detail=detail, log_tail=log, seconds=seconds)
+
+
+# ---------------------------------------------------------------------------
+# pass@k and scoring
+# ---------------------------------------------------------------------------
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` pass: 1 - C(n-c, k) / C(n, k).
+
+    Computed as ``1 - prod(1 - k / i for i in n-c+1..n)``, which stays finite and accurate for large n.
+    """
+    for name, v in (("n", n), ("c", c), ("k", k)):
+        if isinstance(v, bool) or int(v) != v:
+            raise ValueError(f"pass_at_k: {name} must be an integer, got {v!r}")
+    n, c, k = int(n), int(c), int(k)
+    if n < 1 or k < 1:
+        raise ValueError(f"pass_at_k needs n >= 1 and k >= 1 (got n={n}, k={k})")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n (got c={c}, n={n})")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per problem; got n={n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def _completion_rows(completions) -> list[dict]:
+    if hasattr(completions, "to_dict"):  # a DataFrame
+        completions = completions.to_dict("records")
+    rows, counters = [], {}
+    for i, row in enumerate(completions):
+        if "task_id" not in row or "completion" not in row:
+            raise EvalError(f"completion row {i} lacks 'task_id' or 'completion' (it has {sorted(row)})")
+        task = row["task_id"]
+        idx = row.get("sample_index")
+        if idx is None or (isinstance(idx, float) and math.isnan(idx)):
+            idx = counters.get(task, 0)
+        counters[task] = max(counters.get(task, 0), int(idx) + 1)
+        rows.append({"task_id": task, "sample_index": int(idx), "completion": row["completion"] or "",
+                     "finish_reason": row.get("finish_reason")})
+    return rows
+
+
+def _score_one(row: dict, problem: Problem, timeout: float) -> dict:
+    code = extract_verilog(row["completion"])
+    res = simulate(code, problem, timeout=timeout)
+    return {"task_id": row["task_id"], "sample_index": row["sample_index"], **res.as_dict(),
+            "finish_reason": row["finish_reason"], "completion": row["completion"]}
+
+
+def pass_at_k_table(results, ks: Sequence[int] = (1, 5)) -> dict[int, float]:
+    """Mean pass@k over the tasks in ``results``; NaN for a k larger than some task's sample count."""
+    per_task = results.groupby("task_id")["passed"].agg(["count", "sum"])
+    out = {}
+    for k in ks:
+        if (per_task["count"] < k).any():
+            out[k] = float("nan")
+        else:
+            out[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in zip(per_task["count"], per_task["sum"]))
+                           / len(per_task))
+    return out
+
+
+def score_completions(problems: Sequence[Problem], completions, ks: Sequence[int] = (1, 5),
+                      timeout: float = DEFAULT_TIMEOUT, workers: int = 2, progress: bool = True):
+    """Simulate every completion and compute pass@k.
+
+    ``completions``: rows (dicts or a DataFrame) with ``task_id`` and ``completion`` (optional
+    ``sample_index``); several rows per task are its n samples. Returns ``(results, scores)``: one row per sample
+    (``task_id, sample_index, category, passed, mismatches, samples, detail, log_tail, seconds, finish_reason,
+    completion``) and
+    ``{k: pass@k}``, the mean over the tasks that have completions (NaN where a task has fewer than k samples).
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    by_id = {p.task_id: p for p in problems}
+    rows = _completion_rows(completions)
+    if not rows:
+        raise EvalError("no completions to score")
+    unknown = sorted({r["task_id"] for r in rows} - set(by_id))
+    if unknown:
+        raise EvalError(f"completions for unknown task id(s) {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; "
+                        f"the problem set has e.g. {sorted(by_id)[:3]}")
+    _tools()  # fail once, clearly, before starting the pool
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(_score_one, r, by_id[r["task_id"]], timeout) for r in rows]
+        for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="simulate",
+                      disable=not progress):
+            pass
+        out = [f.result() for f in futures]
+    results = pd.DataFrame(out).sort_values(["task_id", "sample_index"], kind="stable").reset_index(drop=True)
+    results = results.astype({"mismatches": "Int64", "samples": "Int64"})  # missing stays <NA>, not a float NaN
+    return results, pass_at_k_table(results, ks)
+
+
+def records(results) -> list[dict]:
+    """``results`` as plain JSON-ready dicts (missing values as None, numpy scalars as Python numbers)."""
+    import pandas as pd
+
+    def clean(v):
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return v.item() if hasattr(v, "item") else v
+
+    return [{k: clean(v) for k, v in row.items()} for row in results.to_dict("records")]
+
+
+def results_table(results, ks: Sequence[int] = (1, 5)):
+    """Per task: samples, passes, pass@k (NaN where n < k) and the count of each failure category."""
+    import pandas as pd
+
+    rows = []
+    for task_id, g in results.groupby("task_id", sort=True):
+        n, c = len(g), int(g["passed"].sum())
+        row = {"task_id": task_id, "n": n, "passed": c}
+        for k in ks:
+            row[f"pass@{k}"] = pass_at_k(n, c, k) if k <= n else float("nan")
+        counts = g["category"].value_counts()
+        row.update({cat: int(counts.get(cat, 0)) for cat in CATEGORIES if cat != "pass"})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def category_counts(results):
+    """How many samples fell in each category (all categories, in a fixed order)."""
+    return results["category"].value_counts().reindex(list(CATEGORIES), fill_value=0)
+
+
+def failure_chart(results, ax=None, title: str | None = None):
+    """Bar chart of the outcome categories (pass included, for scale). Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    counts = category_counts(results)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    colors = ["#2a9d8f" if c == "pass" else "#e76f51" for c in counts.index]
+    bars = ax.bar(counts.index, counts.values, color=colors)
+    ax.bar_label(bars)
+    ax.set_ylabel("samples")
+    ax.set_title(title or f"Outcomes of {int(counts.sum())} samples")
+    ax.tick_params(axis="x", rotation=20)
+    ax.figure.tight_layout()
+    return ax
+
+
+# ---------------------------------------------------------------------------
+# Sampling from an OpenAI-compatible server (vLLM)
+# ---------------------------------------------------------------------------
+
+def _base_url(url: str) -> str:
+    url = url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/models"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _request(url: str, payload: dict | None, api_key: str | None, timeout: float) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8"))
+
+
+def _http_error(e: urllib.error.HTTPError) -> str:
+    try:
+        body = e.read().decode("utf-8", "replace")[:500]
+    except Exception:  # pragma: no cover
+        body = ""
+    return f"HTTP {e.code} {e.reason}: {body}".strip()
+
+
+def check_server(url: str, model: str | None = None, api_key: str | None = None,
+                 connect_timeout: float = 10.0) -> list[str]:
+    """The model ids the server lists at ``/v1/models``; a clear :class:`ServerError` within ``connect_timeout``."""
+    base = _base_url(url)
+    try:
+        listing = _request(base + "/models", None, api_key, connect_timeout)
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"The server at {base} answered /models with {_http_error(e)}") from e
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise ServerError(f"Could not reach an OpenAI-compatible server at {base} within {connect_timeout:g} s "
+                          f"({reason}). Is vLLM running (notebook 08 starts it)? Check with "
+                          f"`curl {base}/models`.") from e
+    ids = [m.get("id") for m in listing.get("data", [])]
+    if model is not None and ids and model not in ids:
+        raise ServerError(f"The server at {base} does not serve model {model!r}; it serves {ids}.")
+    return ids
+
+
+def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int = 1, temperature: float = 0.0,
+                       max_tokens: int = 2048, api_key: str | None = None, timeout: float = 600.0,
+                       connect_timeout: float = 10.0, top_p: float | None = None, concurrency: int = 8,
+                       system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True) -> list[dict]:
+    """Ask ``/v1/chat/completions`` for ``n`` answers per problem (one request per problem, ``n`` choices).
+
+    Returns rows ``task_id, sample_index, completion, finish_reason`` (``finish_reason == "length"``: the answer
+    was cut off by ``max_tokens``). The server is checked first, so an unreachable one fails within
+    ``connect_timeout`` seconds; ``timeout`` bounds each generation request. ``api_key`` defaults to
+    ``$OPENAI_API_KEY`` (vLLM's ``--api-key``).
+    """
+    from tqdm.auto import tqdm
+
+    if n < 1 or max_tokens < 1:
+        raise EvalError(f"need n >= 1 and max_tokens >= 1 (got n={n}, max_tokens={max_tokens})")
+    if temperature < 0:
+        raise EvalError(f"temperature must be >= 0 (got {temperature})")
+    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    check_server(url, model, api_key, connect_timeout)
+    endpoint = _base_url(url) + "/chat/completions"
+
+    def one(problem: Problem) -> list[dict]:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+        messages.append({"role": "user", "content": build_prompt(problem)})
+        payload = {"model": model, "messages": messages, "n": n, "temperature": temperature,
+                   "max_tokens": max_tokens}
+        if top_p is not None:
+            payload["top_p"] = top_p
+        try:
+            resp = _request(endpoint, payload, api_key, timeout)
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"{problem.task_id}: {endpoint} answered {_http_error(e)}") from e
+        except (urllib.error.URLError, OSError) as e:
+            raise ServerError(f"{problem.task_id}: request to {endpoint} failed: {getattr(e, 'reason', e)}") from e
+        choices = sorted(resp.get("choices", []), key=lambda ch: ch.get("index", 0))
+        if len(choices) != n:
+            raise ServerError(f"{problem.task_id}: asked for n={n} choices, the server returned {len(choices)}")
+        return [{"task_id": problem.task_id, "sample_index": i,
+                 "completion": (ch.get("message") or {}).get("content") or "",
+                 "finish_reason": ch.get("finish_reason")} for i, ch in enumerate(choices)]
+
+    rows: list[dict] = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
+        futures = [pool.submit(one, p) for p in problems]
+        for f in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="sample",
+                      disable=not progress):
+            rows.extend(f.result())
+    finally:  # on the first error, drop queued requests and do not wait for the ones in flight
+        pool.shutdown(wait=False, cancel_futures=True)
+    rows.sort(key=lambda r: (r["task_id"], r["sample_index"]))
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Files and the CLI
+# ---------------------------------------------------------------------------
+
+def read_completions(path: str | os.PathLike) -> list[dict]:
+    """Rows from a JSONL file with ``task_id`` and ``completion`` per line (a results file works too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalError(f"completions file {path} does not exist")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "task_id" not in row or "completion" not in row:
+            raise EvalError(f"{path}:{lineno}: each line needs 'task_id' and 'completion'")
+        rows.append(row)
+    if not rows:
+        raise EvalError(f"{path} holds no completions")
+    return rows
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict], overwrite: bool = False) -> Path:
+    """Write rows as JSONL to a temp file beside ``path``, then rename; refuse to replace a file unless asked."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=_json_default, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _json_default(o):
+    if hasattr(o, "item"):  # numpy scalars
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _parse_ks(text) -> list[int]:
+    if isinstance(text, (list, tuple)):
+        return [int(k) for k in text]
+    try:
+        ks = [int(k) for k in str(text).split(",") if k.strip()]
+    except ValueError:
+        raise EvalError(f"--k takes comma-separated integers such as 1,5 (got {text!r})") from None
+    if not ks or any(k < 1 for k in ks):
+        raise EvalError(f"--k takes positive integers such as 1,5 (got {text!r})")
+    return ks
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``eval`` sub-command's arguments."""
+    p.add_argument("--problems", default=None,
+                   help="folder in the VerilogEval v2 layout (default: the 28 shipped problems)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (vLLM)")
+    src.add_argument("--completions", help="JSONL with task_id and completion per line (a results file works too)")
+    p.add_argument("--model", help="model name on the server (with --url)")
+    p.add_argument("--n", type=int, default=1, help="samples per problem (with --url)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (with --url)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (with --url)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="max new tokens per answer (with --url)")
+    p.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per generation request")
+    p.add_argument("--k", default="1,5", help="comma-separated k values for pass@k (default 1,5)")
+    p.add_argument("--tasks", default=None, help="comma-separated task ids to keep (default: all)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per simulation")
+    p.add_argument("--workers", type=int, default=2, help="parallel simulations")
+    p.add_argument("--out", default=None, help="write per-sample results here (JSONL)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    return p
+
+
+def main_eval(args) -> int:
+    """``eval``: sample (``--url``) or read (``--completions``) answers, simulate them, print pass@k."""
+    try:
+        ks = _parse_ks(args.k)
+        if args.out and Path(args.out).exists() and not args.overwrite:
+            raise EvalError(f"{args.out} exists; pass --overwrite to replace it")
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if getattr(args, "tasks", None) else None
+        problems = load_problems(args.problems, tasks=tasks)
+        _tools()
+        if args.url:
+            if not args.model:
+                raise EvalError("--url needs --model (the name the server serves; see `curl URL/v1/models`)")
+            completions = sample_completions(args.url, args.model, problems, n=args.n,
+                                             temperature=args.temperature, max_tokens=args.max_tokens,
+                                             api_key=args.api_key, timeout=args.request_timeout,
+                                             top_p=args.top_p)
+        else:
+            completions = read_completions(args.completions)
+        results, scores = score_completions(problems, completions, ks=ks, timeout=args.timeout,
+                                            workers=args.workers)
+    except (EvalError, ServerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        try:
+            write_jsonl_atomic(args.out, records(results), overwrite=args.overwrite)
+        except FileExistsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(results)} results to {args.out}")
+    counts = category_counts(results)
+    n_tasks = results["task_id"].nunique()
+    print(f"scored {len(results)} samples on {n_tasks} of {len(problems)} problems: "
+          + ", ".join(f"{c}={int(v)}" for c, v in counts.items()))
+    min_n = int(results.groupby("task_id").size().min())
+    for k, v in scores.items():
+        if math.isnan(v):
+            print(f"pass@{k}: n/a (needs >= {k} samples per problem; the fewest is {min_n})")
+        else:
+            print(f"pass@{k}: {v:.4f}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.evaluate",
+                                              description=main_eval.__doc__))
+    return main_eval(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""VerilogEval-style evaluation: code extraction, the iverilog harness and its failure categories, pass@k,
+problem loading, the OpenAI-compatible client (against a fake server on 127.0.0.1) and the `eval` CLI.
+
+The iverilog tests are skipped only when iverilog is not installed.
+"""
+
+import http.server
+import itertools
+import json
+import math
+import re
+import shutil
+import socket
+import threading
+import time
+from fractions import Fraction
+
+import pytest
+
+from gemma_tpu_helpers import evaluate as ev
+from conftest import run_cli
+
+needs_iverilog = pytest.mark.skipif(shutil.which("iverilog") is None,
+                                    reason="install iverilog: apt-get install iverilog")
+
+PROBLEMS = ev.load_problems()
+BY_ID = {p.task_id: p for p in PROBLEMS}
+MAJ = BY_ID["Prob001_majority3"]
+
+
+def as_top(problem):
+    """The reference solution renamed to TopModule: a correct answer by construction."""
+    return re.sub(r"\bRefModule\b", "TopModule", problem.ref)
+
+
+def fenced(code, lang="verilog"):
+    return f"Here is the module.\n```{lang}\n{code}\n```\nIt implements the spec."
+
+
+# Prob001: y = majority(a, b, c).
+MAJ_PORTS = "module TopModule(input a, input b, input c, output y);\n"
+MAJ_AND = MAJ_PORTS + "    assign y = a & b & c;\nendmodule\n"  # wrong logic
+MAJ_SYNTAX = MAJ_PORTS + "    assign y = (a & b) | (a & c) | (b & c)\nendmodule\n"  # missing semicolon
+MAJ_WRONG_NAME = as_top(MAJ).replace("TopModule", "Majority")
+MAJ_HANG = MAJ_PORTS + "    assign y = a;\n    initial while (1) begin end\nendmodule\n"  # zero-time infinite loop
+MAJ_EARLY_FINISH = MAJ_PORTS + "    assign y = a;\n    initial $finish;\nendmodule\n"  # ends before the report
+
+
+# ---------------------------------------------------------------------------
+# extract_verilog
+# ---------------------------------------------------------------------------
+
+GOOD = "module TopModule(input a, output y);\n  assign y = a;\nendmodule"
+
+
+@pytest.mark.parametrize("lang", ["verilog", "systemverilog", "", "Verilog", "sv"])
+def test_extract_fenced_block(lang):
+    assert ev.extract_verilog(fenced(GOOD, lang)) == GOOD
+
+
+def test_extract_prefers_the_topmodule_block_and_ignores_other_languages():
+    helper = "module helper(input x, output z);\n  assign z = ~x;\nendmodule"
+    text = (f"First a script:\n```python\nprint('module Fake')\n```\nA helper:\n```verilog\n{helper}\n```\n"
+            f"The answer:\n```verilog\n{GOOD}\n```")
+    assert ev.extract_verilog(text) == GOOD
+    # without a TopModule block the first Verilog block with a module is taken
+    assert ev.extract_verilog(f"```verilog\n{helper}\n```\n```verilog\n{helper.replace('helper', 'h2')}\n```") == helper
+
+
+def test_extract_unterminated_fence_and_bare_module():
+    cut = "Sure:\n```verilog\nmodule TopModule(input a, output y);\n  assign y = a;\n"  # cut by max_tokens
+    assert ev.extract_verilog(cut) == "module TopModule(input a, output y);\n  assign y = a;"
+    bare = f"The design:\n\n{GOOD}\n\nDone. Another:\nmodule other; endmodule\nbye"
+    assert ev.extract_verilog(bare) == GOOD + "\n\nmodule other; endmodule"
+
+
+def test_extract_strips_think():
+    draft = "module TopModule(input a, output y); assign y = 0; endmodule"
+    text = f"<think>Let me try\n```verilog\n{draft}\n```\nno, wrong.</think>\nFinal:\n{fenced(GOOD)}"
+    assert ev.extract_verilog(text) == GOOD
+    # the template opened <think> in the prompt: only the part after </think> is the answer
+    assert ev.extract_verilog(f"reasoning {draft} ...</think>{fenced(GOOD)}") == GOOD
+    # reasoning cut off by max_tokens: a module inside it is not an answer
+    assert ev.extract_verilog(f"<think>maybe\n```verilog\n{draft}\n```\nhmm") is None
+
+
+@pytest.mark.parametrize("text", [None, "", "I cannot help with that.", "```python\nx = 1\n```",
+                                  "```verilog\n// just a comment\n```", "the module should be fast"])
+def test_extract_none_without_code(text):
+    assert ev.extract_verilog(text) is None
+
+
+# ---------------------------------------------------------------------------
+# simulate: each category from a crafted sample
+# ---------------------------------------------------------------------------
+
+@needs_iverilog
+def test_reference_passes():
+    r = ev.simulate(as_top(MAJ), MAJ)
+    assert r.category == "pass" and r.passed
+    # Prob001's testbench checks twice in each of 16 cycles.
+    assert (r.mismatches, r.samples) == (0, 32)
+
+
+@needs_iverilog
+def test_wrong_logic_is_a_mismatch():
+    r = ev.simulate(MAJ_AND, MAJ)
+    # a&b&c differs from majority when exactly two inputs are 1: 3 of the 8 input values; the testbench walks
+    # cycle = 0..15 ({a,b,c} = its low 3 bits, so each value twice) and checks twice per cycle: 3 * 2 * 2 = 12.
+    assert (r.category, r.mismatches, r.samples) == ("mismatch", 12, 32)
+    assert not r.passed and "12 of 32" in r.detail
+
+
+@needs_iverilog
+@pytest.mark.parametrize("code, expect", [(MAJ_SYNTAX, "syntax error"), (MAJ_WRONG_NAME, "Unknown module type")])
+def test_compile_errors(code, expect):
+    r = ev.simulate(code, MAJ)
+    assert r.category == "compile_error" and expect in r.detail and expect in r.log_tail
+    assert r.mismatches is None
+
+
+@needs_iverilog
+def test_hang_is_killed_as_timeout():
+    start = time.monotonic()
+    r = ev.simulate(MAJ_HANG, MAJ, timeout=2)
+    elapsed = time.monotonic() - start
+    assert r.category == "timeout" and "2 s" in r.detail
+    assert elapsed < 10, elapsed
+
+
+@needs_iverilog
+def test_no_result_line_is_a_runtime_error():
+    r = ev.simulate(MAJ_EARLY_FINISH, MAJ)
+    assert r.category == "runtime_error" and "Mismatches" in r.detail
+
+
+@needs_iverilog
+@pytest.mark.parametrize("report, category", [
+    ('$display("Mismatches: 0 in 0 samples");', "runtime_error"),  # nothing was checked
+    ('$display("TIMEOUT");', "timeout"),  # the testbench's own time limit
+    ('$display("Mismatches: 0 in 5 samples");', "pass"),
+    ('$display("Mismatches: 2 in 5 samples");', "mismatch"),
+])
+def test_testbench_report_parsing(report, category):
+    tb = ("module tb(); wire y; TopModule dut(.a(1'b0), .b(1'b0), .c(1'b0), .y(y));\n"
+          f"initial begin #1 {report} $finish; end\nendmodule\n")
+    prob = ev.Problem(task_id="custom", prompt="", ref=MAJ.ref, test=tb)
+    assert ev.simulate(as_top(MAJ), prob).category == category
+
+
+@needs_iverilog
+def test_output_flood_is_stopped(monkeypatch):
+    monkeypatch.setattr(ev, "MAX_LOG_BYTES", 20_000)
+    flood = MAJ_PORTS + '    assign y = a;\n    initial forever $display("spam spam spam spam");\nendmodule\n'
+    start = time.monotonic()
+    r = ev.simulate(flood, MAJ, timeout=20)
+    assert r.category == "runtime_error" and "20,000 bytes" in r.detail
+    assert time.monotonic() - start < 15
+
+
+def test_no_code_needs_no_simulator():
+    assert ev.simulate(None, MAJ).category == "no_code"
+    assert ev.simulate("   \n", MAJ).category == "no_code"
+
+
+def test_missing_iverilog_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no iverilog, no vvp
+    with pytest.raises(ev.IverilogNotFoundError, match="apt-get install iverilog"):
+        ev.simulate(as_top(MAJ), MAJ)
+    with pytest.raises(ev.IverilogNotFoundError, match="apt-get install iverilog"):
+        ev.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}], ks=(1,))
+
+
+# ---------------------------------------------------------------------------
+# pass@k
+# ---------------------------------------------------------------------------
+
+def brute_force_pass_at_k(n, c, k):
+    """Fraction of all k-subsets of n samples (the first c correct) that hold at least one correct sample."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert ev.pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+
+
+@pytest.mark.parametrize("n", [200, 2000])
+def test_pass_at_k_is_stable_for_large_n(n):
+    for c in (0, 1, 7, n // 2, n - 1, n):
+        for k in (1, 5, 10, 100):
+            exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))  # exact rational arithmetic
+            got = ev.pass_at_k(n, c, k)
+            assert 0.0 <= got <= 1.0
+            assert got == pytest.approx(float(exact), abs=1e-12), (n, c, k)
+    assert ev.pass_at_k(n, 1, 1) == pytest.approx(1 / n, abs=1e-15)
+    if n == 2000:  # the textbook float formula cannot even represent C(2000, 1000)
+        with pytest.raises(OverflowError):
+            float(math.comb(n, 1000))
+
+
+def test_pass_at_k_edge_cases():
+    assert ev.pass_at_k(5, 5, 5) == 1.0
+    assert ev.pass_at_k(10, 8, 3) == 1.0  # n - c < k: every k-subset holds a correct sample
+    assert ev.pass_at_k(10, 0, 3) == 0.0
+    with pytest.raises(ValueError, match="at least 5 samples"):
+        ev.pass_at_k(3, 1, 5)
+    for bad in [(0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0), (3.5, 1, 1)]:
+        with pytest.raises(ValueError):
+            ev.pass_at_k(*bad)
+
+
+# ---------------------------------------------------------------------------
+# problems and prompts
+# ---------------------------------------------------------------------------
+
+def test_shipped_problems_load():
+    assert len(PROBLEMS) == 28 and [p.task_id for p in PROBLEMS] == sorted(BY_ID)
+    for p in PROBLEMS:
+        assert "TopModule" in p.prompt and "module RefModule" in p.ref and re.search(r"module tb\b", p.test)
+    assert MAJ.kind == "combinational" and MAJ.description
+
+
+def copy_problems(dst, task_ids):
+    dst.mkdir(parents=True, exist_ok=True)
+    for t in task_ids:
+        for suffix in ev.FILE_SUFFIXES.values():
+            shutil.copy(ev.SHIPPED_EVAL / (t + suffix), dst / (t + suffix))
+    return dst
+
+
+def test_own_problem_folder_and_missing_file(tmp_path):
+    d = copy_problems(tmp_path / "mine", ["Prob001_majority3", "Prob017_detect_0110"])
+    got = ev.load_problems(d)
+    assert [p.task_id for p in got] == ["Prob001_majority3", "Prob017_detect_0110"]
+    assert got[0].kind is None  # no problems.jsonl there: metadata is optional
+    (d / "Prob017_detect_0110_test.sv").unlink()
+    with pytest.raises(ev.EvalError, match=r"Prob017_detect_0110.*missing Prob017_detect_0110_test\.sv"):
+        ev.load_problems(d)
+    with pytest.raises(ev.EvalError, match="does not exist"):
+        ev.load_problems(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ev.EvalError, match="No problems"):
+        ev.load_problems(tmp_path / "empty")
+    with pytest.raises(ev.EvalError, match="Unknown task"):
+        ev.load_problems(None, tasks=["Prob999_nope"])
+
+
+def test_build_prompt_is_spec_to_rtl():
+    text = ev.build_prompt(MAJ)
+    assert MAJ.prompt.strip() in text
+    assert text.index("Question:") < text.index(MAJ.prompt.strip()) < text.index("Answer:")
+    assert "TopModule" in text and "```verilog" in text
+
+
+# ---------------------------------------------------------------------------
+# score_completions, tables, chart
+# ---------------------------------------------------------------------------
+
+@needs_iverilog
+def test_all_shipped_references_score_pass_at_1_of_1():
+    rows = [{"task_id": p.task_id, "completion": fenced(as_top(p))} for p in PROBLEMS]
+    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1,), progress=False)
+    assert scores == {1: 1.0}
+    assert len(results) == 28 and results["passed"].all()
+
+
+@needs_iverilog
+def test_broken_set_scores_zero_with_every_category():
+    rows = [{"task_id": MAJ.task_id, "completion": c} for c in [
+        "I am not sure how to do this.", fenced(MAJ_SYNTAX), fenced(MAJ_AND), fenced(MAJ_HANG),
+        fenced(MAJ_EARLY_FINISH)]]
+    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 5), timeout=2, progress=False)
+    assert scores == {1: 0.0, 5: 0.0}
+    assert list(results["category"]) == ["no_code", "compile_error", "mismatch", "timeout", "runtime_error"]
+    assert list(results["sample_index"]) == [0, 1, 2, 3, 4]
+
+
+@needs_iverilog
+def test_mixed_samples_pass_at_k_and_tables():
+    good, bad = fenced(as_top(MAJ)), fenced(MAJ_AND)
+    prob2 = BY_ID["Prob002_mux3_8bit"]
+    rows = ([{"task_id": MAJ.task_id, "completion": c} for c in (good, bad, good, bad)]
+            + [{"task_id": prob2.task_id, "completion": "no idea"}] * 4)
+    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 2, 5), progress=False)
+    # Prob001: n=4, c=2 -> pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6; Prob002: 0. Mean over the two tasks.
+    assert scores[1] == pytest.approx(0.25)
+    assert scores[2] == pytest.approx(5 / 12)
+    assert math.isnan(scores[5])  # 4 samples cannot give pass@5
+    table = ev.results_table(results, ks=(1, 2)).set_index("task_id")
+    assert table.loc[MAJ.task_id, "n"] == 4 and table.loc[MAJ.task_id, "passed"] == 2
+    assert table.loc[MAJ.task_id, "mismatch"] == 2 and table.loc[prob2.task_id, "no_code"] == 4
+    assert table.loc[MAJ.task_id, "pass@2"] == pytest.approx(5 / 6)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = ev.failure_chart(results)
+    heights = {t.get_text(): p.get_height() for t, p in zip(ax.get_xticklabels(), ax.patches)}
+    assert heights == {"pass": 2, "mismatch": 2, "compile_error": 0, "runtime_error": 0, "timeout": 0, "no_code": 4}
+
+
+def test_unknown_task_in_completions_is_an_error():
+    with pytest.raises(ev.EvalError, match="Prob999_x"):
+        ev.score_completions(PROBLEMS, [{"task_id": "Prob999_x", "completion": "x"}], progress=False)
+
+
+# ---------------------------------------------------------------------------
+# The OpenAI-compatible client, against a fake server
+# ---------------------------------------------------------------------------
+
+class FakeServer:
+    """Answers /v1/models and /v1/chat/completions like vLLM; each answer is the reference as TopModule."""
+
+    def __init__(self, model="gemma-verilog", fail_chat=False):
+        fake = self
+        self.requests, self.headers = [], []
+        refs = {p.prompt.strip(): as_top(p) for p in PROBLEMS}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def reply(self, code, obj):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    return self.reply(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
+                self.reply(404, {"error": "not found"})
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append(payload)
+                fake.headers.append(dict(self.headers))
+                if fail_chat:
+                    return self.reply(400, {"error": {"message": "max_tokens is too large"}})
+                user = payload["messages"][-1]["content"]
+                code = next(ref for spec, ref in refs.items() if spec in user)
+                choices = [{"index": i, "message": {"role": "assistant", "content": fenced(code)},
+                            "finish_reason": "stop"} for i in range(payload.get("n", 1))]
+                self.reply(200, {"id": "x", "object": "chat.completion", "model": model, "choices": choices})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_server():
+    servers = []
+
+    def make(**kw):
+        servers.append(FakeServer(**kw))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+@needs_iverilog
+def test_sample_completions_contract_and_scoring(fake_server):
+    srv = fake_server()
+    probs = [MAJ, BY_ID["Prob017_detect_0110"]]
+    rows = ev.sample_completions(srv.url, "gemma-verilog", probs, n=3, temperature=0.8, max_tokens=512,
+                                 api_key="secret", top_p=0.95, progress=False)
+    assert [(r["task_id"], r["sample_index"]) for r in rows] == [(p.task_id, i) for p in probs for i in range(3)]
+    assert {r["finish_reason"] for r in rows} == {"stop"}
+    req = srv.requests[0]
+    assert (req["model"], req["n"], req["temperature"], req["max_tokens"], req["top_p"]) == (
+        "gemma-verilog", 3, 0.8, 512, 0.95)
+    assert req["messages"][0] == {"role": "system", "content": ev.SYSTEM_PROMPT}
+    assert req["messages"][1]["role"] == "user" and req["messages"][1]["content"] in {ev.build_prompt(p) for p in probs}
+    assert srv.headers[0].get("Authorization") == "Bearer secret"
+    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 3), progress=False)
+    assert scores == {1: 1.0, 3: 1.0}
+    assert set(results["finish_reason"]) == {"stop"}  # kept, so truncated answers can be told apart
+
+
+def test_server_errors_are_clear(fake_server):
+    srv = fake_server()
+    with pytest.raises(ev.ServerError, match="does not serve model 'other'.*gemma-verilog"):
+        ev.sample_completions(srv.url + "/v1", "other", [MAJ], progress=False)
+    bad = fake_server(fail_chat=True)
+    with pytest.raises(ev.ServerError, match="HTTP 400.*max_tokens is too large"):
+        ev.sample_completions(bad.url, "gemma-verilog", [MAJ], progress=False)
+
+
+def test_unreachable_server_fails_fast():
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ev.ServerError, match="Could not reach"):
+        ev.sample_completions(f"http://127.0.0.1:{port}", "m", [MAJ], connect_timeout=2, progress=False)
+    assert time.monotonic() - start < 5
+
+
+def test_silent_server_fails_within_the_connect_timeout():
+    with socket.socket() as s:  # listens but never answers: a hung or still-loading server
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        start = time.monotonic()
+        with pytest.raises(ev.ServerError, match="within 1 s"):
+            ev.sample_completions(f"http://127.0.0.1:{s.getsockname()[1]}", "m", [MAJ], connect_timeout=1,
+                                  progress=False)
+        assert time.monotonic() - start < 5
+
+
+# ---------------------------------------------------------------------------
+# Files and the CLI
+# ---------------------------------------------------------------------------
+
+def test_write_jsonl_atomic_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "sub" / "r.jsonl"
+    ev.write_jsonl_atomic(out, [{"a": 1}])
+    with pytest.raises(FileExistsError, match="overwrite"):
+        ev.write_jsonl_atomic(out, [{"a": 2}])
+    assert out.read_text() == '{"a": 1}\n'
+    ev.write_jsonl_atomic(out, [{"a": 2}], overwrite=True)
+    assert out.read_text() == '{"a": 2}\n'
+    assert [p.name for p in out.parent.iterdir()] == ["r.jsonl"]  # no temp files left behind
+
+
+def test_read_completions_errors(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"task_id": "a", "completion": "x"}\nnot json\n')
+    with pytest.raises(ev.EvalError, match=r"c\.jsonl:2"):
+        ev.read_completions(f)
+    f.write_text('{"task_id": "a"}\n')
+    with pytest.raises(ev.EvalError, match="'completion'"):
+        ev.read_completions(f)
+
+
+@needs_iverilog
+def test_eval_cli_with_completions_file(tmp_path):
+    tasks = ["Prob001_majority3", "Prob009_gray_next4", "Prob020_lfsr5"]
+    comp = tmp_path / "completions.jsonl"
+    rows = [{"task_id": t, "completion": fenced(as_top(BY_ID[t]))} for t in tasks[:2]]
+    rows.append({"task_id": tasks[2], "completion": "sorry, no code"})
+    comp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "results.jsonl"
+
+    r = run_cli("eval", "--completions", comp, "--k", "1,5", "--out", out, "--tasks", ",".join(tasks))
+    assert r.returncode == 0, r.stderr
+    assert "pass@1: 0.6667" in r.stdout  # two of three tasks answered with the reference
+    assert "pass@5: n/a" in r.stdout
+    def strict(c):
+        raise ValueError(f"not standard JSON: {c}")
+
+    saved = [json.loads(line, parse_constant=strict) for line in out.read_text().splitlines()]
+    assert saved[0]["mismatches"] == 0 and isinstance(saved[0]["samples"], int) and saved[2]["samples"] is None
+    assert [(s["task_id"], s["category"]) for s in saved] == [
+        (tasks[0], "pass"), (tasks[1], "pass"), (tasks[2], "no_code")]
+
+    r = run_cli("eval", "--completions", comp, "--out", out)
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+    # a results file is a completions file too: re-score it
+    r = run_cli("eval", "--completions", out, "--k", "1", "--out", out, "--overwrite")
+    assert r.returncode == 0 and "pass@1: 0.6667" in r.stdout, r.stderr
+
+
+def test_eval_cli_bad_input(tmp_path):
+    d = copy_problems(tmp_path / "p", ["Prob001_majority3"])
+    (d / "Prob001_majority3_ref.sv").unlink()
+    comp = tmp_path / "c.jsonl"
+    comp.write_text('{"task_id": "Prob001_majority3", "completion": "x"}\n')
+    rc = ev.main(["--problems", str(d), "--completions", str(comp)])
+    assert rc == 2
+    assert ev.main(["--completions", str(comp), "--k", "one"]) == 2
+    assert ev.main(["--url", "http://127.0.0.1:9", "--k", "1"]) == 2  # --url without --model
