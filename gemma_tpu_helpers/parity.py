@@ -7,6 +7,7 @@ transformers, is how a user debugs a port (a wrong transpose shows up in the fir
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +30,40 @@ def _causal_inputs(tokens: np.ndarray):
     return jnp.asarray(tokens), positions, mask
 
 
-def tunix_logits(model, tokens: np.ndarray, mesh) -> np.ndarray:
+def _jit(fn):
+    # Jitted, never eager: eager ops on a multi-device CPU mesh each run their own collectives, and on a machine
+    # with fewer cores than virtual devices those can deadlock in XLA's rendezvous.
+    from flax import nnx
+
+    return nnx.jit(fn)
+
+
+@functools.cache
+def _forward():
+    return _jit(lambda model, tokens, positions, mask: model(tokens, positions, None, mask)[0])
+
+
+@functools.cache
+def _layer_step():
+    return _jit(lambda layer, x, positions, mask: layer(x, positions, None, mask)[1])
+
+
+@functools.cache
+def _embed():
+    return _jit(lambda embedder, tokens: embedder.encode(tokens))
+
+
+def forward(model, tokens, positions, mask, mesh):
+    """Logits of a tunix model, jitted, on ``mesh``."""
     import jax
 
-    toks, positions, mask = _causal_inputs(tokens)
     with jax.set_mesh(mesh):
-        logits, _ = model(toks, positions, None, mask)
-    return np.asarray(logits, dtype=np.float64)
+        return _forward()(model, tokens, positions, mask)
+
+
+def tunix_logits(model, tokens: np.ndarray, mesh) -> np.ndarray:
+    toks, positions, mask = _causal_inputs(tokens)
+    return np.asarray(forward(model, toks, positions, mask, mesh), dtype=np.float64)
 
 
 def tunix_hidden_states(model, tokens: np.ndarray, mesh) -> list[np.ndarray]:
@@ -45,10 +73,10 @@ def tunix_hidden_states(model, tokens: np.ndarray, mesh) -> list[np.ndarray]:
     toks, positions, mask = _causal_inputs(tokens)
     out = []
     with jax.set_mesh(mesh):
-        x = model.embedder.encode(toks)
+        x = _embed()(model.embedder, toks)
         out.append(np.asarray(x, dtype=np.float64))
         for layer in model.layers:
-            _, x, _ = layer(x, positions, None, mask)
+            x = _layer_step()(layer, x, positions, mask)
             out.append(np.asarray(x, dtype=np.float64))
     return out
 

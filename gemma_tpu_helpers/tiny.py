@@ -17,13 +17,14 @@ from pathlib import Path
 from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
-# head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. The head
-# counts keep the 31B's ratios (32:16:4 -> 16:8:4), so tp=4 works and tp=8 fails on the 4 global KV heads, as for 31B.
+# head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
+# fewer global KV heads (4) than local ones (8), and 4 global KV heads as in the 31B: tp=4 works and tp=8 fails on
+# them, exactly as for the 31B. Few heads keep a training step affordable on a laptop CPU.
 TINY_OVERRIDES = {
-    "vocab_size": 512,
+    "vocab_size": 1024,
     "hidden_size": 256,
     "intermediate_size": 512,
-    "num_attention_heads": 16,
+    "num_attention_heads": 8,
     "num_key_value_heads": 8,
     "num_global_key_value_heads": 4,
     "head_dim": 64,
@@ -35,6 +36,7 @@ TINY_OVERRIDES = {
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
 END_OF_TURN = "<end_of_turn>"
 SHARD_SIZE = "4MB"
+BUILT_BY = "tiny_model.json"  # stamp: this directory is a cache that tiny.py may rebuild
 
 # Gemma's turn format. Gemma has no system role: a system message is folded into the first user turn.
 # {% generation %} marks the assistant's tokens, so `return_assistant_tokens_mask=True` gives the loss mask.
@@ -142,6 +144,7 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6, overwr
             do_sample=False,
         ).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / BUILT_BY).write_text(json.dumps({"seed": seed, "layers": layers}) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -156,10 +159,18 @@ def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6) -> Pa
     out_dir = Path(out_dir)
     if (out_dir / "model.safetensors.index.json").is_file():
         cfg = json.loads((out_dir / "config.json").read_text())["text_config"]
-        if cfg["num_hidden_layers"] == layers:
+        wanted = tiny_text_config(layers)
+        stale = {k for k in (*TINY_OVERRIDES, "num_hidden_layers") if k in cfg and cfg[k] != wanted[k]}
+        stamp = out_dir / BUILT_BY
+        if stamp.is_file() and json.loads(stamp.read_text()).get("seed") != seed:
+            stale.add("seed")
+        if not stale:
             return out_dir
-        raise OutputExistsError(f"{out_dir} holds a {cfg['num_hidden_layers']}-layer model, not {layers}; remove it.")
-    return write_tiny_model(out_dir, seed=seed, layers=layers)
+        if not (out_dir / BUILT_BY).is_file():
+            raise OutputExistsError(f"{out_dir} holds a model that differs from the tiny one in {sorted(stale)} and "
+                                    f"was not built by tiny.py; remove it or pass another directory.")
+        print(f"{out_dir}: cached tiny model is stale ({', '.join(sorted(stale))} changed); rebuilding it.")
+    return write_tiny_model(out_dir, seed=seed, layers=layers, overwrite=True)
 
 
 def config_comparison(layers: int = 6):

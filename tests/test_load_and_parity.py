@@ -13,7 +13,7 @@ def test_loaded_model_is_sharded_on_the_mesh(tunix_model, mesh):
 
     state = nnx.state(tunix_model)
     q = tunix_model.layers[0].attn.q_einsum.w
-    assert q.shape == (16, 256, 64)  # (heads, hidden, head_dim)
+    assert q.shape == (8, 256, 64)  # (heads, hidden, head_dim)
     assert tunix_model.layers[5].attn.k_einsum.w.shape == (4, 256, 128)  # global k=v: (global kv heads, hidden, 128)
     assert not hasattr(tunix_model.layers[5].attn, "kv_einsum")
     assert len(jax_leaves(state)) > 0
@@ -49,7 +49,7 @@ def test_layer_comparison_localises_a_port_bug(tiny_dir, mesh, tunix_model):
     # A port bug: layer 3's query heads swapped in the reference (what a wrong reshape does).
     with torch.no_grad():
         w = hf.model.language_model.layers[3].self_attn.q_proj.weight
-        w.copy_(w.view(16, 64, 256).flip(0).reshape(1024, 256))
+        w.copy_(w.view(8, 64, 256).flip(0).reshape(512, 256))
     broken = parity.compare_layers(tiny_dir, mesh, model=tunix_model, hf_model=hf)
     first_bad = broken.index[broken["rel"] > parity.DEFAULT_REL_BOUND][0]
     assert broken.loc[first_bad, "after"] == "layer 3 (local)"

@@ -21,11 +21,12 @@ def test_structure_follows_the_31b(tiny_dir):
     big = gemma4.GEMMA4_31B_TEXT_CONFIG
     assert c["layer_types"] == list(gemma4.PATTERN) * (c["num_hidden_layers"] // 6)
     assert c["attention_k_eq_v"] is True
-    assert c["num_global_key_value_heads"] < c["num_key_value_heads"] < c["num_attention_heads"]
+    assert c["num_global_key_value_heads"] < c["num_key_value_heads"] <= c["num_attention_heads"]
+    assert c["num_global_key_value_heads"] == big["num_global_key_value_heads"]
     assert c["final_logit_softcapping"] == big["final_logit_softcapping"]
     assert c["tie_word_embeddings"] is True
     assert c["hidden_size"] not in (c["head_dim"], c["global_head_dim"])
-    # Same head-count ratios as the 31B: the same tp sizes are valid.
+    # 4 global KV heads as in the 31B: the same tp sizes are valid.
     assert gemma4.valid_tp_sizes(c, 8) == gemma4.valid_tp_sizes(big, 8) == [1, 2, 4]
     index = json.loads((tiny_dir / "model.safetensors.index.json").read_text())["weight_map"]
     globals_ = [i for i, k in enumerate(gemma4.layer_kinds(c)) if k == "global"]
