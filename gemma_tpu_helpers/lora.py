@@ -1,0 +1,370 @@
+"""LoRA on tunix's Gemma 4 by Hugging Face / PEFT target names, with a coverage report that cannot be silent.
+
+qwix selects modules by a regex over *tunix* module paths (``layers/5/attn/k_einsum``), not by the Hugging Face
+names everyone writes (``q_proj``, ``v_proj`` ...). A regex of HF names matches nothing and qwix says nothing; a
+regex of tunix names copied from another Gemma misses ``k_einsum``, which only exists on Gemma 4's global k=v layers.
+:func:`apply_lora` takes HF names, maps them per layer, applies qwix, and raises if a requested target got no
+LoRA anywhere. :func:`coverage_of_regex` runs a raw qwix regex through the same report.
+
+Layouts (tunix 0.1.7, qwix 0.1.8; D hidden, N heads, K KV heads, H head dim, F intermediate, r rank):
+
+=========  ======================  =====================  ====================  =====================
+HF name    tunix module            tunix weight           LoRA A                LoRA B
+=========  ======================  =====================  ====================  =====================
+q_proj     attn/q_einsum           w (N, D, H)            (D, r)                (r, N, H)
+k_proj     attn/kv_einsum (local)  w (2, K, D, H)         (D, r)                (r, 2, K, H)
+v_proj     attn/kv_einsum (local)  (the same module: k and v share one A; B[:, 0] is k, B[:, 1] is v)
+k_proj     attn/k_einsum (global)  w (K, D, H)            (D, r)                (r, K, H)
+v_proj     (none on global k=v layers: the checkpoint has no v_proj there, V is K)
+o_proj     attn/attn_vec_einsum    w (N, H, D)            (N, H, r)             (r, D)
+gate/up    mlp/{gate,up}_proj      kernel (D, F)          (D, r)                (r, F)
+down_proj  mlp/down_proj           kernel (F, D)          (F, r)                (r, D)
+=========  ======================  =====================  ====================  =====================
+"""
+
+from __future__ import annotations
+
+import re
+
+HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The regex in the paper's public code (h2loop/gemma-tpu): tunix names, but no k_einsum.
+PAPER_REGEX = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj"
+# What people write first: the HF names, straight into qwix.
+HF_NAMES_REGEX = ".*q_proj|.*v_proj"
+# tunix module names that users sometimes pass as targets, and the HF name to use instead.
+_TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum": "k_proj",
+                "attn_vec_einsum": "o_proj"}
+
+
+class LoraConfigError(ValueError):
+    """Bad LoRA arguments (target names, rank, QLoRA tile size)."""
+
+
+class LoraCoverageError(RuntimeError):
+    """A requested LoRA target matched no module in any layer."""
+
+
+def tunix_module(target: str, kind: str, k_eq_v: bool) -> str | None:
+    """The tunix module (relative to a decoder layer) that a HF target lives in, or None when the layer has none.
+
+    ``kind`` is ``"local"`` or ``"global"``; ``k_eq_v`` says whether global layers share K and V (Gemma 4 31B).
+    """
+    if target == "q_proj":
+        return "attn/q_einsum"
+    if target == "o_proj":
+        return "attn/attn_vec_einsum"
+    if target in ("k_proj", "v_proj"):
+        if kind == "global" and k_eq_v:
+            return "attn/k_einsum" if target == "k_proj" else None
+        return "attn/kv_einsum"
+    if target in ("gate_proj", "up_proj", "down_proj"):
+        return f"mlp/{target}"
+    raise LoraConfigError(_unknown_message([target]))
+
+
+def _unknown_message(unknown) -> str:
+    hints = [f"{u!r} is a tunix module name; use {_TUNIX_TO_HF[u]}" for u in unknown if u in _TUNIX_TO_HF]
+    return (f"Unknown LoRA target(s) {', '.join(map(repr, unknown))}. Valid targets are the Hugging Face / PEFT "
+            f"names: {', '.join(HF_TARGETS)}." + (" " + "; ".join(hints) + "." if hints else "")
+            + " They are mapped to tunix modules for you (see lora.target_table).")
+
+
+def validate_targets(targets) -> tuple[str, ...]:
+    """The targets as a tuple of HF names, in canonical order; raises LoraConfigError on unknown names."""
+    if isinstance(targets, str):
+        targets = [targets]
+    targets = list(targets)
+    if not targets:
+        raise LoraConfigError(f"No LoRA targets given. Pick from: {', '.join(HF_TARGETS)}.")
+    unknown = [t for t in targets if t not in HF_TARGETS]
+    if unknown:
+        raise LoraConfigError(_unknown_message(unknown))
+    return tuple(t for t in HF_TARGETS if t in targets)
+
+
+def regex_for(targets) -> str:
+    """The qwix ``module_path`` regex (fullmatch over ``layers/<i>/attn/q_einsum``-style paths) for HF targets."""
+    targets = validate_targets(targets)
+    modules = []
+    for t in targets:
+        for kind in ("local", "global"):
+            m = tunix_module(t, kind, k_eq_v=True)
+            if m and m not in modules:
+                modules.append(m)
+    return ".*/(" + "|".join(re.escape(m) for m in modules) + ")"
+
+
+def _shapes(c: dict, target: str, kind: str, rank):
+    """(tunix weight shape, HF weight shape [out, in], LoRA A shape, LoRA B shape) for one target and layer kind."""
+    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    if kind == "global":
+        k, h = (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
+    else:
+        k, h = c["num_key_value_heads"], c["head_dim"]
+    k_eq_v = kind == "global" and bool(c.get("attention_k_eq_v"))
+    r = rank if rank is not None else "r"
+    if target == "q_proj":
+        return (n, d, h), (n * h, d), (d, r), (r, n, h)
+    if target == "o_proj":
+        return (n, h, d), (d, n * h), (n, h, r), (r, d)
+    if target in ("k_proj", "v_proj"):
+        if k_eq_v:
+            return ((k, d, h), (k * h, d), (d, r), (r, k, h)) if target == "k_proj" else (None, None, None, None)
+        return (2, k, d, h), (k * h, d), (d, r), (r, 2, k, h)
+    if target == "down_proj":
+        return (f, d), (d, f), (f, r), (r, d)
+    return (d, f), (f, d), (d, r), (r, f)
+
+
+def target_table(text_config: dict, rank: int | None = None):
+    """HF/PEFT target names -> tunix Gemma 4 modules, per layer kind, with shapes (pandas)."""
+    import pandas as pd
+
+    from .gemma4 import layer_kinds
+
+    c = text_config
+    kinds = layer_kinds(c)
+    k_eq_v = bool(c.get("attention_k_eq_v"))
+    rows = []
+    for t in HF_TARGETS:
+        for kind in ("local", "global"):
+            count = kinds.count(kind)
+            if not count:
+                continue
+            module = tunix_module(t, kind, k_eq_v)
+            w, hf, a, b = _shapes(c, t, kind, rank)
+            note = ""
+            if module == "attn/kv_einsum":
+                note = "k and v share this module: LoRA on either adapts both (one A, B[:, 0] is k, B[:, 1] is v)"
+            elif module == "attn/k_einsum":
+                note = "global k=v layer: K only (it is also V); regexes without k_einsum miss it"
+            elif module is None:
+                note = "no v_proj on global k=v layers (V is K): nothing to adapt, k_proj covers it"
+            rows.append({"HF target": t, "layer kind": kind, "layers": count, "tunix module": module or "(none)",
+                         "tunix weight": str(w) if w else "-", "HF weight [out, in]": str(hf) if hf else "-",
+                         "LoRA A": str(a) if a else "-", "LoRA B": str(b) if b else "-", "note": note})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------- the model side
+
+
+def _path_str(path) -> str:
+    return "/".join(map(str, path))
+
+
+def _lora_sizes(model) -> dict[str, int]:
+    """LoRA parameter count per module path (``layers/0/attn/q_einsum``)."""
+    from flax import nnx
+
+    sizes: dict[str, int] = {}
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.LoRAParam):
+            key = _path_str(path[:-1])
+            sizes[key] = sizes.get(key, 0) + int(v.value.size)
+    return sizes
+
+
+def base_param_count(model) -> int:
+    """Frozen parameters of a (possibly LoRA / QLoRA) model: quantized weights counted once, scales not."""
+    from flax import nnx
+
+    total = 0
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.Param) and not isinstance(v, nnx.LoRAParam):
+            if len(path) >= 2 and path[-2] == "array" and path[-1] != "qvalue":
+                continue  # a quantized weight's scale / zero point
+            total += int(v.value.size)
+    return total
+
+
+def _layer_info(model) -> list[tuple[str, bool]]:
+    """(kind, has k_einsum) per decoder layer of a tunix Gemma 4 model."""
+    out = []
+    for layer in model.layers:
+        attn = layer.attn
+        kind = "global" if "GLOBAL" in str(getattr(attn, "attn_type", "")) else "local"
+        out.append((kind, hasattr(attn, "k_einsum")))
+    return out
+
+
+def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
+    """Each layer x each HF target: the tunix module, whether it has LoRA, its LoRA parameter count (pandas).
+
+    When k_proj and v_proj share one ``kv_einsum``, its LoRA parameters are counted on the k_proj row only, so the
+    column sums to the model's LoRA parameter count.
+    """
+    import pandas as pd
+
+    targets = validate_targets(targets)
+    sizes = _lora_sizes(lora_model)
+    base = base_params if base_params is not None else base_param_count(lora_model)
+    rows, counted = [], set()
+    for i, (kind, has_k) in enumerate(_layer_info(lora_model)):
+        for t in targets:
+            rel = tunix_module(t, kind, has_k)
+            path = f"layers/{i}/{rel}" if rel else None
+            n = sizes.get(path, 0) if path else 0
+            note, n_row = "", n
+            if rel is None:
+                note = "no v_proj on this k=v layer (V is K)"
+            elif n and path in counted:
+                note, n_row = "shares kv_einsum's LoRA with k_proj (counted there)", 0
+            if n:
+                counted.add(path)
+            rows.append({"layer": i, "kind": kind, "target": t, "module": rel or "(none)",
+                         "has LoRA": bool(n), "LoRA params": n_row,
+                         "trainable %": 100.0 * n_row / base if base else 0.0, "note": note})
+    df = pd.DataFrame(rows)
+    df.attrs.update(lora_params=int(sum(sizes.values())), base_params=int(base),
+                    unmatched=[p for p in sizes if p not in counted])
+    return df
+
+
+def summary(report):
+    """Per HF target: modules that exist, how many got LoRA, and which layers were missed (pandas)."""
+    import pandas as pd
+
+    rows = []
+    for t, g in report.groupby("target", sort=False):
+        exists = g[g["module"] != "(none)"]
+        missed = exists[~exists["has LoRA"]]
+        rows.append({"target": t, "modules": len(exists), "with LoRA": int(exists["has LoRA"].sum()),
+                     "missed": ", ".join(f"layer {r.layer} ({r.module})" for r in missed.itertuples()) or "-",
+                     "LoRA params": int(g["LoRA params"].sum())})
+    out = pd.DataFrame(rows)
+    out.attrs.update(report.attrs)
+    return out
+
+
+def _check_tile(model, targets, tile_size: int | None) -> int:
+    """A QLoRA tile size that divides every contracted dim of the targeted modules (largest <= 256 if None)."""
+    cfg = model.config
+    dims = {cfg.embed_dim}
+    if "o_proj" in targets:
+        dims |= {cfg.head_dim, cfg.global_key_size}
+    if "down_proj" in targets:
+        dims.add(cfg.hidden_dim)
+    valid = [t for t in (256, 128, 64, 32, 16, 8) if all(d % t == 0 for d in dims)]
+    if tile_size is None:
+        if not valid:
+            raise LoraConfigError(f"No QLoRA tile size in 8..256 divides the contracted dims {sorted(dims)}.")
+        return valid[0]
+    if tile_size <= 0 or any(d % tile_size for d in dims):
+        raise LoraConfigError(f"QLoRA tile_size={tile_size} must divide every contracted dim of the targeted "
+                              f"modules {sorted(dims)}. Valid choices: {valid}.")
+    return tile_size
+
+
+def make_provider(targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+                  qlora: str | None = None, tile_size: int | None = None, regex: str | None = None):
+    """The qwix ``LoraProvider`` for HF targets (or a raw ``regex``), with arguments checked."""
+    import qwix
+
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise LoraConfigError(f"LoRA rank must be a positive integer, got {rank!r} (the paper uses 64; smoke 8).")
+    if not 0.0 <= dropout < 1.0:
+        raise LoraConfigError(f"LoRA dropout must be in [0, 1), got {dropout!r}.")
+    kwargs = dict(module_path=regex if regex is not None else regex_for(targets), rank=rank, alpha=float(alpha),
+                  dropout=float(dropout))
+    if qlora is not None:
+        kwargs.update(weight_qtype=qlora, tile_size=tile_size)
+    return qwix.LoraProvider(**kwargs)
+
+
+def _run_qwix(model, provider, seed: int, abstract: bool):
+    import qwix
+    from flax import nnx
+
+    def go(m):
+        return qwix.apply_lora_to_model(m, provider, rngs=nnx.Rngs(seed), **m.get_model_input())
+
+    return nnx.eval_shape(go, model) if abstract else go(model)
+
+
+def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+               qlora: str | None = None, tile_size: int | None = None, seed: int = 0, abstract: bool = False):
+    """Apply (Q)LoRA to a tunix Gemma 4 by HF target names; return ``(lora_model, coverage report)``.
+
+    - ``targets``: HF/PEFT names (``q_proj`` ... ``down_proj``); unknown names raise :class:`LoraConfigError`.
+    - ``qlora="nf4"`` quantizes the frozen base (QLoRA); ``tile_size`` must divide the contracted dims (default:
+      the largest that does). It applies :func:`compat.patch_gemma4_qlora_einsum` (tunix cannot run a quantized
+      Einsum otherwise).
+    - ``abstract=True`` works on shapes only (``nnx.eval_shape``): for reports and sharding plans of big models.
+
+    Raises :class:`LoraCoverageError` when a requested target got LoRA in no layer. The input model is not changed.
+    The report's ``attrs`` hold ``lora_params``, ``base_params``, ``regex`` and ``unused_rules``.
+    """
+    targets = validate_targets(targets)
+    if qlora is not None:
+        tile_size = _check_tile(model, targets, tile_size)
+    regex = regex_for(targets)
+    provider = make_provider(targets, rank, alpha, dropout, qlora, tile_size, regex=regex)
+    base = base_param_count(model)
+    if qlora is not None:
+        from . import compat
+
+        compat.patch_gemma4_qlora_einsum()
+    lora_model = _run_qwix(model, provider, seed, abstract)
+    unused = provider.get_unused_rules()
+    report = coverage(lora_model, targets, base_params=base)
+    present = report[report["module"] != "(none)"]
+    missing = [t for t in targets if not present.loc[present["target"] == t, "has LoRA"].any()]
+    if unused or missing:
+        raise LoraCoverageError(
+            f"LoRA target(s) {', '.join(missing) or ', '.join(targets)} matched no module in any layer "
+            f"(qwix regex {regex!r}; unused rules: {len(unused)}). This model's layers have "
+            f"{sorted({m for m in report['module'] if m != '(none)'})}. Drop those targets, or check that the "
+            f"model is a tunix Gemma 4 (e.g. v_proj alone has nothing to adapt when every layer is a global k=v layer)."
+        )
+    report.attrs.update(regex=regex, unused_rules=[], rank=rank, alpha=alpha, qlora=qlora,
+                        tile_size=tile_size)
+    return lora_model, report
+
+
+def coverage_of_regex(model, regex: str, rank: int = 8, alpha: float = 16.0, seed: int = 0, abstract: bool = True):
+    """Run raw qwix with ``regex`` (no checks, as a user would) and report what got LoRA, per layer x HF target.
+
+    This is how a wrong regex looks: ``HF_NAMES_REGEX`` gives LoRA to nothing and ``PAPER_REGEX`` misses every
+    global layer's ``k_einsum``, and qwix raises no error in either case. ``attrs["unused_rules"]`` is qwix's own
+    (rule-level) check, which only notices the first. Abstract by default (shapes only, fast).
+    """
+    provider = make_provider(rank=rank, alpha=alpha, regex=regex)
+    base = base_param_count(model)
+    lora_model = _run_qwix(model, provider, seed, abstract)
+    report = coverage(lora_model, HF_TARGETS, base_params=base)
+    report.attrs.update(regex=regex, unused_rules=[r.module_path for r in provider.get_unused_rules()])
+    return report
+
+
+def compare_regexes(model, regexes: dict[str, str], rank: int = 8, alpha: float = 16.0):
+    """One row per named regex: attention/MLP modules with LoRA out of those that exist, LoRA params, misses."""
+    import pandas as pd
+
+    rows = []
+    for name, rx in regexes.items():
+        rep = coverage_of_regex(model, rx, rank=rank, alpha=alpha)
+        mods = rep[rep["module"] != "(none)"].drop_duplicates(["layer", "module"])
+        missed = mods[~mods["has LoRA"]]
+        by_module = missed.groupby("module")["layer"].apply(lambda s: ",".join(map(str, s)))
+        rows.append({"regex": name, "pattern": rx, "modules with LoRA": int(mods["has LoRA"].sum()),
+                     "modules": len(mods), "LoRA params": rep.attrs["lora_params"],
+                     "qwix unused rules": len(rep.attrs["unused_rules"]),
+                     "missed (module: layers)": "; ".join(f"{m}: {ls}" for m, ls in by_module.items()) or "-"})
+    return pd.DataFrame(rows)
+
+
+def report_for_profile(profile, regex: str | None = None, model=None):
+    """Coverage summary for a profile's base model: ours (HF targets) or a raw qwix ``regex``. Abstract (fast)."""
+    from . import gemma4
+    from . import mesh as mesh_lib
+
+    if model is None:
+        base = gemma4.ensure_base(profile)
+        model = gemma4.load_model(base, mesh_lib.make_mesh(profile), dtype=profile.model.dtype)
+    spec = profile.lora
+    if regex is not None:
+        return summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
+    _, report = apply_lora(model, targets=spec.targets, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
+                           abstract=True)
+    return summary(report)

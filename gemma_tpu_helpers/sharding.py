@@ -1,0 +1,471 @@
+"""Audit and fix the sharding annotations of a (LoRA) tunix model: every parameter, its spec, what the mesh can do.
+
+Three things go wrong between tunix, qwix and a mesh, and none of them raises until a step is compiled (or never):
+
+1. **A spec the mesh cannot divide.** tunix shards head dims on ``tp``; a config with fewer (global) KV heads than
+   ``tp`` (1 global KV head on tp=2; the 31B's 4 global KV heads on tp=8) annotates a dim that the axis cannot split.
+2. **A LoRA spec whose rank differs from its array.** qwix derives LoRA A/B specs from the base weight's; when it
+   copies the base tuple instead (older qwix; the paper reset those by hand to replicated), a 3-D spec sits on a
+   2-D array. With qwix 0.1.8 and flax 0.12.8 the specs are transposed correctly, and the audit shows no such row.
+3. **An annotation that is not applied.** tunix creates variables unsharded (``flax_always_shard_variable=False``)
+   and qwix's QLoRA places quantized weights and LoRA params its own way; the metadata says one thing, the array
+   lives another way.
+
+:func:`audit` lists every parameter with these checks and bytes per device; :func:`fix` picks the least replication
+that divides (drops only the offending axis; LoRA A/B take the base weight's axis on their non-rank dims when it
+divides), reports each change, and places the arrays. Abstract models (``nnx.eval_shape``) and
+``jax.sharding.AbstractMesh`` work too, for plans of the 31B.
+"""
+
+from __future__ import annotations
+
+import math
+
+_SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+class ShardingError(ValueError):
+    """Annotations that cannot be applied on this mesh."""
+
+
+# ----------------------------------------------------------------------------------------------- small pieces
+
+
+def _mesh_sizes(mesh) -> dict[str, int]:
+    return dict(mesh.shape)
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _axis_size(sizes: dict[str, int], entry) -> int:
+    return math.prod(sizes[a] for a in _axes(entry))
+
+
+def _bits(dtype) -> int:
+    from jax._src import dtypes
+
+    return dtypes.itemsize_bits(dtype)
+
+
+def _spec_of(v) -> tuple[tuple | None, str | None]:
+    md = v.get_metadata()
+    for key in _SPEC_KEYS:
+        if key in md and md[key] is not None:
+            return tuple(md[key]), key
+    return None, None
+
+
+def _fmt(spec) -> str:
+    if spec is None:
+        return "-"
+    return "(" + ", ".join(repr(s) if s is not None else "None" for s in spec) + ("," if len(spec) == 1 else "") + ")"
+
+
+def _params(model):
+    """(path, variable) for every parameter (frozen and LoRA; quantized weights per component)."""
+    from flax import nnx
+
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.Param):
+            yield tuple(path), v
+
+
+def _bytes_per_device(shape, dtype, spec, sizes) -> int:
+    per = list(shape)
+    for i, entry in enumerate(spec or ()):
+        if i < len(per) and entry is not None:
+            per[i] = -(-per[i] // _axis_size(sizes, entry))
+    return math.prod(per) * _bits(dtype) // 8
+
+
+def _indivisible(shape, spec, sizes) -> list[str]:
+    out = []
+    for i, entry in enumerate(spec or ()):
+        if i >= len(shape) or entry is None:
+            continue
+        n = _axis_size(sizes, entry)
+        if shape[i] % n:
+            out.append(f"dim {i} ({shape[i]}) by {'x'.join(_axes(entry))}={n}")
+    return out
+
+
+def _named(mesh, spec, ndim):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    spec = tuple(spec or ())
+    return NamedSharding(mesh, P(*(spec + (None,) * (ndim - len(spec)))))
+
+
+def _placed(value, ndim):
+    """The spec the array actually has: a tuple, () when on one device / fully replicated, None when abstract."""
+    import jax
+
+    sharding = getattr(value, "sharding", None)
+    if not isinstance(value, jax.Array) or sharding is None:
+        return None
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return ()
+    spec = tuple(spec)
+    return spec + (None,) * (ndim - len(spec))
+
+
+# ----------------------------------------------------------------------------------------------- audit
+
+
+def audit(model, mesh):
+    """Every parameter: path, shape, dtype, spec, whether each sharded dim divides, bytes per device, flags (pandas).
+
+    Columns: ``spec`` (the annotation), ``placed`` (the concrete array's spec; ``-`` when abstract), ``rank ok``,
+    ``divides``, ``applied``, ``bytes/device`` (if the annotation were applied, rounding up indivisible dims),
+    ``bytes/device placed`` (as the array lives now; equal to the former when abstract) and ``flag`` (empty when fine).
+    """
+    import jax
+    import pandas as pd
+    from flax import nnx
+
+    sizes = _mesh_sizes(mesh)
+    concrete_mesh = isinstance(mesh, jax.sharding.Mesh)
+    rows = []
+    for path, v in _params(model):
+        value = v.value
+        shape, dtype = tuple(value.shape), value.dtype
+        ndim = len(shape)
+        spec, _ = _spec_of(v)
+        is_lora = isinstance(v, nnx.LoRAParam)
+        flags = []
+        rank_ok = spec is None or len(spec) <= ndim and not (is_lora and spec and len(spec) != ndim)
+        if not rank_ok:
+            flags.append(f"spec rank {len(spec)} != array rank {ndim}"
+                         + (" (base weight's spec copied onto a LoRA param?)" if is_lora else ""))
+        bad = _indivisible(shape, spec, sizes) if rank_ok else []
+        flags += [f"cannot divide {b}" for b in bad]
+        follows = None
+        if is_lora and rank_ok:
+            expected = _expected_lora_spec(model, path, shape, sizes)
+            if expected is not None:
+                follows = tuple(spec or ()) + (None,) * (ndim - len(spec or ())) == expected
+                if not follows:
+                    flags.append(f"LoRA spec does not follow the base weight's layout (expected {_fmt(expected)})")
+        placed = _placed(value, ndim)
+        applied = None
+        if placed is not None and concrete_mesh and rank_ok and not bad:
+            want = _named(mesh, spec, ndim)
+            applied = bool(value.sharding.is_equivalent_to(want, ndim)) if value.sharding.device_set == want.device_set \
+                else False
+            if not applied:
+                flags.append(f"annotation not applied (placed as {_fmt(placed)})")
+        elif placed is not None and concrete_mesh:
+            applied = False  # an annotation that cannot be applied is not in effect (already flagged above)
+        per_dev = _bytes_per_device(shape, dtype, spec if rank_ok else None, sizes)
+        if placed is not None:
+            placed_bytes = math.prod(value.sharding.shard_shape(shape)) * _bits(dtype) // 8
+        else:
+            placed_bytes = per_dev
+        rows.append({"path": "/".join(map(str, path)), "kind": type(v).__name__, "shape": shape, "dtype": str(dtype),
+                     "spec": _fmt(spec), "placed": _fmt(placed), "rank ok": rank_ok, "divides": not bad,
+                     "follows base": follows,
+                     "applied": applied, "bytes/device": per_dev, "bytes/device placed": placed_bytes,
+                     "flag": "; ".join(flags)})
+    df = pd.DataFrame(rows)
+    df.attrs["mesh"] = sizes
+    return df
+
+
+def flagged(audit_df):
+    """The audit rows with a flag."""
+    return audit_df[audit_df["flag"] != ""]
+
+
+def totals(audit_df, column: str = "bytes/device"):
+    """Bytes per device summed by kind (Param = frozen base, LoRAParam = trainable), and overall."""
+    g = audit_df.groupby("kind")[column].sum()
+    return {**{k: int(v) for k, v in g.items()}, "total": int(audit_df[column].sum())}
+
+
+# ----------------------------------------------------------------------------------------------- fix
+
+
+def _get(model, path):
+    obj = model
+    for p in path:
+        obj = obj[p] if isinstance(p, int) else getattr(obj, p)
+    return obj
+
+
+def _lora_spec_from_base(model, path, ndim) -> tuple | None:
+    """The spec a LoRA A/B should have: the base weight's axis on each non-rank dim (by einsum letters)."""
+    name = path[-1]
+    if not (name.endswith("_lora_a") or name.endswith("_lora_b")):
+        return None
+    base_name, which = name[: -len("_lora_a")], name[-1]
+    module = _get(model, path[:-1])
+    base = getattr(module, base_name, None)
+    if base is None:
+        return None
+    from flax import nnx
+
+    # a qwix-quantized weight (WithAux around a QArray) carries the annotation on its qvalue
+    base_var = base if isinstance(base, nnx.Variable) else getattr(getattr(base, "array", None), "qvalue", None)
+    if not isinstance(base_var, nnx.Variable):
+        return None
+    base_spec, _ = _spec_of(base_var)
+    if base_spec is None:
+        return (None,) * ndim
+    lora_str = getattr(module, base_name + "_lora_einsum_str", None)
+    einsum_str = getattr(module, "einsum_str", None)
+    if lora_str and einsum_str:
+        rhs = einsum_str.split("->")[0].split(",")[1]
+        letter_axis = dict(zip(rhs, base_spec))
+        operand = lora_str.split("->")[0].split(",")[1 if which == "a" else 2]
+        if len(operand) == ndim:
+            return tuple(letter_axis.get(c) for c in operand)
+        return (None,) * ndim
+    if len(base_spec) == 2 and ndim == 2:  # a dense kernel (in, out): A (in, r), B (r, out)
+        return (base_spec[0], None) if which == "a" else (None, base_spec[1])
+    return (None,) * ndim
+
+
+def _expected_lora_spec(model, path, shape, sizes) -> tuple | None:
+    """The base-derived LoRA spec (size-1 dims unsharded, as qwix does; divisibility is checked separately)."""
+    derived = _lora_spec_from_base(model, path, len(shape))
+    if derived is None:
+        return None
+    return tuple(None if n == 1 else e for n, e in zip(shape, derived))
+
+
+def _divisible_spec(shape, spec, sizes) -> tuple:
+    """Drop only the mesh axes that cannot divide their dim (and repeated axes); keep everything else."""
+    out, used = [], set()
+    for i, entry in enumerate(spec):
+        axes = [a for a in _axes(entry) if a not in used]
+        while axes and shape[i] % math.prod(sizes[a] for a in axes):
+            # drop the axis whose removal keeps the most sharding that divides
+            axes = max(([b for b in axes if b != a] for a in axes),
+                       key=lambda rest: (shape[i] % max(1, math.prod(sizes[b] for b in rest)) == 0,
+                                         math.prod(sizes[b] for b in rest)))
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return tuple(out)
+
+
+def fix(model, mesh, apply: bool = True):
+    """Correct what :func:`audit` flags, in place; return a table of every change.
+
+    - a spec the mesh cannot divide: drop only the offending axis on that dim (least replication);
+    - a LoRA spec of the wrong rank: the base weight's axis on each non-rank dim if it divides, else replicated;
+    - an annotation not applied: the array is placed as annotated.
+
+    With ``apply`` (and a concrete mesh and arrays) every parameter is placed on the mesh as annotated
+    (``jax.device_put`` with a ``NamedSharding``), so the re-audit shows no flag.
+    """
+    import jax
+    import pandas as pd
+    from flax import nnx
+
+    sizes = _mesh_sizes(mesh)
+    concrete = isinstance(mesh, jax.sharding.Mesh)
+    before = audit(model, mesh).set_index("path")
+    changes = []
+    for path, v in _params(model):
+        key = "/".join(map(str, path))
+        row = before.loc[key]
+        value = v.value
+        shape, ndim = tuple(value.shape), len(value.shape)
+        spec, meta_key = _spec_of(v)
+        new = spec
+        reasons = []
+        derived = _expected_lora_spec(model, path, shape, sizes) if isinstance(v, nnx.LoRAParam) else None
+        if not row["rank ok"]:
+            new = derived if derived is not None else tuple(spec[:ndim]) + (None,) * max(0, ndim - len(spec))
+            reasons.append(f"spec rank {len(spec)} -> {ndim}, derived from the base weight"
+                           if derived is not None else f"spec cut to rank {ndim}")
+        elif row["follows base"] is False and derived is not None:
+            new = derived
+            reasons.append("LoRA spec derived from the base weight's layout")
+        if new is not None:
+            full = tuple(new) + (None,) * (ndim - len(new))
+            fitted = _divisible_spec(shape, full, sizes)
+            if fitted != full:
+                reasons.append("dropped the axis that cannot divide: " + ", ".join(_indivisible(shape, full, sizes)))
+                new = fitted
+        placed_wrong = row["applied"] is False
+        if new != spec:
+            if meta_key is None:
+                meta_key = "out_sharding"
+            v.set_metadata(meta_key, tuple(new))
+        moved = False
+        if apply and concrete and isinstance(value, jax.Array):
+            want = _named(mesh, new, ndim)
+            if not (value.sharding.device_set == want.device_set and value.sharding.is_equivalent_to(want, ndim)):
+                v.value = jax.device_put(value, want)
+                moved = True
+                if placed_wrong and new == spec:
+                    reasons.append("placed the array as annotated")
+        if new != spec or moved:
+            after_bytes = _bytes_per_device(shape, value.dtype, new, sizes)
+            changes.append({"path": key, "kind": type(v).__name__, "shape": shape, "spec before": _fmt(spec),
+                            "spec after": _fmt(new), "placed before": row["placed"],
+                            "bytes/device before": int(row["bytes/device placed"]), "bytes/device after": after_bytes,
+                            "why": "; ".join(reasons) or "placed the array as annotated"})
+    return pd.DataFrame(changes, columns=["path", "kind", "shape", "spec before", "spec after", "placed before",
+                                          "bytes/device before", "bytes/device after", "why"])
+
+
+def apply_annotations(model, mesh) -> None:
+    """Place every parameter as its annotation says (``jax.device_put``), without changing any annotation.
+
+    Raises :class:`ShardingError` naming the parameter when an annotation cannot be applied on this mesh.
+    """
+    import jax
+
+    placements = []
+    for path, v in _params(model):  # check everything first, so a failure changes nothing
+        value = v.value
+        spec, _ = _spec_of(v)
+        try:
+            want = _named(mesh, spec, value.ndim)
+            want.shard_shape(tuple(value.shape))  # raises when a dim does not divide
+        except (ValueError, TypeError) as e:
+            raise ShardingError(
+                f"{'/'.join(map(str, path))} {tuple(value.shape)} cannot be placed as {_fmt(spec)} on mesh "
+                f"{_mesh_sizes(mesh)}: {str(e).splitlines()[0]} Run sharding.audit(model, mesh) to see every such "
+                f"parameter, and sharding.fix(model, mesh) to drop only the axes that cannot divide (or pick a tp "
+                f"from gemma4.valid_tp_sizes(config))."
+            ) from None
+        placements.append((v, want))
+    for v, want in placements:
+        v.value = jax.device_put(v.value, want)
+
+
+def state_shardings(model, mesh):
+    """``NamedSharding`` for every leaf of ``nnx.state(model)`` from its annotation (for jit in_shardings / AOT)."""
+    import jax
+    from flax import nnx
+
+    state = nnx.state(model)
+    specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+# ----------------------------------------------------------------------------------------------- the 31B plan
+
+
+def one_period_config(text_config: dict) -> tuple[dict, int]:
+    """The config cut to one sliding/global period (6 layers), and how many periods the full model has."""
+    from .gemma4 import PATTERN
+
+    period = len(PATTERN)
+    n = text_config["num_hidden_layers"]
+    if n % period or list(text_config["layer_types"][:period]) * (n // period) != list(text_config["layer_types"]):
+        raise ValueError(f"The layer pattern does not repeat every {period} layers; plan the full model instead.")
+    cut = dict(text_config, num_hidden_layers=period, layer_types=list(text_config["layer_types"][:period]))
+    return cut, n // period
+
+
+def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), axes=("fsdp", "tp"),
+                       rank: int = 64, alpha: float = 64.0, targets=None, dtype: str = "bfloat16"):
+    """Per-device bytes of a LoRA model on a mesh, from abstract shapes only (no weights, no devices).
+
+    The model is built with ``nnx.eval_shape`` for one sliding/global period (6 layers) and LoRA is applied
+    abstractly by qwix (the 60-layer abstract apply takes minutes; the layers of every period are identical), then
+    the per-layer rows are multiplied by the number of periods. Returns ``(summary, audit, changes)``: the summary
+    has bytes per device for the base and the LoRA params as annotated, as the paper fixed them (every LoRA param
+    replicated), and after :func:`fix`.
+    """
+    import jax
+    import pandas as pd
+    from flax import nnx
+    from tunix.models.gemma4 import model as gm
+
+    from . import gemma4, lora
+
+    cut, periods = one_period_config(text_config)
+    cfg = gemma4.to_tunix_config(cut, dtype=dtype)
+    base = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0)))
+    targets = targets or lora.HF_TARGETS
+    model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True)
+    mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
+    before = audit(model, mesh)
+    changes = fix(model, mesh, apply=False)
+    after = audit(model, mesh)
+    weight = before["path"].str.startswith("layers/").map({True: periods, False: 1})
+
+    def total(df, kind, column="bytes/device"):
+        return int((df[column] * weight)[df["kind"] == kind].sum())
+
+    lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: _bits(d) // 8)) * weight)[
+        before["kind"] == "LoRAParam"].sum())
+    rows = [
+        {"what": "base params", "as annotated": total(before, "Param"), "paper: LoRA replicated": total(before, "Param"),
+         "after fix": total(after, "Param")},
+        {"what": "LoRA params", "as annotated": total(before, "LoRAParam"), "paper: LoRA replicated": lora_full,
+         "after fix": total(after, "LoRAParam")},
+    ]
+    summary = pd.DataFrame(rows).set_index("what")
+    summary.loc["total"] = summary.sum()
+    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=len(flagged(before)), periods=periods,
+                         flags_after=len(flagged(after)))
+    return summary, before, changes
+
+
+def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, layer_types=None, abstract=False):
+    """A random tunix Gemma 4 built the way tunix builds one: every variable unsharded, on one device.
+
+    ``layer_types`` (e.g. ``["sliding_attention", "full_attention"]``) cuts the model to those layers, for fast
+    experiments; ``abstract`` builds shapes only (``nnx.eval_shape``). Unlike ``gemma4.load_model``, this does not
+    refuse a mesh that cannot divide the heads: that is what :func:`audit` and :func:`fix` are for.
+    """
+    from flax import nnx
+    from tunix.models.gemma4 import model as gm
+
+    from . import gemma4
+
+    c = dict(text_config)
+    if layer_types is not None:
+        c.update(layer_types=list(layer_types), num_hidden_layers=len(layer_types))
+    cfg = gemma4.to_tunix_config(c, dtype=dtype)
+    make = lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
+    return nnx.eval_shape(make) if abstract else make()
+
+
+def forward_check(model, mesh, seq_len: int = 8):
+    """Jit one forward pass of ``model`` on ``mesh`` (batch = the fsdp size); return the logits' shape and spec.
+
+    The proof that a fixed model compiles and runs with its parameters placed as annotated.
+    """
+    import jax.numpy as jnp
+    from flax import nnx
+
+    b = max(1, _mesh_sizes(mesh).get("fsdp", 1))
+    tokens = jnp.ones((b, seq_len), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(seq_len), (b, seq_len))
+    mask = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None].repeat(b, 0)
+    with mesh:
+        logits = nnx.jit(lambda m: m(tokens, pos, None, mask)[0])(model)
+    finite = bool(jnp.isfinite(logits).all())
+    return {"logits shape": tuple(logits.shape), "logits spec": _fmt(tuple(logits.sharding.spec)), "finite": finite}
+
+
+def bytes_table(before, after, column: str = "bytes/device placed"):
+    """Per-device bytes by kind, before and after a fix, in MiB (pandas)."""
+    import pandas as pd
+
+    df = pd.DataFrame({"before": totals(before, column), "after": totals(after, column)}) / 2**20
+    return df.rename(index={"Param": "base params (MiB/device)", "LoRAParam": "LoRA params (MiB/device)",
+                            "total": "total (MiB/device)"}).round(3)
+
+
+def plan_for_profile(profile):
+    """``plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
+    from . import gemma4, tiny
+
+    text = tiny.tiny_text_config(profile.model.tiny_layers) if profile.model.source == "tiny" \
+        else gemma4.GEMMA4_31B_TEXT_CONFIG
+    return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
+                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)

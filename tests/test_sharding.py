@@ -1,0 +1,115 @@
+"""Sharding audit/fix: every parameter's spec against the mesh, LoRA specs, heads tp cannot divide, the 31B plan."""
+
+import math
+
+import pytest
+
+from gemma_tpu_helpers import gemma4, lora, plan, sharding, tiny
+
+
+@pytest.fixture(scope="module")
+def lora_loaded(tunix_model):
+    model, _ = lora.apply_lora(tunix_model, rank=8, alpha=16.0)
+    return model
+
+
+def test_loaded_lora_model_is_clean_and_fully_sharded(lora_loaded, mesh):
+    df = sharding.audit(lora_loaded, mesh)
+    assert len(df) and sharding.flagged(df).empty
+    assert set(df["kind"]) == {"Param", "LoRAParam"}
+    # Bytes per device from the specs agree with what the arrays really hold, parameter by parameter.
+    assert (df["bytes/device"] == df["bytes/device placed"]).all()
+    # A weight sharded on both axes holds 1/8 of its bytes per device.
+    q = df.set_index("path").loc["layers/0/attn/q_einsum/w"]
+    assert q["spec"] == "('tp', 'fsdp', None)"
+    assert q["bytes/device"] * 8 == math.prod(q["shape"]) * 4
+
+
+def test_copied_base_spec_on_lora_params_is_flagged_and_derived_back(lora_loaded, mesh):
+    """What the paper met: the base weight's spec tuple copied onto LoRA A/B (rank 3 spec on a 2-D array).
+
+    fix() derives the LoRA specs from the base weight's einsum letters; they must equal what qwix 0.1.8 derives.
+    """
+    from flax import nnx
+
+    model = nnx.clone(lora_loaded)
+    originals, changed, wrong_rank = {}, set(), 0
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.LoRAParam):
+            module = sharding._get(model, path[:-1])
+            base_var = getattr(module, str(path[-1]).rsplit("_lora_", 1)[0])
+            originals[path] = tuple(v.get_metadata()["out_sharding"])
+            copied = tuple(base_var.get_metadata()["out_sharding"])
+            v.set_metadata("out_sharding", copied)
+            wrong_rank += v.value.ndim != len(copied)
+            if copied != originals[path]:
+                changed.add("/".join(map(str, path)))
+    df = sharding.audit(model, mesh)
+    flagged = sharding.flagged(df)
+    assert wrong_rank and (~flagged["rank ok"]).sum() == wrong_rank
+    assert set(flagged["path"]) == changed
+    changes = sharding.fix(model, mesh)
+    assert set(changes["path"]) >= changed
+    assert sharding.flagged(sharding.audit(model, mesh)).empty
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.LoRAParam):
+            assert tuple(v.get_metadata()["out_sharding"]) == originals[path], path
+
+
+@pytest.fixture(scope="module")
+def one_global_kv_head():
+    """A 2-layer (sliding + global) model with 1 global KV head, built as tunix builds it (unsharded)."""
+    text = dict(tiny.tiny_text_config(6), num_global_key_value_heads=1)
+    base = sharding.model_from_config(text, layer_types=["sliding_attention", "full_attention"])
+    model, _ = lora.apply_lora(base, rank=4, alpha=8.0)
+    return text, model
+
+
+def test_heads_tp_cannot_divide_flagged_then_fixed_and_compiled(one_global_kv_head, mesh):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    text, model = one_global_kv_head
+    assert gemma4.head_divisibility_problems(text, {"tp": 2})  # the loader would refuse this mesh up front
+    before = sharding.audit(model, mesh)
+    bad = before[~before["divides"]]
+    assert list(bad["path"]) == ["layers/1/attn/k_einsum/w"]
+    assert "dim 0 (1) by tp=2" in bad["flag"].iloc[0]
+    assert (before["applied"] == False).all()  # noqa: E712  tunix created every variable unsharded
+    with pytest.raises(sharding.ShardingError, match="sharding.fix"):
+        sharding.apply_annotations(model, mesh)
+
+    changes = sharding.fix(model, mesh)
+    k = changes.set_index("path").loc["layers/1/attn/k_einsum/w"]
+    assert k["spec after"] == "(None, 'fsdp', None)"  # only tp dropped: still sharded 4 ways on fsdp
+    after = sharding.audit(model, mesh)
+    assert sharding.flagged(after).empty
+    assert sharding.totals(after, "bytes/device placed")["total"] < sharding.totals(before, "bytes/device placed")[
+        "total"] / 4
+
+    b, t = 4, 8
+    tokens = jnp.ones((b, t), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+    with mesh:
+        logits = nnx.jit(lambda m: m(tokens, pos, None, mask)[0])(model)
+    assert logits.shape == (b, t, text["vocab_size"]) and bool(jnp.isfinite(logits).all())
+    assert isinstance(logits.sharding, jax.sharding.NamedSharding)
+
+
+def test_31b_plan_on_v5p8_and_tp8():
+    c = gemma4.GEMMA4_31B_TEXT_CONFIG
+    summary, before, changes = sharding.plan_lora_sharding(c, (1, 4), rank=64, alpha=64)
+    assert summary.attrs["flags"] == 0 and changes.empty
+    total_params = plan.param_count(c)
+    lora_params = plan.lora_param_count(c, 64, lora.HF_TARGETS)
+    # Every weight divides tp=4; only norms (sharded too) and the layer scalars are replicated.
+    assert summary.loc["base params", "after fix"] == pytest.approx(total_params * 2 / 4, rel=1e-3)
+    assert summary.loc["LoRA params", "paper: LoRA replicated"] == lora_params * 2
+    assert summary.loc["LoRA params", "after fix"] < lora_params * 2 / 2
+
+    summary8, before8, changes8 = sharding.plan_lora_sharding(c, (1, 8), rank=64, alpha=64)
+    assert set(changes8["path"]) == {"layers/5/attn/k_einsum/w", "layers/5/attn/k_einsum/w_lora_b"}
+    assert all("tp=8" in why for why in changes8["why"])
+    assert summary8.attrs["flags_after"] == 0
