@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from . import profiles
 
 
@@ -110,6 +112,67 @@ def cmd_demo(args) -> int:
     return 1 if any(r["error"] for r in results) else 0
 
 
+def cmd_lora(args) -> int:
+    """Step 02: which tunix module gets LoRA for each HF target, per layer."""
+    prof = profiles.configure_jax(args.profile)
+    from . import lora
+
+    try:
+        print(lora.report_for_profile(prof, regex=args.regex).to_string(index=False))
+    except (lora.LoraConfigError, lora.LoraCoverageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_sharding(args) -> int:
+    """Step 03: per-device bytes, audit flags and the fix plan for the profile's model on its mesh."""
+    prof = profiles.configure_jax(args.profile)
+    from . import sharding
+
+    summary, _, changes = sharding.plan_for_profile(prof)
+    print((summary / 2**30).round(3).to_string())
+    print(changes.to_string(index=False) if len(changes) else "no changes needed")
+    return 0
+
+
+def cmd_data_stats(args) -> int:
+    """Step 05: packed vs pad-to-max token use for the profile's data."""
+    prof = profiles.get_profile(args.profile)
+    from transformers import AutoTokenizer
+
+    from . import data, gemma4
+
+    base = gemma4.ensure_base(prof) if not args.base else args.base
+    prepared = data.prepare(prof, AutoTokenizer.from_pretrained(base), source=args.source, progress=False)
+    padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
+                             prof.train.max_seq_len, prof.data.overlong)
+    s = prepared.train.stats
+    print(f"examples: {s['examples']} (kept {s['kept']}, dropped {s['dropped']}, trimmed {s['trimmed']}; "
+          f"max_seq_len {prof.train.max_seq_len}, overlong={prof.data.overlong})")
+    print(f"packed rows: {s['rows']}  pad-to-max rows: {padded.stats['rows']}")
+    print(f"packed token use: {100 * s['token_use']:.1f}%")
+    print(f"pad-to-max token use: {100 * padded.stats['token_use']:.1f}%")
+    return 0
+
+
+def cmd_train(args) -> int:
+    """Step 06: LoRA training with checkpoints; resumes from the latest checkpoint in the run dir."""
+    prof = profiles.configure_jax(args.profile)
+    from . import train
+
+    try:
+        result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
+                             checkpoint_every=args.checkpoint_every)
+    except train.TrainingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = result.metrics.dropna(subset=["loss"])
+    print(f"trained steps {result.start_step}..{result.total_steps} in {result.seconds:.1f} s; "
+          f"loss {m['loss'].iloc[0]:.4f} -> {m['loss'].iloc[-1]:.4f}; checkpoints in {result.checkpoint_dir}")
+    return 0
+
+
 def cmd_eval(args) -> int:
     """Step 09: VerilogEval-style pass@k with iverilog (from a server or a completions file)."""
     from . import evaluate
@@ -154,7 +217,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
     p.set_defaults(func=cmd_mesh)
 
-    from . import cost, evaluate
+    from . import cost, evaluate, serve
+
+    p = sub.add_parser("lora", help="02: LoRA coverage report (HF target names -> tunix modules, per layer)")
+    _profile_arg(p)
+    p.add_argument("--regex", default=None, help="report a raw qwix regex instead (e.g. the paper's)")
+    p.set_defaults(func=cmd_lora)
+
+    p = sub.add_parser("sharding", help="03: sharding audit and fix plan for the profile (abstract shapes, no weights)")
+    _profile_arg(p)
+    p.set_defaults(func=cmd_sharding)
+
+    p = sub.add_parser("data-stats", help="05: packed vs pad-to-max token use for the profile's data")
+    _profile_arg(p)
+    p.add_argument("--source", default=None, help="data source (default: the profile's)")
+    p.add_argument("--base", default=None, help="checkpoint dir whose tokenizer to use (default: the profile's base)")
+    p.set_defaults(func=cmd_data_stats)
+
+    p = sub.add_parser("train", help="06: LoRA training with Orbax checkpoints; resumes automatically")
+    _profile_arg(p)
+    p.add_argument("--run-dir", default=None, help="run directory (default runs/<profile>)")
+    p.add_argument("--base", default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
+    p.add_argument("--max-steps", type=int, default=None, help="override the profile's max_steps")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; prints the docker line on TPU)")
+    serve.add_arguments(p)
+    p.set_defaults(func=serve.main_serve)
 
     p = sub.add_parser("eval", help="09: VerilogEval-style pass@k with iverilog (--url server or --completions file)")
     evaluate.add_arguments(p)

@@ -1,0 +1,311 @@
+"""LoRA training with tunix's ``PeftTrainer``: packed rows, integer-label loss, checkpoints, resume (notebook 06).
+
+Only the LoRA params train. Orbax checkpoints (``<run>/checkpoints/<step>/``) hold the LoRA params and the
+optimizer state; ``<run>/checkpoints/lora_config.json`` records the LoRA configuration, which resume checks and the
+merge step reads. Metrics go to ``<run>/train/metrics.jsonl`` (one line per optimizer step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import data as data_lib
+from .course import write_atomic
+from .profiles import Profile
+
+METADATA = "lora_config.json"
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+class NonFiniteLossError(TrainingError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss: integer labels over packed rows
+
+def masked_token_nll(logits, tokens, loss_mask, segment_ids):
+    """Sum of next-token NLL over assistant targets that stay inside their example, and their count.
+
+    Integer-label cross-entropy (``optax.softmax_cross_entropy_with_integer_labels``): no one-hot over the vocabulary.
+    """
+    import jax.numpy as jnp
+    import optax
+
+    logits = logits[:, :-1].astype(jnp.float32)
+    targets = tokens[:, 1:]
+    valid = (loss_mask[:, 1:] > 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    valid = valid.astype(jnp.float32)
+    return jnp.sum(nll * valid), jnp.sum(valid)
+
+
+def model_inputs(batch) -> dict:
+    """What the loss function gets: tokens, loss mask, per-example positions and the block-diagonal causal mask."""
+    import jax.numpy as jnp
+
+    return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
+                positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
+                attention_mask=data_lib.attention_mask_from_segments(batch["segment_ids"]))
+
+
+def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
+    """Mean NLL per assistant target token of a micro-batch."""
+    import jax.numpy as jnp
+
+    logits, _ = model(input_tokens, positions, None, attention_mask)
+    total, count = masked_token_nll(logits, input_tokens, loss_mask, segment_ids)
+    return total / jnp.maximum(count, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Optimizer
+
+def lr_schedule(spec, total_steps: int):
+    """Linear warmup from 0 to the peak, then cosine decay to 0 at ``total_steps`` (as HF's cosine-with-warmup)."""
+    import optax
+
+    if spec.schedule != "cosine":
+        raise ValueError(f"Unknown schedule {spec.schedule!r}; this course implements 'cosine'.")
+    warmup = min(spec.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(0.0, spec.learning_rate, warmup, max(total_steps, warmup + 1), 0.0)
+
+
+def build_optimizer(spec, total_steps: int):
+    """AdamW with the profile's schedule, weight decay and grad clipping. A non-finite update is skipped
+    (``optax.apply_if_finite``), so a NaN step leaves the LoRA params - and the next checkpoint - as they were."""
+    import optax
+
+    tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
+                     optax.adamw(lr_schedule(spec, total_steps), weight_decay=spec.weight_decay))
+    return optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoint metadata: what LoRA this checkpoint holds
+
+def lora_metadata(profile: Profile, text_config: dict) -> dict:
+    from .lora import regex_for, validate_targets
+
+    targets = list(validate_targets(profile.lora.targets))
+    config_hash = hashlib.sha256(json.dumps(text_config, sort_keys=True).encode()).hexdigest()[:16]
+    return {"targets": targets, "rank": profile.lora.rank, "alpha": profile.lora.alpha,
+            "dropout": profile.lora.dropout, "qwix_regex": regex_for(targets), "base_model": profile.model.source,
+            "base_config_sha256": config_hash, "num_layers": text_config["num_hidden_layers"]}
+
+
+def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
+    """Refuse to resume from checkpoints of another LoRA configuration; write the metadata for a fresh run."""
+    path = ckpt_dir / METADATA
+    steps = [p for p in ckpt_dir.iterdir() if p.name.isdigit()] if ckpt_dir.is_dir() else []
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in meta.items() if k != "dropout" and old.get(k) != v}
+        if diff and steps:
+            details = "; ".join(f"{k}: checkpoint has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
+            raise TrainingError(f"{ckpt_dir} holds checkpoints of a different LoRA configuration ({details}). "
+                                f"Use another --run-dir, or delete {ckpt_dir} to start over.")
+    elif steps:
+        raise TrainingError(f"{ckpt_dir} holds checkpoints without {METADATA}: not written by this course, "
+                            f"refusing to resume from them. Use another --run-dir.")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(meta, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+@dataclasses.dataclass
+class TrainResult:
+    metrics: "object"  # pandas DataFrame, one row per optimizer step
+    checkpoint_dir: Path
+    start_step: int
+    total_steps: int
+    seconds: float
+
+
+def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str):
+    from tunix.sft import hooks
+
+    class Recorder(hooks.TrainingHooks):
+        """Writes one metrics line per optimizer step; stops on a non-finite loss."""
+
+        def __init__(self):
+            self.last = time.perf_counter()
+            self.rows = []
+
+        def on_train_start(self, trainer):
+            self.last = time.perf_counter()
+
+        def on_train_end(self, trainer):
+            pass
+
+        def on_train_step_start(self, trainer):
+            pass
+
+        def on_eval_step_start(self, trainer):
+            pass
+
+        def on_train_step_end(self, trainer, train_step, train_loss):
+            now = time.perf_counter()
+            loss = float(np.asarray(train_loss))
+            step = int(train_step)
+            grad = trainer.metrics_logger.get_metric_history(prefix, "grad_norm", "train")[-1]
+            tokens = int(tokens_per_step[step - 1]) if step - 1 < len(tokens_per_step) else 0
+            row = {"step": step, "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(grad),
+                   "step_s": now - self.last, "tokens": tokens, "tokens_per_s": tokens / max(now - self.last, 1e-9)}
+            self.last = now
+            self.rows.append(row)
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"Loss is {loss} at step {step}. Training stopped; the update was skipped, so the latest "
+                    f"checkpoint holds the last good LoRA params. Lower the learning rate or check the data.")
+
+        def on_eval_step_end(self, trainer, eval_loss):
+            loss = float(trainer.metrics_logger.get_metric_history(prefix, "loss", "eval")[-1])
+            row = {"step": int(trainer.train_steps), "eval_loss": loss}
+            self.rows.append(row)
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    return Recorder()
+
+
+def _trim_metrics(path: Path, start_step: int) -> None:
+    """Keep the metrics of steps a resumed run will not redo."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
+        write_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def read_metrics(run_dir: str | Path):
+    """The training metrics as a DataFrame (last value per step wins)."""
+    import pandas as pd
+
+    path = Path(run_dir) / "train" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+    if not rows:
+        return pd.DataFrame(columns=["step", "loss", "eval_loss"])
+    df = pd.DataFrame(rows)
+    return df.groupby("step", as_index=False).last()
+
+
+def total_steps(profile: Profile, train_rows: int) -> int:
+    t = profile.train
+    per_epoch = train_rows // (t.micro_batch * t.grad_accum)
+    steps = per_epoch * t.epochs
+    return min(steps, t.max_steps) if t.max_steps else steps
+
+
+def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | Path | None = None,
+          max_steps: int | None = None, prepared=None, progress: bool = True,
+          checkpoint_every: int | None = None) -> TrainResult:
+    """Train the profile's LoRA; resume from the latest checkpoint in ``run_dir/checkpoints`` if there is one.
+
+    ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests).
+    """
+    import jax
+    import orbax.checkpoint as ocp
+    from transformers import AutoTokenizer
+    from tunix.sft import peft_trainer
+
+    from . import gemma4, lora
+    from . import mesh as mesh_lib
+
+    t = profile.train
+    overrides = {k: v for k, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)) if v is not None}
+    if overrides:
+        t = dataclasses.replace(t, **overrides)
+        profile = dataclasses.replace(profile, train=t)
+    run_dir = Path(run_dir or profile.run_dir())
+    base = Path(base_dir) if base_dir else gemma4.ensure_base(profile, run_dir)
+    mesh = mesh_lib.make_mesh(profile)
+    fsdp = dict(mesh.shape).get("fsdp", 1)
+    if t.micro_batch % fsdp:
+        raise TrainingError(f"micro_batch {t.micro_batch} does not divide the fsdp axis ({fsdp}); the batch is "
+                            f"split over fsdp. Use a multiple of {fsdp}.")
+    text = gemma4.check_checkpoint(base)
+    ckpt_dir = run_dir / "checkpoints"
+    check_or_write_metadata(ckpt_dir, lora_metadata(profile, text))
+
+    if prepared is None:
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        prepared = data_lib.prepare(profile, tokenizer, progress=progress)
+    steps = total_steps(profile, len(prepared.train))
+    if steps <= 0:
+        raise TrainingError(f"{len(prepared.train)} packed rows give no full optimizer step of "
+                            f"{t.micro_batch} x {t.grad_accum} rows.")
+    train_ds = data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs)
+    eval_ds = (data_lib.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False)
+               if prepared.eval is not None and len(prepared.eval) >= t.micro_batch else None)
+    micro_tokens = np.array([int((b["segment_ids"] > 0).sum()) for b in train_ds])
+    tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
+
+    schedule = lr_schedule(t, steps)
+    model = gemma4.load_model(base, mesh, dtype=profile.model.dtype)
+    model, _ = lora.apply_lora(model, profile.lora.targets, profile.lora.rank, profile.lora.alpha,
+                               profile.lora.dropout, seed=t.seed)
+    if t.remat != "none":
+        from tunix.models.gemma4 import model as gm
+
+        model.config.remat_config = getattr(gm.RematConfig, t.remat.upper())  # after LoRA, never before
+    options = ocp.CheckpointManagerOptions(save_interval_steps=t.checkpoint_every, max_to_keep=t.keep_checkpoints,
+                                           enable_async_checkpointing=False)
+    config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=t.eval_every, max_steps=steps, gradient_accumulation_steps=t.grad_accum,
+        checkpoint_root_directory=str(ckpt_dir), checkpointing_options=options,
+        pbar_description="training" if progress else None)
+    metrics_path = run_dir / "train" / "metrics.jsonl"
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with mesh_lib.trainer_context(mesh):
+        trainer = peft_trainer.PeftTrainer(model, build_optimizer(t, steps), config)
+        start_step = trainer.train_steps
+        _trim_metrics(metrics_path, start_step)
+        recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix)
+        trainer.with_training_hooks(recorder)
+        trainer.with_loss_fn(loss_fn).with_gen_model_input_fn(model_inputs)
+        try:
+            trainer.train(train_ds, eval_ds)
+        except BaseException:
+            trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
+            raise
+    jax.effects_barrier()
+    return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, time.perf_counter() - started)
+
+
+def latest_step(checkpoint_dir: str | Path) -> int | None:
+    steps = [int(p.name) for p in Path(checkpoint_dir).iterdir() if p.name.isdigit()] if Path(checkpoint_dir).is_dir() else []
+    return max(steps) if steps else None
+
+
+def plot_loss(metrics, path: str | Path | None = None):
+    """Loss (and eval loss) per optimizer step; saved to ``path`` when given."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    tr = metrics.dropna(subset=["loss"]) if "loss" in metrics else metrics.iloc[0:0]
+    ax.plot(tr["step"], tr["loss"], label="train loss")
+    if "eval_loss" in metrics:
+        ev = metrics.dropna(subset=["eval_loss"])
+        ax.plot(ev["step"], ev["eval_loss"], "o-", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("NLL per assistant token")
+    ax.legend()
+    fig.tight_layout()
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    return fig

@@ -1,0 +1,133 @@
+import numpy as np
+import pytest
+
+from gemma_tpu_helpers import data
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+ROW = {"prompt": "Write a module named inv with input a and output y.",
+       "response": "<think>Just invert.</think>\nHere it is.\n```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"}
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_loss_mask_is_exactly_the_answer(tokenizer, strip):
+    ids, mask = data.tokenize_example(tokenizer, data.to_messages(ROW, strip_think=strip, system_prompt="Be terse."))
+    answer = data.THINK_RE.sub("", ROW["response"]) if strip else ROW["response"]
+    assert tokenizer.decode(ids[mask == 1]) == answer + "<end_of_turn>"
+    # the system prompt went into the user turn (Gemma has no system role), and it is not trained on
+    text = tokenizer.decode(ids)
+    assert "<start_of_turn>user\nBe terse.\n\nWrite a module" in text and "system" not in text
+
+
+def _examples(tokenizer, n=12):
+    rows = data.load_rows("shipped").select(range(n))
+    return data.tokenize_rows(rows, tokenizer, progress=False)
+
+
+def test_packing_keeps_every_token_once_with_its_own_positions(tokenizer):
+    ex = _examples(tokenizer)
+    packed = data.pack(ex, max_seq_len=768)
+    assert packed.stats["kept"] == len(ex) and packed.stats["rows"] < len(ex)
+    seen = []
+    for r in range(len(packed)):
+        for s in range(1, packed.segment_ids[r].max() + 1):
+            sel = packed.segment_ids[r] == s
+            assert (packed.positions[r][sel] == np.arange(sel.sum())).all()
+            seen.append((tuple(packed.tokens[r][sel]), tuple(packed.loss_mask[r][sel])))
+    assert sorted(seen) == sorted((tuple(i), tuple(m)) for i, m in ex)
+    assert packed.stats["real_tokens"] == sum(len(i) for i, _ in ex)
+
+
+def test_attention_mask_is_block_diagonal_causal():
+    seg = np.array([[1, 1, 2, 2, 2, 0]])
+    m = np.asarray(data.attention_mask_from_segments(seg))[0]
+    expected = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
+                         [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]], bool)
+    assert (m == expected).all()
+
+
+def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, mesh):
+    import jax.numpy as jnp
+
+    from gemma_tpu_helpers import train
+    from gemma_tpu_helpers.parity import forward
+
+    ex = _examples(tokenizer, 3)
+    packed = data.pack(ex, max_seq_len=sum(len(i) for i, _ in ex))  # all three in one row
+    assert packed.stats["rows"] == 1
+
+    def nll(tokens, mask, seg, pos):
+        inputs = train.model_inputs({"tokens": tokens, "loss_mask": mask, "segment_ids": seg, "positions": pos})
+        logits = forward(tunix_model, inputs["input_tokens"], inputs["positions"], inputs["attention_mask"], mesh)
+        return train.masked_token_nll(logits, inputs["input_tokens"], inputs["loss_mask"], inputs["segment_ids"])
+
+    total, count = nll(packed.tokens, packed.loss_mask, packed.segment_ids, packed.positions)
+    parts = [nll(i[None], m[None], np.ones((1, len(i)), np.int32), np.arange(len(i))[None]) for i, m in ex]
+    assert float(count) == sum(float(c) for _, c in parts) == sum(int(m[1:].sum()) for _, m in ex)
+    assert float(total) == pytest.approx(sum(float(t) for t, _ in parts), rel=1e-5)
+    # and without the block-diagonal mask the examples would see each other: the loss changes
+    leaky = {"tokens": packed.tokens, "loss_mask": packed.loss_mask, "segment_ids": np.ones_like(packed.segment_ids),
+             "positions": packed.positions}
+    inputs = train.model_inputs(leaky)
+    logits = forward(tunix_model, inputs["input_tokens"], inputs["positions"], inputs["attention_mask"], mesh)
+    leaky_total = train.masked_token_nll(logits, inputs["input_tokens"], jnp.asarray(packed.loss_mask),
+                                         jnp.asarray(packed.segment_ids))[0]
+    assert abs(float(leaky_total) - float(total)) > 1e-3
+
+
+def test_overlong_examples_dropped_or_trimmed_and_counted(tokenizer):
+    ex = _examples(tokenizer, 12)
+    limit = int(np.median([len(i) for i, _ in ex]))
+    longer = sum(len(i) > limit for i, _ in ex)
+    dropped = data.pack(ex, limit, overlong="drop")
+    trimmed = data.pack(ex, limit, overlong="trim")
+    assert dropped.stats["dropped"] == longer and dropped.stats["kept"] == len(ex) - longer
+    assert trimmed.stats["trimmed"] == longer and trimmed.stats["kept"] == len(ex)
+    assert dropped.tokens.shape[1] == trimmed.tokens.shape[1] == limit
+
+
+def test_max_seq_len_below_the_shortest_example(tokenizer):
+    ex = _examples(tokenizer, 4)
+    with pytest.raises(data.DataError, match="No example fits max_seq_len=8: the shortest has"):
+        data.pack(ex, 8)
+
+
+def test_batches_are_deterministic_and_reiterable(tokenizer):
+    packed = data.pack(_examples(tokenizer, 24), 512)
+    ds = data.batches(packed, global_batch=4, seed=3, epochs=2)
+    first = [b["tokens"].tolist() for b in ds]
+    assert first == [b["tokens"].tolist() for b in ds]  # re-iterable, same order
+    assert len(first) == (2 * len(packed)) // 4
+    other = [b["tokens"].tolist() for b in data.batches(packed, global_batch=4, seed=4, epochs=2)]
+    assert other != first
+
+
+def test_split_is_deterministic_and_disjoint():
+    rows = data.load_rows("shipped")
+    tr, ev = data.split_rows(rows, 0.1, seed=0)
+    assert len(ev) == 27 and len(tr) + len(ev) == len(rows)
+    assert not set(tr["id"]) & set(ev["id"])
+    assert data.split_rows(rows, 0.1, seed=0)[1]["id"] == ev["id"]
+
+
+def test_codev_like_lengths_and_token_use():
+    lengths = data.codev_like_lengths(5000)
+    assert abs(lengths.mean() - 922) / 922 < 0.05 and abs(np.percentile(lengths, 99) - 2553) / 2553 < 0.1
+    use = data.token_use_for_lengths(lengths, 3072)
+    assert 0 < use["pad_to_max"] < use["packed"] <= 1
+    assert use["pad_to_max"] == pytest.approx(lengths[lengths <= 3072].sum() / (use["padded_rows"] * 3072))
+
+
+def test_cli_data_stats(tiny_dir):
+    r = run_cli("data-stats", "--base", tiny_dir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    packed = float(r.stdout.split("packed token use: ")[1].split("%")[0])
+    padded = float(r.stdout.split("pad-to-max token use: ")[1].split("%")[0])
+    assert 0 < padded < packed <= 100
