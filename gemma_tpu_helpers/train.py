@@ -21,6 +21,7 @@ from .course import write_atomic
 from .profiles import Profile
 
 METADATA = "lora_config.json"
+DONE = "done.json"  # in <run>/train/: written when a run reaches its last step
 
 
 class TrainingError(RuntimeError):
@@ -283,7 +284,9 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
             trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
             raise
     jax.effects_barrier()
-    return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1)}))
+    return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds)
 
 
 def latest_step(checkpoint_dir: str | Path) -> int | None:
@@ -309,3 +312,16 @@ def plot_loss(metrics, path: str | Path | None = None):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
     return fig
+
+
+def ensure_trained(profile: Profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """The profile's LoRA checkpoints (``run_dir/checkpoints``), training first if the run has not finished.
+
+    How later notebooks (merge, serve, evaluate) stay standalone: the first one to need a trained LoRA trains it.
+    """
+    run_dir = Path(run_dir or profile.run_dir())
+    ckpt_dir = run_dir / "checkpoints"
+    done = run_dir / "train" / DONE
+    if not (done.is_file() and latest_step(ckpt_dir) == json.loads(done.read_text())["steps"]):
+        train(profile, run_dir=run_dir, progress=progress)
+    return ckpt_dir

@@ -1,0 +1,116 @@
+"""Training: loss goes down, checkpoints resume exactly after SIGKILL, NaN stops cleanly, bad configs are refused."""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from gemma_tpu_helpers import train
+from conftest import REPO
+
+STEPS, EVERY = 4, 2
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, tiny_dir, smoke):
+    """An uninterrupted smoke run of STEPS steps, checkpointing every EVERY."""
+    run_dir = tmp_path_factory.mktemp("run_a")
+    result = train.train(smoke, run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS, checkpoint_every=EVERY,
+                         progress=False)
+    return run_dir, result
+
+
+def test_trains_lora_only_and_loss_goes_down(run_a):
+    run_dir, result = run_a
+    m = result.metrics.dropna(subset=["loss"]).set_index("step")
+    assert list(m.index) == list(range(1, STEPS + 1))
+    assert m["loss"].iloc[-1] < m["loss"].iloc[0]
+    assert (m["grad_norm"] > 0).all() and (m["tokens"] > 0).all()
+    assert m["lr"].iloc[0] == 0.0 and 0 < m["lr"].max() <= 2e-3  # warmup from 0 to the smoke peak
+    assert result.metrics["eval_loss"].notna().sum() >= 2  # before training and every eval_every steps
+    meta = json.loads((run_dir / "checkpoints" / train.METADATA).read_text())
+    assert meta["rank"] == 8 and meta["targets"][0] == "q_proj"
+    assert train.latest_step(run_dir / "checkpoints") == STEPS
+    saved = sorted(p.name for p in (run_dir / "checkpoints" / str(STEPS)).iterdir())
+    assert "model_params" in saved and "optimizer_state" in saved
+
+
+def _cli_train(run_dir, base, *extra):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers", "train", "--run-dir", str(run_dir),
+                             "--base", str(base), "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY),
+                             *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(run_a, tiny_dir, tmp_path):
+    run_dir = tmp_path / "run_b"
+    proc = _cli_train(run_dir, tiny_dir)
+    try:
+        deadline = time.time() + 900
+        while train.latest_step(run_dir / "checkpoints") is None:  # wait for the first checkpoint (step EVERY)
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.time() < deadline, "no checkpoint in time"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    killed_at = train.latest_step(run_dir / "checkpoints")
+    assert killed_at < STEPS
+    resumed = _cli_train(run_dir, tiny_dir)
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"trained steps {killed_at}..{STEPS}" in out
+    a = run_a[1].metrics.dropna(subset=["loss"]).set_index("step")["loss"]
+    b = train.read_metrics(run_dir).dropna(subset=["loss"]).set_index("step")["loss"]
+    after = [s for s in a.index if s > killed_at]
+    assert after, "the kill came too late to test a resume"
+    err = np.abs(a[after].to_numpy() - b[after].to_numpy()).max()
+    print(f"resume parity: max |dloss| over steps {after} = {err:.2e}")
+    assert err <= 1e-5
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_a, tiny_dir, tmp_path, smoke):
+    from safetensors.numpy import load_file, save_file
+
+    run_dir = tmp_path / "nan_run"
+    shutil.copytree(run_a[0], run_dir)
+    base = tmp_path / "nan_base"
+    shutil.copytree(tiny_dir, base)
+    index = json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
+    key = "model.language_model.layers.0.mlp.down_proj.weight"
+    tensors = load_file(base / index[key])
+    tensors[key] = np.full_like(tensors[key], np.nan)
+    save_file(tensors, base / index[key], metadata={"format": "pt"})
+    ckpt = run_dir / "checkpoints" / str(STEPS)
+    before = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    with pytest.raises(train.NonFiniteLossError, match=f"step {STEPS + 1}"):
+        train.train(smoke, run_dir=run_dir, base_dir=base, max_steps=STEPS + 2, checkpoint_every=EVERY,
+                    progress=False)
+    assert train.latest_step(run_dir / "checkpoints") == STEPS
+    after = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_refuses_to_resume_another_lora_config(run_a, tiny_dir, smoke, tmp_path):
+    run_dir = tmp_path / "other"
+    shutil.copytree(run_a[0], run_dir)
+    other = dataclasses.replace(smoke, lora=dataclasses.replace(smoke.lora, rank=16))
+    with pytest.raises(train.TrainingError, match="rank: checkpoint has 8, this run 16"):
+        train.train(other, run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS, progress=False)
+
+
+def test_batch_must_divide_fsdp(tiny_dir, smoke, tmp_path):
+    bad = dataclasses.replace(smoke, train=dataclasses.replace(smoke.train, micro_batch=6))
+    with pytest.raises(train.TrainingError, match="micro_batch 6 does not divide the fsdp axis"):
+        train.train(bad, run_dir=tmp_path, base_dir=tiny_dir, progress=False)
+    assert not (tmp_path / "checkpoints").exists()
