@@ -1,0 +1,200 @@
+"""Is the TPU run the GPU recipe? A settings table, and a loss-curve parity run against HF PEFT (notebook 06).
+
+The paper says both runs used "identical hyperparameters"; its reviewers' main objection was that this was never
+shown. :func:`settings_table` puts the two recipes side by side per optimizer update. :func:`peft_parity` trains
+the tiny model both ways - HF PEFT on torch CPU and tunix + qwix on the device mesh - from the same LoRA initial
+values, on the same rows, with the same optimizer, and compares the loss curves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .profiles import GPU_RECIPE, Profile
+
+# tunix gives k and v one LoRA A on local layers (one kv_einsum); PEFT gives each its own. The parity run leaves
+# them out so that both sides train the same function; the settings table lists the difference.
+PARITY_TARGETS = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def settings_table(profile: Profile, lengths, gpu: dict = GPU_RECIPE):
+    """Per optimizer update: examples, real tokens and loss tokens for the GPU recipe (TRL + PEFT, padded, loss
+    on the full sequence) and for ours (packed, assistant-only loss), with the shared hyperparameters.
+
+    ``lengths`` are the token counts of the training examples (e.g. ``data.codev_like_lengths()`` for CodeV-R1).
+    """
+    import pandas as pd
+
+    from . import data
+
+    lengths = np.asarray(lengths)
+    t, lo = profile.train, profile.lora
+    gpu_examples = gpu["per_device_batch"] * gpu["grad_accum"] * gpu["world_size"]
+    gpu_kept = lengths[lengths <= gpu["max_seq_len"]]
+    use = data.token_use_for_lengths(lengths, t.max_seq_len)
+    ours_kept = lengths[lengths <= t.max_seq_len]
+    rows_per_update = t.micro_batch * t.grad_accum
+    examples_per_row = len(ours_kept) / use["packed_rows"] if profile.data.pack else 1.0
+    ours_examples = rows_per_update * examples_per_row
+    ours_rows = use["packed_rows"] if profile.data.pack else use["padded_rows"]
+    rows = [
+        ("devices", f"{gpu['world_size']} x {gpu['platform'].split('x')[-1]}", f"{profile.hardware.num_devices} x "
+         f"{profile.hardware.chip or 'CPU'} (mesh {dict(profile.hardware.mesh)})"),
+        ("batch per step x grad accum", f"{gpu['per_device_batch']} per device x {gpu['grad_accum']}",
+         f"{t.micro_batch} rows x {t.grad_accum}"),
+        ("examples per update", f"{gpu_examples}", f"{ours_examples:.1f} ({examples_per_row:.2f} per packed row)"),
+        ("real tokens per update (mean)", f"{gpu_examples * gpu_kept.mean():.0f}",
+         f"{rows_per_update * t.max_seq_len * (use['packed'] if profile.data.pack else use['pad_to_max']):.0f}"),
+        ("tokens computed per update", f"{gpu_examples * gpu['max_seq_len']} (padded)" if not gpu["packing"] else "",
+         f"{rows_per_update * t.max_seq_len}"),
+        ("loss on", gpu["loss_on"], "assistant tokens only"),
+        ("optimizer steps per epoch", f"{len(gpu_kept) // gpu_examples}", f"{ours_rows // rows_per_update}"),
+        ("max length", f"{gpu['max_seq_len']}", f"{t.max_seq_len} ({profile.data.overlong} longer)"),
+        ("learning rate, schedule", f"{gpu['learning_rate']:g}, {gpu['schedule']}, {gpu['warmup_steps']} warmup",
+         f"{t.learning_rate:g}, {t.schedule}, {t.warmup_steps} warmup"),
+        ("weight decay", f"{gpu['weight_decay']:g}", f"{t.weight_decay:g}"),
+        ("LoRA rank / alpha / dropout", f"{gpu['lora_rank']} / {gpu['lora_alpha']} / {gpu['lora_dropout']}",
+         f"{lo.rank} / {lo.alpha:g} / {lo.dropout}"),
+        ("LoRA targets", ", ".join(gpu["lora_targets"]), ", ".join(lo.targets)
+         + " (k,v share one A on local layers)"),
+        ("dtype", gpu["dtype"], profile.model.dtype),
+    ]
+    table = pd.DataFrame(rows, columns=["setting", f"GPU recipe ({gpu['platform']}, TRL + PEFT)",
+                                        f"ours ({profile.name})"])
+    table["same"] = table.iloc[:, 1] == table.iloc[:, 2]
+    return table
+
+
+def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
+    """Fixed rows for the parity run: whole shipped examples of at most ``seq_len`` tokens, one per row (reused
+    in turn when there are fewer than ``n_steps * batch``)."""
+    from transformers import AutoTokenizer
+
+    from . import data
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    examples = [e for e in data.tokenize_rows(data.load_rows("shipped"), tokenizer, progress=False)
+                if len(e[0]) <= seq_len]
+    if len(examples) < batch:
+        raise ValueError(f"Only {len(examples)} shipped examples fit in {seq_len} tokens; raise seq_len.")
+    examples = [examples[i % len(examples)] for i in range(n_steps * batch)]
+    padded = data.pad_to_max(examples, seq_len, "drop", tokenizer.pad_token_id or 0)
+    return [{k: getattr(padded, k)[s * batch:(s + 1) * batch] for k in ("tokens", "loss_mask", "segment_ids", "positions")}
+            for s in range(n_steps)]
+
+
+def _to_peft(jax_lora: dict, rank: int) -> dict[str, np.ndarray]:
+    """tunix/qwix LoRA arrays -> PEFT ``lora_A.weight`` / ``lora_B.weight`` (HF weights are [out, in])."""
+    out = {}
+    for (layer, module), ab in jax_lora.items():
+        a, b = ab["a"], ab["b"]
+        if module == "q_einsum":  # A (D, r), B (r, N, H)
+            name, la, lb = "self_attn.q_proj", a.T, b.reshape(rank, -1).T
+        elif module == "attn_vec_einsum":  # A (N, H, r), B (r, D)
+            name, la, lb = "self_attn.o_proj", a.reshape(-1, rank).T, b.T
+        else:  # mlp kernels: A (in, r), B (r, out)
+            name, la, lb = f"mlp.{module}", a.T, b.T
+        prefix = f"base_model.model.model.language_model.layers.{layer}.{name}"
+        out[f"{prefix}.lora_A.default.weight"] = np.ascontiguousarray(la)
+        out[f"{prefix}.lora_B.default.weight"] = np.ascontiguousarray(lb)
+    return out
+
+
+def _jax_lora_arrays(model) -> dict:
+    from flax import nnx
+
+    found: dict = {}
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.LoRAParam):
+            layer, module, leaf = int(path[1]), str(path[-2]), str(path[-1])
+            found.setdefault((layer, module), {})["a" if leaf.endswith("_a") else "b"] = np.asarray(v.value)
+    return found
+
+
+def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 4, seq_len: int = 256,
+                learning_rate: float = 1e-3, rank: int = 8, alpha: float = 16.0, seed: int = 0):
+    """Train the tiny model ``steps`` steps with HF PEFT (torch CPU) and with tunix + qwix, from the same LoRA
+    initial values on the same rows, dropout 0, AdamW + warmup-cosine + clipping; return the two loss curves.
+
+    The B matrices start at zero on both sides, and A is copied from qwix's initial values into PEFT.
+    """
+    import dataclasses
+
+    import jax
+    import optax
+    import pandas as pd
+    import torch
+    from flax import nnx
+    from peft import LoraConfig, get_peft_model
+
+    from . import gemma4, lora, parity, train
+
+    spec = dataclasses.replace(profile.train, learning_rate=learning_rate, warmup_steps=2, micro_batch=batch,
+                               grad_accum=1)
+    batches = _batches(base_dir, steps, batch, seq_len)
+
+    # tunix + qwix: the same loss function and optimizer the trainer uses
+    model = gemma4.load_model(base_dir, mesh, dtype="float32")
+    model, _ = lora.apply_lora(model, PARITY_TARGETS, rank, alpha, 0.0, seed=seed)
+    init = _jax_lora_arrays(model)
+    tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
+                     optax.adamw(train.lr_schedule(spec, steps), weight_decay=spec.weight_decay))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
+
+    @nnx.jit
+    def step(model, optimizer, inputs):
+        loss, grads = nnx.value_and_grad(lambda m: train.loss_fn(m, **inputs), argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    jax_losses = []
+    with jax.set_mesh(mesh):
+        for b in batches:
+            jax_losses.append(float(step(model, optimizer, train.model_inputs(b))))
+
+    # HF PEFT on torch CPU
+    hf = parity.load_hf(base_dir)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+                        target_modules=r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))")
+    peft_model = get_peft_model(hf, config)
+    state = _to_peft(init, rank)
+    missing = set(state) - set(peft_model.state_dict())
+    if missing:
+        raise RuntimeError(f"PEFT model lacks {sorted(missing)[:3]}...")
+    peft_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=spec.weight_decay)
+    schedule = train.lr_schedule(spec, steps)
+    torch_losses = []
+    peft_model.train()
+    for s, b in enumerate(batches):
+        for group in opt.param_groups:
+            group["lr"] = float(schedule(s))
+        ids = torch.as_tensor(b["tokens"], dtype=torch.long)
+        logits = peft_model(input_ids=ids, attention_mask=torch.as_tensor(b["segment_ids"] > 0)).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), -1)
+        nll = -logp.gather(-1, ids[:, 1:, None])[..., 0]
+        mask = torch.as_tensor(b["loss_mask"][:, 1:] > 0).float()
+        loss = (nll * mask).sum() / mask.sum().clamp(min=1)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+        opt.step()
+        torch_losses.append(float(loss.detach()))
+    table = pd.DataFrame({"step": np.arange(1, steps + 1), "tunix + qwix": jax_losses, "HF PEFT (torch)": torch_losses})
+    table["|diff|"] = (table["tunix + qwix"] - table["HF PEFT (torch)"]).abs()
+    return table
+
+
+def plot_parity(table):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot(table["step"], table["tunix + qwix"], "o-", label="tunix + qwix (JAX, 8-device mesh)")
+    ax.plot(table["step"], table["HF PEFT (torch)"], "x--", label="HF PEFT (torch CPU)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"same rows, same init, same optimizer: max |diff| {table['|diff|'].max():.1e}")
+    ax.legend()
+    fig.tight_layout()
+    return fig
