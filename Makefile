@@ -8,7 +8,7 @@ PROFILE ?= smoke
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
 
-.PHONY: all venv serve-venv iverilog test demo clean-runs
+.PHONY: all venv serve-venv iverilog test demo bench clean-runs
 
 all: demo
 
@@ -34,10 +34,14 @@ iverilog:
 
 test: venv serve-venv iverilog
 	$(PY) -m pytest tests/ -q
-	$(PY) -m pytest --nbmake --nbmake-timeout=600 notebooks/ -q
+	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q
 
 demo: venv serve-venv iverilog
 	$(PY) -m gemma_tpu_helpers demo --profile $(PROFILE)
+
+# Benchmarks print figures (no pass/fail on time): the streamed merge vs the paper's load-everything merge vs cp.
+bench: venv
+	$(PY) bench/merge_bench.py
 
 clean-runs:
 	rm -rf runs/

@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
     p.set_defaults(func=cmd_mesh)
 
-    from . import cost, evaluate, serve
+    from . import bench, cost, evaluate, merge, serve
 
     p = sub.add_parser("lora", help="02: LoRA coverage report (HF target names -> tunix modules, per layer)")
     _profile_arg(p)
@@ -242,6 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("merge", help="07: merge the trained LoRA (Orbax) into the base's sharded safetensors, streamed")
+    merge.add_merge_arguments(p)
+    p.set_defaults(func=merge.main_merge)
+
+    p = sub.add_parser("verify", help="07: merged model vs tunix base + LoRA (transformers and tunix logits)")
+    merge.add_verify_arguments(p)
+    p.set_defaults(func=merge.main_verify)
+
+    p = sub.add_parser("export-adapter", help="07: the trained LoRA as an unmerged PEFT adapter (vLLM --enable-lora)")
+    merge.add_export_arguments(p)
+    p.set_defaults(func=merge.main_export_adapter)
+
     p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; prints the docker line on TPU)")
     serve.add_arguments(p)
     p.set_defaults(func=serve.main_serve)
@@ -253,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cost", help="10: TPU-vs-GPU training cost ratio and $ per million output tokens")
     cost.add_arguments(p)
     p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("bench", help="10: vllm bench serve QPS sweep (TTFT/TPOT/throughput vs QPS per input length)")
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.main_bench)
 
     p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
     _profile_arg(p)

