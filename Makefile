@@ -8,7 +8,7 @@ PROFILE ?= smoke
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
 
-.PHONY: all venv serve-venv iverilog test demo bench clean-runs
+.PHONY: all venv serve-venv iverilog test test-slow demo bench clean-runs
 
 all: demo
 
@@ -33,8 +33,12 @@ iverilog:
 	@command -v iverilog >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog; }
 
 test: venv serve-venv iverilog
-	$(PY) -m pytest tests/ -q
+	$(PY) -m pytest tests/ -q -m "not slow"
 	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q
+
+# The slow tests (AOT compiles of the 31B, the remat policy table): minutes each on 2 cores.
+test-slow: venv serve-venv iverilog
+	$(PY) -m pytest tests/ -q -m slow
 
 demo: venv serve-venv iverilog
 	$(PY) -m gemma_tpu_helpers demo --profile $(PROFILE)
@@ -42,6 +46,7 @@ demo: venv serve-venv iverilog
 # Benchmarks print figures (no pass/fail on time): the streamed merge vs the paper's load-everything merge vs cp.
 bench: venv
 	$(PY) bench/merge_bench.py
+	$(PY) -m gemma_tpu_helpers plan --profile v5p-8 --aot --layers 60
 
 clean-runs:
 	rm -rf runs/

@@ -136,6 +136,13 @@ def cmd_sharding(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Step 04: per-chip memory plan; --aot: XLA's compiled figures for the profile's TPU topology (libtpu, no TPU)."""
+    from . import plan
+
+    return plan.main_plan(args.profile, args.aot, args.remat, args.seq_len, args.layers)
+
+
 def cmd_data_stats(args) -> int:
     """Step 05: packed vs pad-to-max token use for the profile's data."""
     prof = profiles.get_profile(args.profile)
@@ -227,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sharding", help="03: sharding audit and fix plan for the profile (abstract shapes, no weights)")
     _profile_arg(p)
     p.set_defaults(func=cmd_sharding)
+
+    p = sub.add_parser("plan", help="04: per-chip memory plan (--aot: XLA's AOT-compiled figures, no TPU needed)")
+    _profile_arg(p)
+    p.add_argument("--aot", action="store_true", help="AOT-compile the LoRA train step for the profile's TPU topology (needs libtpu)")
+    p.add_argument("--remat", default=None, help="none | block | decoder | dots | dots_no_batch (default: the profile's)")
+    p.add_argument("--seq-len", type=int, default=None, help="default: the profile's max_seq_len")
+    p.add_argument("--layers", type=int, default=None,
+                   help="compile exactly N layers (60 = the full 31B, for make bench); default: 6 and 12, extrapolated")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("data-stats", help="05: packed vs pad-to-max token use for the profile's data")
     _profile_arg(p)

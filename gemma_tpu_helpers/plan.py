@@ -1,10 +1,23 @@
-"""How much memory a profile needs per device, before anything is compiled.
+"""How much memory a profile needs per device: counted before anything is compiled, then asked of XLA.
 
 :func:`memory_estimate` counts parameters from the HF config analytically (the same config mapping the loader
-uses). Activations are not in it: the ahead-of-time compile plan gives XLA's own figures for those.
+uses). Activations are not in it. :func:`aot_plan` gives XLA's own figures: it compiles the real LoRA train step
+(:func:`remat.make_train_step`) ahead of time for a TPU topology on this host (libtpu +
+``jax.experimental.topologies``), from abstract params (``nnx.eval_shape``, no weights), and reads the compiled executable's per-chip memory analysis.
+
+The 60 decoder layers are unrolled, so a full compile takes minutes. The plan compiles two shallow variants with
+the same per-layer shapes (6 and 12 layers: one and two sliding/global periods) and extrapolates each figure
+linearly, ``bytes(L) = fixed + L * per_layer``; ``layers=60`` compiles the whole model instead (``make bench``),
+which is also how the extrapolation error is measured.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
 
 from .profiles import Profile
 
@@ -88,3 +101,392 @@ def memory_table(estimate: dict):
     rows = [{"what": k, "GiB per device": v / GIB} for k, v in estimate["per_device_bytes"].items()]
     rows.append({"what": "total (before activations)", "GiB per device": estimate["total_per_device_gib"]})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------- AOT plan
+
+FIT_LAYERS = (6, 12)  # one and two sliding/global periods
+_FIGURES = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")
+
+
+class PlanError(ValueError):
+    pass
+
+
+def require_libtpu() -> None:
+    if importlib.util.find_spec("libtpu") is None:
+        raise PlanError("The AOT plan compiles for a TPU topology and needs libtpu on this host (no TPU required): "
+                        "`pip install libtpu` (or `pip install -r requirements-tpu.txt`).")
+
+
+def topology_mesh(profile: Profile):
+    """A mesh of abstract (compile-only) TPU devices for the profile's topology, with its mesh axes."""
+    from . import profiles
+
+    require_libtpu()
+    if not profile.hardware.tpu_topology:
+        raise PlanError(f"Profile {profile.name!r} has no TPU topology; use a TPU profile such as v5p-8 or v6e-8.")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.name)  # quiets libtpu's metadata probing
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    if not profiles.tpu_visible():  # compile-only: let a second process (a test, a notebook) load libtpu too
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    from . import mesh as mesh_lib
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=profile.hardware.tpu_topology)
+    return mesh_lib.make_mesh(profile.mesh_shape, profile.mesh_axes, devices=topo.devices)
+
+
+def with_layers(text_config: dict, layers: int) -> dict:
+    """The config with ``layers`` decoder layers (the sliding/global pattern repeated), same per-layer shapes."""
+    from .gemma4 import PATTERN
+
+    if layers <= 0:
+        raise PlanError(f"layers must be positive, got {layers}.")
+    c = dict(text_config)
+    c["num_hidden_layers"] = layers
+    c["layer_types"] = (list(PATTERN) * (layers // len(PATTERN) + 1))[:layers]
+    return c
+
+
+def _spec_for(shape, spec, mesh):
+    """The partition spec, with any axis that does not divide its dimension dropped (replicated)."""
+    from jax.sharding import PartitionSpec as P
+
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    out = []
+    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (ax,) if isinstance(ax, str) else tuple(ax or ())
+        n = 1
+        for a in names:
+            n *= sizes.get(a, 1)
+        out.append(ax if ax is not None and dim % n == 0 and all(a in sizes for a in names) else None)
+    return P(*out)
+
+
+def abstract_train_step(text_config: dict, mesh, policy: str, rank: int, alpha: float, batch: int, seq_len: int,
+                        dtype: str = "bfloat16", learning_rate: float = 1e-4, weight_decay: float = 0.0):
+    """The LoRA train step of an abstract Gemma 4 (no weights) and its abstract, sharded arguments.
+
+    Base weights take tunix's partition specs on ``mesh``; LoRA params and the AdamW state are replicated (they
+    are small, and qwix's copied specs do not fit their shapes; see notebook 03). Returns ``(step, args)``.
+    """
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from tunix.models.gemma4 import model as gm
+
+    from . import remat
+    from .gemma4 import to_tunix_config
+
+    cfg = to_tunix_config(text_config, dtype=dtype)
+    model = nnx.eval_shape(lambda: remat._apply_lora(gm.Gemma4(cfg, rngs=nnx.Rngs(0)), rank, alpha, jit=False))
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    batch_axis = "fsdp" if batch % sizes.get("fsdp", 1) == 0 else None
+    act = NamedSharding(mesh, _spec_for((batch, seq_len, cfg.embed_dim), (batch_axis, None, "tp"), mesh))
+    logits = NamedSharding(mesh, _spec_for((batch, seq_len, cfg.num_embed), (batch_axis, None, "tp"), mesh))
+    replicated = NamedSharding(mesh, P())
+
+    step = remat.make_train_step(model, policy, rank, alpha, learning_rate=learning_rate, weight_decay=weight_decay,
+                                 act_sharding=act, logits_sharding=logits, donate=True)
+    lora, opt, frozen = step.init()
+    specs = nnx.get_partition_spec(frozen)
+
+    def sds(x, sharding):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    frozen = jax.tree.map(lambda x, s: sds(x, NamedSharding(mesh, _spec_for(x.shape, s, mesh))), frozen, specs)
+    lora = jax.tree.map(lambda x: sds(x, replicated), lora)
+    opt = jax.tree.map(lambda x: sds(x, replicated), opt)
+    tokens = jax.ShapeDtypeStruct((batch, seq_len), jax.numpy.int32,
+                                  sharding=NamedSharding(mesh, P(batch_axis, None)))
+    step.fn = jax.jit(step.fn.__wrapped__, donate_argnums=(0, 1),
+                      out_shardings=(jax.tree.map(lambda x: x.sharding, lora),
+                                     jax.tree.map(lambda x: x.sharding, opt), replicated))
+    return step, (lora, opt, frozen, tokens)
+
+
+def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
+                       batch: int | None = None, rank: int | None = None, alpha: float | None = None,
+                       dtype: str | None = None) -> dict:
+    """AOT-compile the LoRA train step with ``layers`` layers for the profile's topology; XLA's per-chip bytes.
+
+    Defaults: the 31B config, the profile's micro-batch, LoRA rank/alpha and dtype.
+    """
+    from . import remat
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    remat_policy = remat.check_policy(remat_policy)
+    mesh = topology_mesh(profile)
+    text = with_layers(text_config or GEMMA4_31B_TEXT_CONFIG, layers)
+    batch = batch or profile.train.micro_batch
+    t0 = time.perf_counter()
+    step, args = abstract_train_step(text, mesh, remat_policy, rank or profile.lora.rank, alpha or profile.lora.alpha,
+                                     batch, seq_len, dtype=dtype or profile.model.dtype,
+                                     learning_rate=profile.train.learning_rate,
+                                     weight_decay=profile.train.weight_decay)
+    compiled = step.fn.trace(*args).lower().compile()
+    seconds = time.perf_counter() - t0
+    figures = remat.memory_figures(compiled)
+    return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES}}
+
+
+def extrapolate(points: list[dict], layers: int) -> dict:
+    """Fit ``bytes = fixed + L * per_layer`` through the compiled points (two or more) and evaluate it at
+    ``layers``. Returns the predicted figures plus each figure's per-layer and fixed part."""
+    import numpy as np
+
+    ls = np.array([p["layers"] for p in points], dtype=float)
+    out = {"layers": layers}
+    for k in _FIGURES:
+        ys = np.array([p[k] for p in points], dtype=float)
+        per_layer, fixed = np.polyfit(ls, ys, 1)
+        out[k] = int(round(fixed + per_layer * layers))
+        out[f"{k}_per_layer"] = int(round(per_layer))
+        out[f"{k}_fixed"] = int(round(fixed))
+    return out
+
+
+def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | None = None, layers: int | None = None,
+             fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None) -> dict:
+    """XLA's per-chip memory for the profile's LoRA train step, against the chip's HBM.
+
+    ``layers=None``: compile the ``fit_layers`` variants and extrapolate linearly to the model's depth (60 for the
+    31B). ``layers=N``: compile exactly N layers (``N=60`` is the full model: minutes). Batch is the profile's
+    micro-batch, ``seq_len`` defaults to the profile's ``max_seq_len``, ``remat`` to ``profile.train.remat``.
+    """
+    from . import profiles
+    from . import remat as remat_lib
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
+    policy = remat_lib.check_policy(remat or profile.train.remat)
+    require_libtpu()
+    if profile.hardware.platform != "tpu":
+        raise PlanError(f"The AOT plan needs a TPU profile (v5p-8, v6e-8); {profile.name!r} runs on "
+                        f"{profile.hardware.platform}.")
+    text = text_config or GEMMA4_31B_TEXT_CONFIG
+    seq_len = seq_len or profile.train.max_seq_len
+    if layers:
+        points = [compile_train_step(profile, policy, seq_len, layers, text)]
+    else:
+        points = [compile_train_step(profile, policy, seq_len, n, text) for n in fit_layers]
+    return assemble_plan(profile, policy, seq_len, points, layers or text["num_hidden_layers"],
+                         text["num_hidden_layers"])
+
+
+def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict], layers: int,
+                  model_layers: int = 60) -> dict:
+    """An :func:`aot_plan` result from compiled points: the point itself if it has ``layers`` layers, else the
+    linear fit through the points evaluated at ``layers``."""
+    exact = [p for p in points if p["layers"] == layers]
+    if exact:
+        result, method = dict(exact[0]), "compiled"
+    else:
+        result = extrapolate(points, layers)
+        method = f"extrapolated from {', '.join(str(p['layers']) for p in points)} layers"
+    hbm = profile.hardware.hbm_gib_per_chip * GIB
+    result.update({
+        "profile": profile.name, "topology": profile.hardware.tpu_topology, "chip": profile.hardware.chip,
+        "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
+        "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
+        "hbm_bytes": int(hbm), "fits": bool(result["peak_bytes"] <= hbm), "model_layers": model_layers,
+        "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
+    })
+    return result
+
+
+def fit_table(plan: dict):
+    """The compiled points of a plan and, when extrapolated, the fitted fixed and per-layer parts (GiB per chip)."""
+    import pandas as pd
+
+    rows = [{"what": f"compiled, {p['layers']} layers", "compile s": p["compile_s"],
+             **{k.replace("_bytes", " GiB"): round(p[k] / GIB, 3) for k in _FIGURES}} for p in plan["points"]]
+    if f"{_FIGURES[0]}_per_layer" in plan:
+        for part in ("fixed", "per_layer"):
+            rows.append({"what": f"fit: {part.replace('_', ' ')}",
+                         **{k.replace("_bytes", " GiB"): round(plan[f"{k}_{part}"] / GIB, 3) for k in _FIGURES}})
+        rows.append({"what": f"extrapolated, {plan['layers']} layers",
+                     **{k.replace("_bytes", " GiB"): round(plan[k] / GIB, 3) for k in _FIGURES}})
+    return pd.DataFrame(rows)
+
+
+def plan_row(plan: dict) -> dict:
+    """One table row (GiB per chip) of an :func:`aot_plan` result."""
+    g = lambda k: round(plan[k] / GIB, 2)  # noqa: E731
+    return {
+        "profile": plan["profile"], "remat": plan["remat"], "seq": plan["seq_len"], "layers": plan["layers"],
+        "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
+        "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
+        "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60)
+        else f"({plan['layers']} of {plan.get('model_layers', 60)} layers)",
+        "compile s": plan["compile_s_total"],
+    }
+
+
+def plan_table(plans: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame([plan_row(p) for p in plans])
+
+
+def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: str | None = None,
+                    seq_len: int | None = None, layers: int | None = None, **kwargs) -> dict:
+    """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``cached`` says which."""
+    from . import profiles
+
+    profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
+    key = plan_key(profile.name, remat or profile.train.remat, seq_len or profile.train.max_seq_len, layers)
+    if kwargs.get("text_config") is not None:
+        key += f"_d{kwargs['text_config']['hidden_size']}"
+    path = Path(run_dir) / "plan" / f"{key}.json"
+    if path.is_file():
+        return {**json.loads(path.read_text()), "cached": True}
+    result = aot_plan(profile, remat, seq_len, layers, **kwargs)
+    from .course import write_atomic
+
+    write_atomic(path, json.dumps(result, indent=1, default=str))
+    return {**result, "cached": False}
+
+
+# The course's settings: three remat policies and a nnx.remat policy on the v5p-8, and the v6e-8, at seq 3072.
+COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v5p-8", "dots_no_batch"),
+                ("v6e-8", "block"))
+
+# XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
+# `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
+# from them when it does not compile (smoke profile). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
+REFERENCE_NOTE = "measured 2026-11-29 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
+# A setting with a single 6-layer point is shown as compiled (6 layers), not extrapolated.
+REFERENCE_POINTS: dict[str, list[dict]] = {
+    'v5p-8_block_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 273.0, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 2064187392, "alias_bytes": 283509248, "peak_bytes": 4516801408},
+        {"layers": 12, "compile_s": 447.2, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 2438791168, "alias_bytes": 567017984, "peak_bytes": 6639358688},
+    ],
+    'v5p-8_none_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 395.1, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 4888428544, "alias_bytes": 283509248, "peak_bytes": 7341042560},
+        {"layers": 12, "compile_s": 377.6, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 8145649664, "alias_bytes": 567017984, "peak_bytes": 12346217184},
+    ],
+    'v5p-8_decoder_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 678.8, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 1814118400, "alias_bytes": 283509248, "peak_bytes": 4266732416},
+        {"layers": 12, "compile_s": 529.1, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 1931935744, "alias_bytes": 567017984, "peak_bytes": 6132503264},
+    ],
+    'v5p-8_dots_no_batch_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 326.9, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 3334291456, "alias_bytes": 283509248, "peak_bytes": 5786905472},
+        {"layers": 12, "compile_s": 114.0, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 4823629824, "alias_bytes": 567017984, "peak_bytes": 9024197344},
+    ],
+    'v6e-8_block_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 654.8, "argument_bytes": 1368122880, "output_bytes": 283510656, "temp_bytes": 2459893760, "alias_bytes": 283509248, "peak_bytes": 3828018048},
+        {"layers": 12, "compile_s": 1195.7, "argument_bytes": 2383907328, "output_bytes": 567020256, "temp_bytes": 2922577920, "alias_bytes": 567017984, "peak_bytes": 5306487520},
+    ],
+}
+
+# Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
+REFERENCE_CHECKS: dict[str, list[dict]] = {
+    'v5p-8_block_seq3072': [
+        {"layers": 18, "compile_s": 280.9, "argument_bytes": 5948517888, "output_bytes": 850529856, "temp_bytes": 2820063232, "alias_bytes": 850526720, "peak_bytes": 8768584256},
+        {"layers": 60, "compile_s": 469.6, "argument_bytes": 18184198144, "output_bytes": 2835097056, "temp_bytes": 6921781248, "alias_bytes": 2835087872, "peak_bytes": 25105988576},
+    ],
+}
+
+
+def plan_key(profile_name: str, policy: str, seq_len: int, layers: int | None) -> str:
+    return f"{profile_name}_{policy}_seq{seq_len}_L{layers or 'fit'}"
+
+
+def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COURSE_PLANS, seq_len: int = 3072,
+                 layers: int | None = None) -> list[dict]:
+    """The AOT plans of ``settings``: from ``run_dir/plan/`` when cached there, compiled (and cached) when
+    ``compute``, else the reference figures shipped with the course (``source`` says which)."""
+    from . import profiles
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    out = []
+    for name, policy in settings:
+        key = plan_key(name, policy, seq_len, layers)
+        path = Path(run_dir) / "plan" / f"{key}.json"
+        if path.is_file():
+            out.append({**json.loads(path.read_text()), "source": f"cached ({path})"})
+        elif compute:
+            out.append({**cached_aot_plan(run_dir, profiles.get_profile(name), policy, seq_len, layers),
+                        "source": "compiled now"})
+        elif key in REFERENCE_POINTS:
+            prof = profiles.get_profile(name)
+            points = REFERENCE_POINTS[key]
+            depth = layers or (GEMMA4_31B_TEXT_CONFIG["num_hidden_layers"] if len(points) > 1 else points[0]["layers"])
+            out.append({**assemble_plan(prof, policy, seq_len, REFERENCE_POINTS[key], depth),
+                        "source": f"reference ({REFERENCE_NOTE})"})
+    return out
+
+
+def extrapolation_error(plan: dict, checks: list[dict]):
+    """Extrapolated vs compiled bytes (GiB per chip) at the depths of independent compiles ``checks``."""
+    import pandas as pd
+
+    rows = []
+    for c in checks:
+        pred = extrapolate(plan["points"], c["layers"])
+        for k in ("argument_bytes", "temp_bytes", "peak_bytes"):
+            rows.append({"layers": c["layers"], "figure": k.replace("_bytes", ""),
+                         "extrapolated GiB": round(pred[k] / GIB, 3), "compiled GiB": round(c[k] / GIB, 3),
+                         "error %": round(100 * (pred[k] - c[k]) / c[k], 1), "compile s": c["compile_s"]})
+    return pd.DataFrame(rows)
+
+
+def format_plan(plan: dict) -> str:
+    g = lambda k: plan[k] / GIB  # noqa: E731
+    lines = [
+        f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), Gemma 4 31B LoRA rank "
+        f"{plan.get('lora_rank')}, bf16",
+        f"  remat={plan['remat']} batch={plan['batch']} seq={plan['seq_len']} layers={plan['layers']} "
+        f"({plan['method']})",
+    ]
+    for p in plan["points"]:
+        lines.append(f"  compiled {p['layers']:3d} layers in {p['compile_s']:6.1f} s: arguments "
+                     f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, output {p['output_bytes'] / GIB:7.2f} GiB")
+    lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB + output "
+                 f"{g('output_bytes'):.2f} GiB - aliased {g('alias_bytes'):.2f} GiB = {g('peak_bytes'):.2f} GiB "
+                 f"of {g('hbm_bytes'):.0f} GiB HBM: {'FITS' if plan['fits'] else 'DOES NOT FIT'}"
+                 + (f" (a {plan['layers']}-layer variant of the {plan['model_layers']}-layer model)"
+                    if plan["layers"] < plan.get("model_layers", plan["layers"]) else ""))
+    return "\n".join(lines)
+
+
+def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq_len: int | None = None,
+              layers: int | None = None) -> int:
+    """``python -m gemma_tpu_helpers plan``: the analytic estimate, and with ``aot`` XLA's compiled figures."""
+    import sys
+
+    from . import profiles
+    from . import remat as remat_lib
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        profile = profiles.get_profile(profile_name)
+        if remat is not None:
+            remat_lib.check_policy(remat)
+        if profile.model.source == "tiny":
+            from .tiny import tiny_text_config
+
+            text = tiny_text_config(profile.model.tiny_layers)
+        else:
+            text = GEMMA4_31B_TEXT_CONFIG
+        est = memory_estimate(profile, text)
+        print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
+              f"({est['trainable_pct']:.2f}% trainable)")
+        print(memory_table(est).to_string(index=False))
+        if not aot:
+            print("(add --aot for XLA's compiled per-chip figures, activations included)")
+            return 0
+        if layers is not None and layers <= 0:
+            raise PlanError(f"--layers must be positive, got {layers}.")
+        plan = aot_plan(profile, remat, seq_len, layers)
+    except ValueError as e:  # PlanError, UnknownPolicyError, unknown profile
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_plan(plan))
+    return 0 if plan["fits"] else 1
