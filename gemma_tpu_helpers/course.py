@@ -11,19 +11,20 @@ from pathlib import Path
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
-# notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke measured; TPU estimated).
+# notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke: measured on a busy
+# 2-core machine, cold run directory; TPU: estimated).
 COURSE = [
-    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "1 min", "10 min (31B download)"),
-    ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "mesh", "< 1 min", "2 min"),
+    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "30 s", "10 min (31B download)"),
+    ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "mesh", "1 min", "2 min"),
     ("02_lora_naming", "LoRA module naming (HF names vs tunix einsums)", "lora", "< 1 min", "5 min"),
     ("03_sharding_annotation", "Sharding annotation corrections", "sharding", "< 1 min", "5 min"),
-    ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "remat, plan", "1 min", "15 min"),
-    ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "1 min", "10 min"),
-    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train", "1.5 min", "hours (1 epoch)"),
+    ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "remat, plan", "3-6 min", "15 min"),
+    ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "30 s", "10 min"),
+    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train, equivalence", "4-10 min", "hours (1 epoch)"),
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed", "merge", "1 min", "30 min"),
-    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve", "3 min", "20 min"),
-    ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "2 min", "1 h"),
-    ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "bench", "2 min", "1 h"),
+    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve", "1 min", "20 min"),
+    ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "3-7 min", "1 h"),
+    ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "bench, cost", "3 min", "1 h"),
 ]
 
 VERSIONED = ["jax", "jaxlib", "flax", "google-tunix", "qwix", "optax", "orbax-checkpoint", "grain", "transformers",
