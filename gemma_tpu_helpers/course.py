@@ -69,7 +69,7 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def record(run_dir: str | Path, step: str, **figures) -> dict:
+def record(run_dir: str | Path, step: str, /, **figures) -> dict:
     """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises)."""
     path = Path(run_dir) / "figures.json"
     data = json.loads(path.read_text()) if path.is_file() else {}

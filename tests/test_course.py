@@ -9,11 +9,11 @@ from conftest import run_cli
 
 def test_record_and_report(tmp_path):
     course.record(tmp_path, "00_setup", parity_rel="2.1e-05")
-    course.record(tmp_path, "06_training", final_loss=1.5)
+    course.record(tmp_path, "06_training", final_loss=1.5, step=8)  # a figure may be called "step"
     course.record(tmp_path, "00_setup", parity_rel="3.0e-05")  # a rerun replaces the step's figures
     report = course.write_report(tmp_path).read_text()
     assert "| parity_rel | 3.0e-05 |" in report and "2.1e-05" not in report
-    assert report.index("## 00_setup") < report.index("## 06_training")
+    assert report.index("## 00_setup") < report.index("## 06_training") and "| step | 8 |" in report
 
 
 def test_course_map_marks_available_notebooks():
