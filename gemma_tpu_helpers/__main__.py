@@ -166,6 +166,23 @@ def cmd_data_stats(args) -> int:
 def cmd_train(args) -> int:
     """Step 06: LoRA training with checkpoints; resumes from the latest checkpoint in the run dir."""
     prof = profiles.configure_jax(args.profile)
+    from . import multihost
+
+    if args.coordinator:
+        local = None
+        if prof.hardware.platform == "cpu" and args.coordinator != "auto":
+            n = args.num_processes or 1
+            if prof.hardware.num_devices % n:
+                print(f"error: profile {prof.name!r} has {prof.hardware.num_devices} devices, which do not divide "
+                      f"into {n} processes.", file=sys.stderr)
+                return 2
+            local = prof.hardware.num_devices // n
+        try:
+            multihost.initialize(args.coordinator, args.num_processes, args.process_id, local_devices=local,
+                                 timeout_s=args.join_timeout)
+        except multihost.MultihostError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     from . import train
 
     try:
@@ -174,10 +191,30 @@ def cmd_train(args) -> int:
     except train.TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not multihost.is_main():
+        return 0
     m = result.metrics.dropna(subset=["loss"])
     print(f"trained steps {result.start_step}..{result.total_steps} in {result.seconds:.1f} s; "
           f"loss {m['loss'].iloc[0]:.4f} -> {m['loss'].iloc[-1]:.4f}; checkpoints in {result.checkpoint_dir}")
     return 0
+
+
+def cmd_launch(args) -> int:
+    """Multi-host: print (or --run) the commands that run a step on every worker of a TPU pod (or local workers)."""
+    from . import multihost
+
+    step = args.step[1:] if args.step[:1] == ["--"] else args.step
+    env = dict(kv.split("=", 1) for kv in args.env)
+    try:
+        commands = multihost.launch_commands(args.workers, step, tpu=args.tpu, zone=args.zone,
+                                             coordinator=args.coordinator, workdir=args.workdir,
+                                             python=args.python or (sys.executable if not args.tpu else ".venv/bin/python"),
+                                             env=env)
+    except multihost.MultihostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(multihost.format_commands(commands), flush=True)
+    return multihost.run_commands(commands, timeout_s=args.timeout) if args.run else 0
 
 
 def cmd_eval(args) -> int:
@@ -256,7 +293,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's max_steps")
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")
+    g = p.add_argument_group("multi-host (every worker runs the same command; see `launch`)")
+    g.add_argument("--coordinator", default=None,
+                   help="process 0's HOST:PORT (PORT+1 is used too), or 'auto' on a TPU pod (JAX detects the workers)")
+    g.add_argument("--num-processes", type=int, default=None, help="how many processes join (with HOST:PORT)")
+    g.add_argument("--process-id", type=int, default=None, help="this process's id, 0..N-1 (with HOST:PORT)")
+    g.add_argument("--join-timeout", type=float, default=120, help="seconds to wait for all processes to join")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("launch", help="multi-host: print (or --run) the per-worker commands of a step on a TPU pod",
+                       description="Example: launch --workers 4 --tpu my-v5p-32 --zone us-east5-a -- train --profile v5p-8")
+    p.add_argument("--workers", type=int, required=True, help="number of hosts (TPU VM workers)")
+    p.add_argument("--tpu", default=None, help="TPU VM name: one `gcloud compute tpus tpu-vm ssh --worker=all` line")
+    p.add_argument("--zone", default=None, help="the TPU VM's zone (with --tpu)")
+    p.add_argument("--coordinator", default="127.0.0.1:8476",
+                   help="without --tpu: process 0's HOST:PORT (PORT and PORT+1 must be free there)")
+    p.add_argument("--workdir", default="gemma-tpu", help="with --tpu: the checkout's directory on every worker")
+    p.add_argument("--python", default=None, help="python to run (default: .venv/bin/python on a TPU, this one here)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the workers")
+    p.add_argument("--run", action="store_true", help="run the commands (default: print them)")
+    p.add_argument("--timeout", type=float, default=None, help="with --run: stop all workers after this many seconds")
+    p.add_argument("step", nargs=argparse.REMAINDER, help="-- STEP ARGS...: the course step to run")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("merge", help="07: merge the trained LoRA (Orbax) into the base's sharded safetensors, streamed")
     merge.add_merge_arguments(p)

@@ -70,16 +70,24 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def record(run_dir: str | Path, step: str, /, **figures) -> dict:
-    """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises)."""
+    """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises).
+
+    In a multi-process run only process 0 writes (the others get the figures back, unsaved)."""
+    from .multihost import is_main
+
     path = Path(run_dir) / "figures.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[step] = figures
+    if not is_main():
+        return data
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
 
 
 def write_report(run_dir: str | Path) -> Path:
     """``run_dir/report.md``: one section per step, with the figures each notebook recorded."""
+    from .multihost import is_main
+
     run_dir = Path(run_dir)
     path = run_dir / "figures.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
@@ -91,7 +99,8 @@ def write_report(run_dir: str | Path) -> Path:
         lines += [f"| {k} | {v} |" for k, v in data[step].items()]
         lines.append("")
     out = run_dir / "report.md"
-    write_atomic(out, "\n".join(lines) + "\n")
+    if is_main():  # process 0 only in a multi-process run
+        write_atomic(out, "\n".join(lines) + "\n")
     return out
 
 

@@ -202,12 +202,18 @@ def _layout(rows, max_seq_len, pad_id, stats) -> Packed:
 
 
 def attention_mask_from_segments(segment_ids):
-    """Block-diagonal causal mask [B, T, T]: a token sees earlier tokens of its own example only."""
-    import jax.numpy as jnp
+    """Block-diagonal causal mask [B, T, T]: a token sees earlier tokens of its own example only.
 
-    seg = jnp.asarray(segment_ids)
+    A numpy input gives a numpy mask (no JAX op: what the multi-process input path needs); anything else, a jax array.
+    """
+    if isinstance(segment_ids, np.ndarray):
+        xp, seg = np, segment_ids
+    else:
+        import jax.numpy as xp
+
+        seg = xp.asarray(segment_ids)
     t = seg.shape[-1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
+    causal = xp.tril(xp.ones((t, t), bool))
     same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
     return same & causal[None]
 
@@ -262,23 +268,31 @@ def prepare(profile, tokenizer, source: str | None = None, progress: bool = True
                     np.array([len(ids) for ids, _ in train_ex]))
 
 
-def batches(packed: Packed, global_batch: int, seed: int, epochs: int = 1, shuffle: bool = True):
+def batches(packed: Packed, global_batch: int, seed: int, epochs: int = 1, shuffle: bool = True,
+            rows: slice | None = None):
     """A grain ``MapDataset`` of this process's share of each global batch (deterministic for a seed).
 
-    Each process (``jax.process_index()``) reads every ``process_count``-th row of each global batch, and tunix
-    assembles the global arrays from the per-process pieces. Re-iterable, so it also serves as an eval set.
+    Every process shuffles and batches the same way, then keeps ``rows`` of each global batch: the rows its own
+    devices hold (``multihost.process_rows(mesh, global_batch)``; ``slice(None)`` for the whole batch). By default
+    process ``i`` of ``n`` keeps the ``i``-th of ``n`` contiguous blocks, which is what a mesh with the batch axis
+    across the processes holds. ``train`` assembles the global arrays from the pieces. Re-iterable, so it also
+    serves as an eval set.
     """
     import grain
     import jax
 
-    procs = jax.process_count()
-    if global_batch % procs:
-        raise DataError(f"Global batch {global_batch} does not divide across {procs} processes.")
+    if rows is None:
+        procs, me = jax.process_count(), jax.process_index()
+        if global_batch % procs:
+            raise DataError(f"Global batch {global_batch} does not divide across {procs} processes: each process "
+                            f"feeds an equal share. Use a global batch (micro_batch) that is a multiple of {procs}.")
+        share = global_batch // procs
+        rows = slice(me * share, (me + 1) * share)
     ds = grain.MapDataset.source(list(range(len(packed))))
     if shuffle:
         ds = ds.shuffle(seed=seed)
     ds = ds.repeat(epochs).batch(global_batch, drop_remainder=True)
-    ds = ds.map(lambda idx: idx[jax.process_index()::procs])
+    ds = ds.map(lambda idx: idx[rows])
     return ds.map(lambda idx: {"tokens": packed.tokens[idx], "loss_mask": packed.loss_mask[idx],
                                "segment_ids": packed.segment_ids[idx], "positions": packed.positions[idx]})
 

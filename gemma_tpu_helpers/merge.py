@@ -572,7 +572,11 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     from tqdm.auto import tqdm
 
     from .gemma4 import read_text_config
+    from .multihost import is_main
 
+    if not is_main():  # a host-side step: every process would write the same out_dir
+        raise MergeError("merge_lora runs on one host only: call it from process 0 (launch runs 'merge' on worker 0), "
+                         "after training; it reads the multi-process checkpoint by itself.")
     started = time.perf_counter()
     base_dir, checkpoint_dir, out_dir = Path(base_dir), Path(checkpoint_dir), Path(out_dir)
     _prepare_out(out_dir, overwrite)

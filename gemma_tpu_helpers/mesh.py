@@ -16,7 +16,10 @@ def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...]
     """A ``jax.sharding.Mesh`` with ``AxisType.Auto`` axes.
 
     ``jax.make_mesh`` defaults to Explicit axes in this JAX, and tunix's embedding gather then fails, so the
-    axis types are set here. The shape's product must equal the number of devices.
+    axis types are set here. The shape's product must equal the number of devices. After
+    ``multihost.initialize`` these are the devices of all processes (``jax.devices()`` is global), in process order,
+    so the first axis (fsdp) runs across the processes and the last (tp) over neighbouring devices (inside one host
+    when tp divides the devices per host).
     """
     import jax
 
@@ -30,6 +33,12 @@ def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...]
     size = 1
     for s in shape:
         size *= s
+    if size != len(devices) and jax.process_count() > 1:
+        raise MeshError(
+            f"Mesh {dict(zip(axes, shape))} needs {size} devices but the {jax.process_count()} processes have "
+            f"{len(devices)} together ({jax.local_device_count()} here). The mesh spans every process's devices: "
+            f"pick a mesh whose product is {len(devices)}, or change the number of processes."
+        )
     if size != len(devices):
         raise MeshError(
             f"Mesh {dict(zip(axes, shape))} needs {size} devices but {len(devices)} are visible "

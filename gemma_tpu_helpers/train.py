@@ -18,6 +18,7 @@ import numpy as np
 
 from . import data as data_lib
 from .course import write_atomic
+from .multihost import is_main, process_rows
 from .profiles import Profile
 
 METADATA = "lora_config.json"
@@ -58,6 +59,31 @@ def model_inputs(batch) -> dict:
     return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
                 positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
                 attention_mask=data_lib.attention_mask_from_segments(batch["segment_ids"]))
+
+
+class GlobalBatches:
+    """This process's rows of each global batch (numpy, from :func:`data.batches`) as global ``jax.Array`` s sharded
+    over ``axis``, via ``jax.make_array_from_process_local_data``. Re-iterable; maps in the calling thread.
+
+    tunix's own input sharding cannot do this: it checks divisibility on the *local* shape, and a process's share
+    (say 2 rows) that the fsdp axis (4) does not divide falls back to "replicated" - each process would then train
+    on its own rows as if they were the whole batch, silently. Global arrays pass through tunix untouched.
+    """
+
+    def __init__(self, ds, mesh, global_batch: int, axis: str = "fsdp"):
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        self.ds, self.global_batch = ds, global_batch
+        self.sharding = NamedSharding(mesh, PartitionSpec(axis))
+
+    def to_global(self, batch: dict) -> dict:
+        import jax
+
+        return {k: jax.make_array_from_process_local_data(self.sharding, v, (self.global_batch, *v.shape[1:]))
+                for k, v in batch.items()}
+
+    def __iter__(self):
+        return (self.to_global(b) for b in self.ds)
 
 
 def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
@@ -119,8 +145,9 @@ def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
     elif steps:
         raise TrainingError(f"{ckpt_dir} holds checkpoints without {METADATA}: not written by this course, "
                             f"refusing to resume from them. Use another --run-dir.")
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(meta, indent=1))
+    if is_main():
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(meta, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -135,7 +162,7 @@ class TrainResult:
     seconds: float
 
 
-def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str):
+def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True):
     from tunix.sft import hooks
 
     class Recorder(hooks.TrainingHooks):
@@ -167,8 +194,9 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
                    "step_s": now - self.last, "tokens": tokens, "tokens_per_s": tokens / max(now - self.last, 1e-9)}
             self.last = now
             self.rows.append(row)
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if write:  # process 0 only; every process sees the same (global) loss
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             if not math.isfinite(loss):
                 raise NonFiniteLossError(
                     f"Loss is {loss} at step {step}. Training stopped; the update was skipped, so the latest "
@@ -178,8 +206,9 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             loss = float(trainer.metrics_logger.get_metric_history(prefix, "loss", "eval")[-1])
             row = {"step": int(trainer.train_steps), "eval_loss": loss}
             self.rows.append(row)
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if write:
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
 
     return Recorder()
 
@@ -210,12 +239,34 @@ def total_steps(profile: Profile, train_rows: int) -> int:
     return min(steps, t.max_steps) if t.max_steps else steps
 
 
+def _apply_lora(model, profile: Profile, seed: int):
+    """The profile's LoRA on ``model``. qwix creates the LoRA params by running the model once on a dummy batch;
+    run eagerly, that forward cannot unpack an array that spans several processes, so with more than one process
+    it runs under ``nnx.jit`` (the same params: the random init does not depend on how it runs)."""
+    import jax
+    from flax import nnx
+
+    from . import lora
+
+    spec = profile.lora
+
+    def go(m):
+        return lora.apply_lora(m, spec.targets, spec.rank, spec.alpha, spec.dropout, seed=seed)[0]
+
+    return nnx.jit(go)(model) if jax.process_count() > 1 else go(model)
+
+
 def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | Path | None = None,
           max_steps: int | None = None, prepared=None, progress: bool = True,
           checkpoint_every: int | None = None) -> TrainResult:
     """Train the profile's LoRA; resume from the latest checkpoint in ``run_dir/checkpoints`` if there is one.
 
     ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests).
+
+    Multi-host (after ``multihost.initialize``): every process calls this with the same arguments and ``run_dir``
+    (a directory all hosts share: GCS on a pod). The mesh spans all processes' devices; each process feeds its rows
+    of each global batch; Orbax writes and restores the checkpoints from all processes; process 0 alone writes the
+    metrics, ``done.json`` and the LoRA metadata. The returned metrics are process 0's file, read by every process.
     """
     import jax
     import orbax.checkpoint as ocp
@@ -248,34 +299,40 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     if steps <= 0:
         raise TrainingError(f"{len(prepared.train)} packed rows give no full optimizer step of "
                             f"{t.micro_batch} x {t.grad_accum} rows.")
-    train_ds = data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs)
-    eval_ds = (data_lib.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False)
+    rows = process_rows(mesh, t.micro_batch)  # this process's rows of each global batch
+    train_ds = GlobalBatches(data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
+                             mesh, t.micro_batch)
+    eval_ds = (GlobalBatches(data_lib.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False, rows=rows),
+                             mesh, t.micro_batch)
                if prepared.eval is not None and len(prepared.eval) >= t.micro_batch else None)
-    micro_tokens = np.array([int((b["segment_ids"] > 0).sum()) for b in train_ds])
+    micro_tokens = np.array([int((b["segment_ids"] > 0).sum())  # of the whole global batch, not this process's rows
+                             for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs, rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
 
     schedule = lr_schedule(t, steps)
     model = gemma4.load_model(base, mesh, dtype=profile.model.dtype)
-    model, _ = lora.apply_lora(model, profile.lora.targets, profile.lora.rank, profile.lora.alpha,
-                               profile.lora.dropout, seed=t.seed)
+    model = _apply_lora(model, profile, t.seed)
     if t.remat != "none":
         from tunix.models.gemma4 import model as gm
 
         model.config.remat_config = getattr(gm.RematConfig, t.remat.upper())  # after LoRA, never before
+    main = is_main()
     options = ocp.CheckpointManagerOptions(save_interval_steps=t.checkpoint_every, max_to_keep=t.keep_checkpoints,
                                            enable_async_checkpointing=False)
     config = peft_trainer.TrainingConfig(
         eval_every_n_steps=t.eval_every, max_steps=steps, gradient_accumulation_steps=t.grad_accum,
         checkpoint_root_directory=str(ckpt_dir), checkpointing_options=options,
-        pbar_description="training" if progress else None)
+        pbar_description="training" if progress and main else None)
     metrics_path = run_dir / "train" / "metrics.jsonl"
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    if main:
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with mesh_lib.trainer_context(mesh):
         trainer = peft_trainer.PeftTrainer(model, build_optimizer(t, steps), config)
         start_step = trainer.train_steps
-        _trim_metrics(metrics_path, start_step)
-        recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix)
+        if main:
+            _trim_metrics(metrics_path, start_step)
+        recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix, write=main)
         trainer.with_training_hooks(recorder)
         trainer.with_loss_fn(loss_fn).with_gen_model_input_fn(model_inputs)
         try:
@@ -285,8 +342,19 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
             raise
     jax.effects_barrier()
     seconds = time.perf_counter() - started
-    write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1)}))
+    if main:
+        write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1)}))
+    _sync("train done")  # the others read process 0's metrics file only once it is complete
     return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds)
+
+
+def _sync(name: str) -> None:
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def latest_step(checkpoint_dir: str | Path) -> int | None:
@@ -308,7 +376,7 @@ def plot_loss(metrics, path: str | Path | None = None):
     ax.set_ylabel("NLL per assistant token")
     ax.legend()
     fig.tight_layout()
-    if path:
+    if path and is_main():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
     return fig

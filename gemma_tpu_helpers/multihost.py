@@ -1,0 +1,290 @@
+"""Several hosts, one program: ``jax.distributed`` set-up, process-0-only writes, and the pod launcher.
+
+On a TPU pod slice (v5p-16 and up) every host runs the same program. JAX's multi-controller runtime joins them:
+after :func:`initialize`, ``jax.devices()`` lists the devices of *all* hosts, a mesh spans them, and each jitted step
+runs on all of them at once. What changes for the course's helpers:
+
+- each process feeds only the rows of a global batch that its own devices hold (:func:`process_rows`), and the
+  global arrays are assembled from those pieces (``jax.make_array_from_process_local_data``, in ``train``);
+- Orbax checkpoints are written by all processes together, to one directory every host can read (GCS on a pod);
+- only process 0 writes metrics, plots, ``done.json`` and reports (:func:`is_main`).
+
+``jax.distributed.initialize`` ends the process with a C++ fatal error (no Python exception) when a process is
+missing or the coordinator cannot be reached. :func:`initialize` therefore runs a small pre-flight handshake first, on
+the coordinator's port + 1, so that those cases raise :class:`MultihostError` with the cause and the fix, within
+``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+
+DEFAULT_TIMEOUT_S = 120
+
+
+class MultihostError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Joining the processes
+
+def _split(coordinator: str) -> tuple[str, int]:
+    host, sep, port = coordinator.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise MultihostError(f"coordinator {coordinator!r} is not HOST:PORT (e.g. 10.0.0.2:8476 or 127.0.0.1:8476).")
+    return host, int(port)
+
+
+def _send(sock, obj) -> None:
+    sock.sendall((json.dumps(obj) + "\n").encode())
+
+
+def _recv(sock, deadline: float):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return json.loads(buf)
+
+
+def _coordinator_handshake(port: int, num_processes: int, timeout_s: float) -> None:
+    """Process 0: wait for every other process to say hello with the same process count."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[int, socket.socket] = {}
+    error = None
+    try:
+        server = socket.create_server(("", port))
+    except OSError as e:
+        raise MultihostError(f"process 0 cannot listen on port {port} for the handshake ({e}): pick a coordinator "
+                             f"port P with P and P+1 free.") from None
+    with server:
+        while len(seen) < num_processes - 1 and error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(1, num_processes)) - set(seen))
+                error = (f"only {len(seen) + 1} of {num_processes} processes joined within {timeout_s:g} s "
+                         f"(missing process ids {missing}). Start every worker with the same --num-processes "
+                         f"{num_processes} and a distinct --process-id, or lower --num-processes.")
+                break
+            server.settimeout(min(left, 1.0))
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            try:
+                hello = _recv(conn, time.monotonic() + 10)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            pid, n = hello.get("process_id"), hello.get("num_processes")
+            seen_before = pid in seen
+            seen[pid] = conn
+            if n != num_processes:
+                error = (f"process {pid} was started with --num-processes {n}, but the coordinator (process 0) "
+                         f"with {num_processes}. Start every worker with the same --num-processes.")
+            elif not isinstance(pid, int) or not 0 < pid < num_processes or seen_before:
+                error = (f"process id {pid} is not valid or is used twice: with --num-processes {num_processes} "
+                         f"the other workers need the distinct ids 1..{num_processes - 1}.")
+        for conn in seen.values():
+            try:
+                _send(conn, {"error": error})
+            except OSError:
+                pass
+            conn.close()
+    if error:
+        raise MultihostError(error)
+
+
+def _worker_handshake(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> None:
+    """Process 1..N-1: reach process 0's handshake port and wait for its verdict."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, max(0.1, deadline - time.monotonic()))) as s:
+                _send(s, {"process_id": process_id, "num_processes": num_processes})
+                reply = _recv(s, deadline + 10)
+            break
+        except (OSError, ValueError) as e:
+            last = e
+            if time.monotonic() >= deadline:
+                raise MultihostError(
+                    f"process {process_id} could not reach the coordinator's handshake at {host}:{port} within "
+                    f"{timeout_s:g} s ({type(last).__name__}: {last}). Start process 0 (--process-id 0) on {host}, "
+                    f"check the address, and open ports {port - 1} and {port} between the hosts.") from None
+            time.sleep(0.25)
+    if reply.get("error"):
+        raise MultihostError(f"the coordinator refused process {process_id}: {reply['error']}")
+
+
+def _set_local_device_count(n: int) -> None:
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
+               local_devices: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join this process to the others (``jax.distributed.initialize``), with clear errors in bounded time.
+
+    ``coordinator`` is process 0's ``HOST:PORT`` (port + 1 is used for a pre-flight handshake). ``None`` or
+    ``"auto"``: let JAX detect the cluster (a Cloud TPU pod slice, SLURM, ...), no handshake. ``local_devices``
+    (CPU only): the number of virtual CPU devices of this process; it must be set before JAX creates its backend,
+    so call this before any JAX computation. On CPU the cross-process collectives are gloo.
+    """
+    if coordinator in (None, "auto"):
+        import jax
+
+        jax.distributed.initialize()
+        return
+    host, port = _split(coordinator)
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise MultihostError(f"--num-processes must be a positive integer, got {num_processes!r}.")
+    if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+        raise MultihostError(f"--process-id must be in 0..{num_processes - 1} for {num_processes} processes, "
+                             f"got {process_id!r}.")
+    if local_devices:
+        if "jax" in sys.modules:
+            from jax._src import xla_bridge
+
+            if xla_bridge.backends_are_initialized():
+                raise MultihostError("JAX already created its devices; call multihost.initialize() before any JAX "
+                                     "computation (first thing in the script, or restart the kernel).")
+        _set_local_device_count(local_devices)
+    if num_processes > 1:
+        if process_id == 0:
+            _coordinator_handshake(port + 1, num_processes, timeout_s)
+        else:
+            _worker_handshake(host, port + 1, num_processes, process_id, timeout_s)
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes, process_id,
+                               initialization_timeout=max(1, int(timeout_s)))
+    if jax.process_count() != num_processes:
+        raise MultihostError(f"JAX sees {jax.process_count()} processes, expected {num_processes}.")
+
+
+def is_main() -> bool:
+    """True in process 0, and in any single-process program: the one process that writes files and reports.
+
+    Never starts JAX's backend itself (so it is safe to call before :func:`initialize`).
+    """
+    if "jax" not in sys.modules:
+        return True
+    import jax
+    from jax._src import xla_bridge
+
+    if not (jax.distributed.is_initialized() or xla_bridge.backends_are_initialized()):
+        return True
+    return jax.process_index() == 0
+
+
+def process_rows(mesh, global_batch: int, axis: str = "fsdp") -> slice:
+    """The rows of a global batch that this process's devices hold when the batch is sharded over ``axis``.
+
+    One process: all rows. Processes along ``axis``: a contiguous block each. Raises when the batch does not divide
+    over ``axis`` or the process's rows are not one block (a mesh whose device order interleaves the processes).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    size = dict(mesh.shape).get(axis, 1)
+    if global_batch % size:
+        raise MultihostError(f"global batch {global_batch} does not divide the {axis} axis ({size}); use a multiple "
+                             f"of {size}.")
+    spec = PartitionSpec(axis) if axis in mesh.axis_names else PartitionSpec()
+    index = NamedSharding(mesh, spec).addressable_devices_indices_map((global_batch,))
+    blocks = sorted({(s[0].start or 0, global_batch if s[0].stop is None else s[0].stop) for s in index.values()})
+    start, stop = blocks[0][0], blocks[-1][1]
+    covered = sum(b - a for a, b in blocks)
+    if covered != stop - start:
+        raise MultihostError(f"this process's devices hold rows {blocks} of the batch, not one block: build the mesh "
+                             f"with mesh.make_mesh (devices in process order).")
+    return slice(start, stop)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The launcher: the same command on every worker
+
+# Steps that run on every worker of a pod (they join with jax.distributed); the others run on worker 0 only.
+ALL_WORKERS = ("train",)
+
+
+def launch_commands(workers: int, step_args: list[str], tpu: str | None = None, zone: str | None = None,
+                    coordinator: str = "127.0.0.1:8476", workdir: str = "gemma-tpu",
+                    python: str = ".venv/bin/python", env: dict[str, str] | None = None) -> list[list[str]]:
+    """The commands that run a course step on a pod: one ``gcloud ... ssh --worker=all`` line for a TPU (JAX detects
+    the pod, ``--coordinator auto``), else one command per worker with an explicit coordinator and process id."""
+    if workers < 1:
+        raise MultihostError(f"--workers must be at least 1, got {workers}.")
+    if not step_args:
+        raise MultihostError("give the step to run after '--', e.g. launch --workers 2 -- train --max-steps 10")
+    step, rest = step_args[0], list(step_args[1:])
+    joined = step in ALL_WORKERS
+    if joined and "--coordinator" in rest:
+        raise MultihostError("launch sets --coordinator/--num-processes/--process-id itself; drop them after '--'.")
+    module = [python, "-m", "gemma_tpu_helpers", step, *rest]
+    prefix = [f"{k}={v}" for k, v in (env or {}).items()]
+    if tpu:
+        if not zone:
+            raise MultihostError("--tpu needs --zone (the zone of the TPU VM, e.g. us-east5-a).")
+        remote = " ".join([f"cd {shlex.quote(workdir)} &&", *prefix, *map(shlex.quote, module),
+                           *(["--coordinator", "auto"] if joined else [])])
+        return [["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}",
+                 f"--worker={'all' if joined else 0}", f"--command={remote}"]]
+    if not joined:
+        return [[*prefix, *module]]
+    return [[*prefix, *module, "--coordinator", coordinator, "--num-processes", str(workers), "--process-id", str(i)]
+            for i in range(workers)]
+
+
+def _quote(arg: str) -> str:
+    key, sep, value = arg.partition("=")
+    if sep and (key.startswith("--") or key.isidentifier()):  # --flag=value, KEY=value: quote the value only
+        return f"{key}={shlex.quote(value)}"
+    return shlex.quote(arg)
+
+
+def format_commands(commands: list[list[str]]) -> str:
+    """The commands as shell lines, one per worker."""
+    return "\n".join(" ".join(map(_quote, cmd)) for cmd in commands)
+
+
+def run_commands(commands: list[list[str]], timeout_s: float | None = None) -> int:
+    """Run the commands at once on this machine (local workers, or the one gcloud line); the first failure (or the
+    timeout) ends the others. Returns the first non-zero exit code, else 0."""
+    import subprocess
+
+    procs = []
+    for cmd in commands:
+        env_vars = {}
+        while cmd and "=" in cmd[0] and not cmd[0].startswith("-"):
+            k, v = cmd[0].split("=", 1)
+            env_vars[k], cmd = v, cmd[1:]
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **env_vars}))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"launch: workers still running after {timeout_s:g} s; stopping them", file=sys.stderr)
+                return 124
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
