@@ -264,16 +264,17 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests).
 
     Multi-host (after ``multihost.initialize``): every process calls this with the same arguments and ``run_dir``
-    (a directory all hosts share: GCS on a pod). The mesh spans all processes' devices; each process feeds its rows
-    of each global batch; Orbax writes and restores the checkpoints from all processes; process 0 alone writes the
-    metrics, ``done.json`` and the LoRA metadata. The returned metrics are process 0's file, read by every process.
+    (a directory all hosts share; ``gs://`` paths are not supported yet). The mesh spans all processes' devices;
+    each process feeds its rows of each global batch; Orbax writes and restores the checkpoints from all processes;
+    process 0 alone writes the metrics, ``done.json`` and the LoRA metadata. The returned metrics are process 0's
+    file, read by every process.
     """
     import jax
     import orbax.checkpoint as ocp
     from transformers import AutoTokenizer
     from tunix.sft import peft_trainer
 
-    from . import gemma4, lora
+    from . import gemma4
     from . import mesh as mesh_lib
 
     t = profile.train

@@ -136,15 +136,20 @@ def test_only_process_0_writes_and_reports(runs):
 
 
 def test_checkpoint_from_two_processes_restores_on_one_host(runs):
-    """merge reads the multi-process checkpoint alone (host numpy): the LoRA equals the one-process run's."""
+    """merge reads the multi-process checkpoint alone (host numpy): the LoRA equals the one-process run's.
+
+    Elementwise, Adam's first updates are about +-lr wherever a gradient is near 0, so a different float summation
+    order can move single elements by up to ~lr (seen: 466 of 250k elements, max 8e-4). The bound is on each array's
+    relative norm; a missing or misplaced process piece would give ~1.
+    """
     item = runs["two"] / "checkpoints" / str(STEPS - 1) / "model_params"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}  # both processes wrote
     ref = merge.restore_lora(runs["ref"] / "checkpoints", STEPS)[1]
     ours = runs["first_lora"]
     assert ours.keys() == ref.keys() and len(ours) > 0
-    err = max(float(np.abs(ours[k] - ref[k]).max()) for k in ref)
-    print(f"LoRA parity after {STEPS} steps: max |dparam| = {err:.2e}")
-    assert err <= TOL
+    rel = max(float(np.linalg.norm(ours[k] - ref[k]) / np.linalg.norm(ref[k])) for k in ref)
+    print(f"LoRA parity after {STEPS} steps: max relative norm of the difference = {rel:.2e}")
+    assert rel <= 1e-3
 
 
 def test_resume_across_processes(runs):
