@@ -46,6 +46,7 @@ demo: venv serve-venv iverilog
 # Benchmarks print figures (no pass/fail on time): the streamed merge vs the paper's load-everything merge vs cp.
 bench: venv
 	$(PY) bench/merge_bench.py
+	$(PY) bench/train_step_bench.py
 	$(PY) -m gemma_tpu_helpers plan --profile v5p-8 --aot --layers 60
 
 clean-runs:

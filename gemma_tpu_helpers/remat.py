@@ -441,6 +441,8 @@ def compare_policies(model_dir, mesh, policies=tuple(POLICIES), rank: int = 8, a
     Every policy starts from the same LoRA weights and batch: the losses agree (remat changes memory and time,
     not the math).
     """
+    import concurrent.futures
+
     import jax
     import numpy as np
     import pandas as pd
@@ -456,31 +458,41 @@ def compare_policies(model_dir, mesh, policies=tuple(POLICIES), rank: int = 8, a
     text = read_text_config(model_dir)
     rows = []
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # The TPU compiles run in a background thread while this one compiles for the CPU mesh: XLA compiles release
+    # the GIL, so on a 2-core laptop they overlap (qwix's interception is per thread). The CPU steps are timed
+    # only after every compile has finished.
+    compiled = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        aot = {policy: pool.submit(plan.compile_train_step, tpu, policy, tpu_seq_len or seq_len,
+                                   text["num_hidden_layers"], text_config=text, batch=batch, rank=rank,
+                                   alpha=alpha, dtype="bfloat16")
+               for policy in (policies if tpu is not None else ())}
+        for policy in policies:
+            # LoRA params and optimizer state replicated in and out (as in the AOT plan), so the compiled step
+            # can be called again on its own outputs.
+            step = make_train_step(model, policy, rank, alpha, learning_rate=learning_rate, donate=False,
+                                   jit_kwargs={"out_shardings": replicated})
+            lora, opt_state, frozen = step.init()
+            lora, opt_state = jax.device_put((lora, opt_state), replicated)
+            t0 = time.perf_counter()
+            compiled[policy] = (step.fn.lower(lora, opt_state, frozen, tokens).compile(), time.perf_counter() - t0,
+                                lora, opt_state, frozen)
+        aot = {policy: future.result() for policy, future in aot.items()}
     for policy in policies:
-        # LoRA params and optimizer state replicated in and out (as in the AOT plan), so the compiled step can
-        # be called again on its own outputs.
-        step = make_train_step(model, policy, rank, alpha, learning_rate=learning_rate, donate=False,
-                               jit_kwargs={"out_shardings": replicated})
-        lora, opt_state, frozen = step.init()
-        lora, opt_state = jax.device_put((lora, opt_state), replicated)
-        t0 = time.perf_counter()
-        compiled = step.fn.lower(lora, opt_state, frozen, tokens).compile()
-        compile_s = time.perf_counter() - t0
-        mem = memory_figures(compiled)
-        lora, opt_state, loss0 = compiled(lora, opt_state, frozen, tokens)  # warm-up step
+        fn, compile_s, lora, opt_state, frozen = compiled.pop(policy)
+        mem = memory_figures(fn)
+        lora, opt_state, loss0 = fn(lora, opt_state, frozen, tokens)  # warm-up step
         losses = [float(jax.block_until_ready(loss0))]
         t0 = time.perf_counter()
         for _ in range(steps):
-            lora, opt_state, loss = compiled(lora, opt_state, frozen, tokens)
+            lora, opt_state, loss = fn(lora, opt_state, frozen, tokens)
             losses.append(float(jax.block_until_ready(loss)))
         step_ms = 1000 * (time.perf_counter() - t0) / max(steps, 1)
         row = {"policy": policy, "how": POLICIES[policy][0], "step ms": step_ms, "compile s": compile_s,
                "first loss": losses[0], "last loss": losses[-1], "CPU temp MiB": mem["temp_bytes"] / 2**20}
-        if tpu is not None:
-            aot = plan.compile_train_step(tpu, policy, tpu_seq_len or seq_len, text["num_hidden_layers"],
-                                          text_config=text, batch=batch, rank=rank, alpha=alpha, dtype="bfloat16")
-            row.update({"TPU temp MiB": aot["temp_bytes"] / 2**20, "TPU peak MiB": aot["peak_bytes"] / 2**20,
-                        "TPU compile s": aot["compile_s"]})
+        if policy in aot:
+            row.update({"TPU temp MiB": aot[policy]["temp_bytes"] / 2**20,
+                        "TPU peak MiB": aot[policy]["peak_bytes"] / 2**20, "TPU compile s": aot[policy]["compile_s"]})
         rows.append(row)
     set_remat(model, "none")
     df = pd.DataFrame(rows)

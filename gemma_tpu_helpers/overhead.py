@@ -1,0 +1,92 @@
+"""What do the helpers cost? The train step through :func:`train.train` against a bare tunix loop (notebook 06).
+
+The bare loop is the least a tunix user writes for the same run: tunix's own safetensors loader, raw
+``qwix.apply_lora_to_model``, ``PeftTrainer`` with the same loss, optimizer, batches and gradient accumulation, and
+nothing else (no checks, metrics file, hooks that read the loss, evaluation or checkpoints). Both loops compute
+the same thing, so their losses agree; the step-time ratio is what the helpers add.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .profiles import Profile
+
+
+def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
+    """``steps`` optimizer steps of the profile's LoRA with bare tunix + qwix; per-step losses and wall times.
+
+    Times are taken at each step's end, after its loss is ready (as :func:`train.train` does).
+    """
+    import jax
+    import qwix
+    from flax import nnx
+    from tunix.models.gemma4 import params_safetensors
+    from tunix.sft import hooks, peft_trainer
+
+    from . import data, gemma4, lora, train
+    from . import mesh as mesh_lib
+
+    t = profile.train
+    mesh = mesh_lib.make_mesh(profile)
+    cfg = gemma4.to_tunix_config(gemma4.read_text_config(base_dir), dtype=profile.model.dtype)
+    model = params_safetensors.create_model_from_safe_tensors(str(base_dir), cfg, mesh=mesh)
+    provider = qwix.LoraProvider(module_path=lora.regex_for(profile.lora.targets), rank=profile.lora.rank,
+                                 alpha=float(profile.lora.alpha), dropout=float(profile.lora.dropout))
+    model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(t.seed), **model.get_model_input())
+    total = min(train.total_steps(profile, len(prepared.train)), steps)  # the schedule train.train(max_steps=steps) has
+    config = peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=steps,
+                                         gradient_accumulation_steps=t.grad_accum)
+    losses, ends = [], []
+
+    class Clock(hooks.TrainingHooks):
+        def on_train_start(self, trainer):
+            ends.append(time.perf_counter())
+
+        def on_train_step_end(self, trainer, train_step, train_loss):
+            losses.append(float(jax.block_until_ready(train_loss)))
+            ends.append(time.perf_counter())
+
+        on_train_end = on_train_step_start = on_eval_step_start = on_eval_step_end = \
+            lambda self, *a, **k: None
+
+    with mesh_lib.trainer_context(mesh):
+        trainer = peft_trainer.PeftTrainer(model, train.build_optimizer(t, total), config)
+        trainer.with_training_hooks(Clock())
+        trainer.with_loss_fn(train.loss_fn).with_gen_model_input_fn(train.model_inputs)
+        trainer.train(data.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs))
+    return {"loss": losses, "step_s": list(np.diff(ends))}
+
+
+def compare(profile: Profile, base_dir, run_dir, steps: int = 4, prepared=None):
+    """Run ``steps`` steps through :func:`train.train` (into a fresh ``run_dir``) and through the bare loop.
+
+    Returns a per-step table (loss and step time of each) whose ``attrs`` hold the median step times after the
+    first (compiling) step and their ratio, ``helpers / bare``.
+    """
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from . import data, train
+
+    if steps < 2:
+        raise ValueError(f"steps must be at least 2 (the first step compiles); got {steps}.")
+    run_dir = Path(run_dir)
+    if (run_dir / "checkpoints").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; the comparison needs a fresh one (it would resume).")
+    if prepared is None:
+        prepared = data.prepare(profile, AutoTokenizer.from_pretrained(base_dir), progress=False)
+    ours = train.train(profile, run_dir=run_dir, base_dir=base_dir, max_steps=steps, prepared=prepared,
+                       progress=False).metrics.dropna(subset=["loss"])
+    bare = bare_tunix_run(profile, base_dir, prepared, steps)
+    table = pd.DataFrame({"step": np.arange(1, steps + 1), "helpers loss": ours["loss"].to_numpy(),
+                          "bare tunix loss": bare["loss"], "helpers step s": ours["step_s"].to_numpy(),
+                          "bare tunix step s": bare["step_s"]})
+    helpers_s = float(table["helpers step s"].iloc[1:].median())
+    bare_s = float(table["bare tunix step s"].iloc[1:].median())
+    table.attrs.update(helpers_step_s=helpers_s, bare_step_s=bare_s, ratio=helpers_s / bare_s,
+                       max_loss_diff=float((table["helpers loss"] - table["bare tunix loss"]).abs().max()))
+    return table
