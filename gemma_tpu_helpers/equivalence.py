@@ -111,7 +111,7 @@ def _jax_lora_arrays(model) -> dict:
     return found
 
 
-def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 4, seq_len: int = 192,
+def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 2, seq_len: int = 192,
                 learning_rate: float = 1e-3, rank: int = 8, alpha: float = 16.0, seed: int = 0):
     """Train the tiny model ``steps`` steps with HF PEFT (torch CPU) and with tunix + qwix, from the same LoRA
     initial values on the same rows, dropout 0, AdamW + warmup-cosine + clipping; return the two loss curves.

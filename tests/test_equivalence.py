@@ -20,5 +20,5 @@ def test_peft_and_tunix_train_the_same_loss_curve(tiny_dir, mesh, smoke):
     print(table.to_string())
     assert len(table) == 20 and (table["tunix + qwix"] > 0).all()
     assert table["tunix + qwix"].iloc[-1] != table["tunix + qwix"].iloc[0]
-    # fp32 on both sides: the curves agree to rounding (measured here: <= 3e-6 over 20 steps at lr 1e-4)
+    # fp32 on both sides: the curves agree to rounding (measured here: 5.7e-6 max over 20 steps at lr 1e-4)
     assert table["|diff|"].max() <= 2e-5
