@@ -36,19 +36,29 @@ class NonFiniteLossError(TrainingError):
 # ---------------------------------------------------------------------------------------------------------------
 # The loss: integer labels over packed rows
 
-def masked_token_nll(logits, tokens, loss_mask, segment_ids):
-    """Sum of next-token NLL over assistant targets that stay inside their example, and their count.
+def token_nll(logits, labels):
+    """Next-token NLL per position for integer ``labels``: ``logsumexp(logits) - logits[label]``, no one-hot.
 
-    Integer-label cross-entropy (``optax.softmax_cross_entropy_with_integer_labels``): no one-hot over the vocabulary.
+    The label's logit is picked by a masked reduction (``where(iota == label)``, summed), which XLA fuses into one
+    pass and which stays sharded along the vocabulary. ``take_along_axis`` - what optax's integer-label
+    cross-entropy uses - all-gathers vocab-sharded logits first: +1.5 GiB per chip for the 31B at seq 3072 on a
+    v5p-8 (measured with ``plan.aot_plan``).
     """
+    import jax
     import jax.numpy as jnp
-    import optax
 
-    logits = logits[:, :-1].astype(jnp.float32)
-    targets = tokens[:, 1:]
-    valid = (loss_mask[:, 1:] > 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    valid = valid.astype(jnp.float32)
+    logits = logits.astype(jnp.float32)
+    vocab = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == labels[..., None], logits, 0.0), axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - picked
+
+
+def masked_token_nll(logits, tokens, loss_mask, segment_ids):
+    """Sum of next-token NLL over assistant targets that stay inside their example, and their count."""
+    import jax.numpy as jnp
+
+    nll = token_nll(logits[:, :-1], tokens[:, 1:])
+    valid = ((loss_mask[:, 1:] > 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])).astype(jnp.float32)
     return jnp.sum(nll * valid), jnp.sum(valid)
 
 

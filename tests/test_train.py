@@ -114,3 +114,16 @@ def test_batch_must_divide_fsdp(tiny_dir, smoke, tmp_path):
     with pytest.raises(train.TrainingError, match="micro_batch 6 does not divide the fsdp axis"):
         train.train(bad, run_dir=tmp_path, base_dir=tiny_dir, progress=False)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_token_nll_is_optax_integer_label_cross_entropy():
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    logits = jax.random.normal(jax.random.key(0), (2, 7, 1024)) * 30.0  # softcap-sized logits
+    labels = jax.random.randint(jax.random.key(1), (2, 7), 0, 1024)
+    ours = jax.jit(train.token_nll)(logits, labels)
+    ref = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=1e-4)
+    assert not np.allclose(np.asarray(ours), np.asarray(jax.jit(train.token_nll)(logits, (labels + 1) % 1024)))
