@@ -33,8 +33,8 @@ iverilog:
 	@command -v iverilog >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog; }
 
 test: venv serve-venv iverilog
-	$(PY) -m pytest tests/ -q -m "not slow"
-	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q
+	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
+	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
 
 # The slow tests (AOT compiles of the 31B, the remat policy table): minutes each on 2 cores.
 test-slow: venv serve-venv iverilog
