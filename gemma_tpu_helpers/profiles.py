@@ -19,7 +19,8 @@ ENV_VAR = "GEMMA_TPU_PROFILE"
 
 # The paper's GPU baseline and the TPU list prices it compared against (USD per hour, on-demand, us-central1).
 PRICES_DATE = "2026-05"
-PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12}
+PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
+                       "v5p-16": 33.60}  # v5p-16: 8 chips at the v5p-8's per-chip rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +197,26 @@ PROFILES: dict[str, Profile] = {
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
             train=_PAPER_TRAIN,
+            data=_REAL_DATA,
+            serve=_V6E_SERVE,
+        ),
+        Profile(
+            name="v5p-16",
+            description="The v5p-8 recipe on a v5p-16 (8 chips on 2 hosts, one process each): the smallest multi-host "
+                        "slice. Start it on every worker with `python -m gemma_tpu_helpers launch`.",
+            hardware=Hardware(
+                platform="tpu",
+                num_devices=8,  # all hosts' chips: the mesh spans the processes after jax.distributed
+                mesh=(("fsdp", 2), ("tp", 4)),  # fsdp across the two hosts, tp within each
+                tpu_topology="v5p:2x2x2",
+                chip="v5p",
+                hbm_gib_per_chip=95.0,
+                price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-16"],
+            ),
+            model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
+            lora=_PAPER_LORA,
+            # the same 8 rows per optimizer update as v5p-8: 2 rows per micro-step (one per fsdp shard) x 4
+            train=dataclasses.replace(_PAPER_TRAIN, micro_batch=2, grad_accum=4),
             data=_REAL_DATA,
             serve=_V6E_SERVE,
         ),

@@ -93,3 +93,17 @@ def _cli_wired() -> bool:
     from gemma_tpu_helpers import __main__
 
     return "plan" in __main__.build_parser()._subparsers._group_actions[0].choices
+
+
+@needs_libtpu
+def test_v5p16_profile_mesh_spans_two_hosts_with_tp_inside_each():
+    """The pod profile's mesh on libtpu's own v5p:2x2x2 topology: 8 chips in 2 processes, tp never crosses a host."""
+    p = profiles.get_profile("v5p-16")
+    mesh = plan.topology_mesh(p)
+    assert dict(mesh.shape) == {"fsdp": 2, "tp": 4}
+    assert {d.process_index for d in mesh.devices.flat} == {0, 1}
+    for row in mesh.devices:  # one fsdp shard: its tp group
+        assert len({d.process_index for d in row}) == 1
+    assert p.train.micro_batch * p.train.grad_accum == 8 and p.train.micro_batch % 2 == 0
+    est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
+    assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip
