@@ -6,7 +6,8 @@ runs on all of them at once. What changes for the course's helpers:
 
 - each process feeds only the rows of a global batch that its own devices hold (:func:`process_rows`), and the
   global arrays are assembled from those pieces (``jax.make_array_from_process_local_data``, in ``train``);
-- Orbax checkpoints are written by all processes together, to one directory every host can read (GCS on a pod);
+- Orbax checkpoints are written by all processes together, to one directory every host can read (a shared
+  filesystem on a pod; ``gs://`` run directories are not supported yet);
 - only process 0 writes metrics, plots, ``done.json`` and reports (:func:`is_main`).
 
 ``jax.distributed.initialize`` ends the process with a C++ fatal error (no Python exception) when a process is
@@ -126,11 +127,6 @@ def _worker_handshake(host: str, port: int, num_processes: int, process_id: int,
         raise MultihostError(f"the coordinator refused process {process_id}: {reply['error']}")
 
 
-def _set_local_device_count(n: int) -> None:
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
-
-
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
                local_devices: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Join this process to the others (``jax.distributed.initialize``), with clear errors in bounded time.
@@ -158,7 +154,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             if xla_bridge.backends_are_initialized():
                 raise MultihostError("JAX already created its devices; call multihost.initialize() before any JAX "
                                      "computation (first thing in the script, or restart the kernel).")
-        _set_local_device_count(local_devices)
+        from .profiles import cpu_xla_flags
+
+        os.environ["XLA_FLAGS"] = cpu_xla_flags(local_devices, os.environ.get("XLA_FLAGS", ""))
     if num_processes > 1:
         if process_id == 0:
             _coordinator_handshake(port + 1, num_processes, timeout_s)

@@ -271,6 +271,19 @@ def get_profile(name: str | None = None) -> Profile:
         raise ValueError(f"Unknown profile {name!r}. Valid profiles: {', '.join(PROFILES)}.") from None
 
 
+def cpu_xla_flags(num_devices: int, current: str = "") -> str:
+    """``XLA_FLAGS`` for ``num_devices`` virtual CPU devices with patient collectives; other flags in ``current`` stay.
+
+    8 virtual devices share a laptop's few cores; a busy machine can stall one device's thread past XLA's 40 s
+    collective rendezvous limit, which aborts the process. So the collectives get more time.
+    """
+    ours = ("xla_force_host_platform_device_count", "xla_cpu_collective_")
+    kept = [f for f in current.split() if not any(o in f for o in ours)]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={num_devices}",
+                            "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+                            "--xla_cpu_collective_timeout_seconds=1200"])
+
+
 def configure_jax(profile: Profile | str | None = None) -> Profile:
     """Set the environment JAX reads at import time; call it before the first ``import jax``.
 
@@ -280,13 +293,7 @@ def configure_jax(profile: Profile | str | None = None) -> Profile:
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     if profile.hardware.platform == "cpu":
         flag = f"--xla_force_host_platform_device_count={profile.hardware.num_devices}"
-        # 8 virtual devices share a laptop's few cores; a busy machine can stall one device's thread past XLA's
-        # 40 s collective rendezvous limit, which aborts the process. Give the collectives more time.
-        patience = ["--xla_cpu_collective_call_terminate_timeout_seconds=1200",
-                    "--xla_cpu_collective_timeout_seconds=1200"]
-        ours = ("xla_force_host_platform_device_count", "xla_cpu_collective_")
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not any(o in f for o in ours)]
-        wanted = " ".join(flags + [flag] + patience)
+        wanted = cpu_xla_flags(profile.hardware.num_devices, os.environ.get("XLA_FLAGS", ""))
         if "jax" in sys.modules and os.environ.get("XLA_FLAGS") != wanted:
             import jax  # already imported: only check
 
