@@ -45,6 +45,9 @@ GEMMA4_31B_TEXT_CONFIG: dict = {
 
 PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period
 KEY_PREFIX = "model.language_model."
+# The -it checkpoints also hold the vision (31B, E2B/E4B) and audio (E2B/E4B) towers beside the language model. The
+# text path loads none of them; the merge copies them as they are.
+MULTIMODAL_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 
 
 class CheckpointError(ValueError):
@@ -153,7 +156,7 @@ def check_checkpoint(model_dir: str | Path) -> dict:
         for s in shards:
             with safe_open(s, framework="np") as f:
                 keys.extend(f.keys())
-    layer_keys = [k for k in keys if re.search(r"layers\.\d+\.", k)]
+    layer_keys = [k for k in keys if re.search(r"layers\.\d+\.", k) and not k.startswith(MULTIMODAL_PREFIXES)]
     wrong = [k for k in layer_keys if not k.startswith(KEY_PREFIX)]
     if wrong or not layer_keys:
         example = wrong[0] if wrong else "(no decoder layer keys at all)"
@@ -185,19 +188,23 @@ def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str =
     return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh)
 
 
-def ensure_base(profile, run_dir: str | Path | None = None) -> Path:
-    """The profile's base checkpoint in ``runs/<profile>/base``: the tiny model is built on first use; the real
-    one is downloaded from the Hugging Face Hub (needs network and, for Gemma, an accepted licence + HF_TOKEN)."""
-    base = Path(run_dir or profile.run_dir()) / "base"
+def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | None = None) -> Path:
+    """The profile's base checkpoint in ``base`` (default ``runs/<profile>/base``): the tiny model is built on first
+    use; the real one is downloaded from the Hugging Face Hub, or its download resumed, when incomplete.
+
+    Every download failure (offline, no token, licence not accepted, wrong id, too little disk) raises
+    ``hub.HubError`` with a one-line fix, before any weights move (see ``hub.download``)."""
+    from . import hub
+
+    if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
+        check_checkpoint(base)
+        return Path(base)
+    base = Path(base) if base else Path(run_dir or profile.run_dir()) / "base"
     if profile.model.source == "tiny":
         from .tiny import ensure_tiny_model
 
         return ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers)
-    if not (base / "config.json").is_file():
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(profile.model.source, local_dir=base,
-                          allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"])
+    hub.ensure_checkpoint(profile.model.source, base)
     check_checkpoint(base)
     return base
 

@@ -1,10 +1,12 @@
-"""The tiny Gemma 4: random weights, the 31B's structure, the real checkpoint format.
+"""The tiny Gemma 4: random weights, the 31B's structure, a replica of the real checkpoint's files.
 
 Its config is :data:`gemma4.GEMMA4_31B_TEXT_CONFIG` with smaller numbers (same fields, same 5:1 sliding/global
-pattern, k=v global layers with fewer KV heads, softcap, tied embedding), saved by
-``Gemma4ForConditionalGeneration`` so the keys sit under ``model.language_model.`` in several safetensors shards
-with an index, as in ``google/gemma-4-31B-it``. A byte-level BPE tokenizer is trained on the shipped Verilog
-data, with Gemma's special tokens and turn-based chat template.
+pattern, k=v global layers with fewer KV heads, softcap, tied embedding, proportional partial rope on full
+attention), plus a small vision tower, saved by ``Gemma4ForConditionalGeneration`` so the keys sit under
+``model.language_model.`` / ``model.vision_tower.`` / ``model.embed_vision.`` in several safetensors shards with an
+index, as in ``google/gemma-4-31B-it``. The tokenizer is a ``GemmaTokenizer`` (BPE with byte fallback) trained on
+the shipped Verilog data, with Gemma 4's special tokens at their real ids, the real ``tokenizer_config.json``
+fields, ``chat_template.jinja``, ``generation_config.json`` and ``processor_config.json`` (:mod:`chat_format`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from . import chat_format
 from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
@@ -33,28 +36,26 @@ TINY_OVERRIDES = {
     "max_position_embeddings": 4096,
     "initializer_range": 0.05,
 }
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
-END_OF_TURN = "<end_of_turn>"
 SHARD_SIZE = "4MB"
 BUILT_BY = "tiny_model.json"  # stamp: this directory is a cache that tiny.py may rebuild
+FORMAT = 2  # 2: Gemma 4 tokenizer files and a vision tower (1: Gemma 3 turn tokens, text only)
+VARIANT = "31b"  # whose chat template the replica carries: "31b" (26B/31B) or "e" (E2B/E4B)
 
-# Gemma's turn format. Gemma has no system role: a system message is folded into the first user turn.
-# {% generation %} marks the assistant's tokens, so `return_assistant_tokens_mask=True` gives the loss mask.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{{ '<start_of_turn>model\n' }}{% generation %}{{ message['content'] + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"
-    "{%- else -%}"
-    "{{ '<start_of_turn>' + message['role'] + '\n' + (first_user_prefix if loop.first else '') "
-    "+ message['content'] + '<end_of_turn>\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
+# The tiny vision tower: the 31B-it's (27 layers, hidden 1152, 16 heads of 72) with smaller numbers. Nothing trains
+# or runs it here; it is there so every step meets `model.vision_tower.*` / `model.embed_vision.*` keys as it will
+# in the real checkpoint.
+TINY_VISION = {
+    "hidden_size": 48,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "position_embedding_size": 256,
+    "initializer_range": 0.05,
+}
 
 
 class OutputExistsError(FileExistsError):
@@ -83,35 +84,73 @@ def training_texts() -> list[str]:
     return [t for r in rows for t in (r["prompt"], r["response"])]
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with Gemma's special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def special_vocab(vocab_size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The replica's special tokens: Gemma 4's low ids at their real ids, the multimodal ones at the top.
 
+    Returns ``(low, top)``, each token -> id. Ids below 107 that the published facts do not name hold ``<unusedN>``
+    placeholders (the escape token takes the first free one), so every named token keeps its real id.
+    """
+    low = {tok: i for i, tok in chat_format.SPECIAL_TOKEN_IDS.items()}
+    free = [i for i in range(chat_format.LAST_LOW_SPECIAL_ID + 1) if i not in chat_format.SPECIAL_TOKEN_IDS]
+    low[chat_format.ESCAPE_TOKEN] = free.pop(0)
+    low.update({f"<unused{i}>": i for i in free})
+    mm = chat_format.MULTIMODAL_TOKENS
+    top = {tok: vocab_size - len(mm) + k for k, (_, _, tok) in enumerate(mm)}
+    return dict(sorted(low.items(), key=lambda kv: kv[1])), top
+
+
+def build_tokenizer(vocab_size: int, variant: str = VARIANT):
+    """A ``GemmaTokenizer`` built the way transformers' Gemma 4 conversion builds the real one.
+
+    BPE with byte fallback, spaces as ``▁`` (GemmaTokenizer's own pipeline), trained on the shipped Verilog data;
+    the special tokens at their real ids (:func:`special_vocab`), the 256 byte tokens, the named tokens of the real
+    ``tokenizer_config.json``, ``add_bos_token`` false (the chat template writes ``<bos>``) and left padding.
+    ``variant`` picks the chat template: ``"31b"`` (empty thought channel in the generation prompt) or ``"e"``.
+    """
+    from tokenizers import Tokenizer, models, normalizers, trainers
+    from transformers import GemmaTokenizer
+
+    low, top = special_vocab(vocab_size)
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    learned = vocab_size - len(low) - len(byte_tokens) - len(top)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_texts(), trainer=trainer)
-    bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-        extra_special_tokens=["<start_of_turn>", END_OF_TURN],
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.train_from_iterator(training_texts(), trainer=trainers.BpeTrainer(vocab_size=learned, show_progress=False))
+    model = json.loads(tok.to_str())["model"]
+    if len(model["vocab"]) != learned:
+        raise RuntimeError(f"BPE training gave {len(model['vocab'])} tokens, not {learned}: the shipped data is too "
+                           f"small for vocab_size={vocab_size}.")
+    vocab = dict(low)
+    for t in byte_tokens + sorted(model["vocab"], key=model["vocab"].get):
+        vocab[t] = len(vocab)
+    vocab.update(top)
+    return GemmaTokenizer(
+        vocab=vocab,
+        merges=[tuple(m) for m in model["merges"]],
+        add_bos_token=False,
         padding_side="left",
+        extra_special_tokens=dict(chat_format.NAMED_TOKENS),
+        chat_template=chat_format.CHAT_TEMPLATES[variant],
     )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+
+
+def write_tokenizer_files(tokenizer, out_dir: Path) -> None:
+    """Save the tokenizer with the real checkpoint's file set: no ``special_tokens_map.json`` or ``tokenizer.model``,
+    the template in ``chat_template.jinja`` and no ``chat_template`` key in ``tokenizer_config.json``."""
+    tokenizer.save_pretrained(out_dir)
+    for name in chat_format.ABSENT_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    template = cfg.pop("chat_template", None)
+    if template is not None:
+        (out_dir / "chat_template.jinja").write_text(template)
+    cfg.update(chat_format.TOKENIZER_CONFIG)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def write_processor_config(out_dir: Path) -> None:
+    (out_dir / "processor_config.json").write_text(json.dumps(chat_format.PROCESSOR_CONFIG, indent=2) + "\n")
 
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:
@@ -122,7 +161,8 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
 def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6, overwrite: bool = False) -> Path:
     """Write the tiny Gemma 4 checkpoint + tokenizer to ``out_dir`` (atomically: temp dir, then rename)."""
     import torch
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, GenerationConfig
+    from transformers import (Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig,
+                              GenerationConfig)
 
     out_dir = Path(out_dir)
     text_cfg = tiny_text_config(layers)  # validates layers before anything is written
@@ -131,20 +171,20 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6, overwr
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         tokenizer = build_tokenizer(text_cfg["vocab_size"])
-        special = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<pad>", "<eos>", "<bos>", END_OF_TURN)}
-        text_cfg.update(pad_token_id=special["<pad>"], eos_token_id=special["<eos>"], bos_token_id=special["<bos>"])
-        config = Gemma4Config(text_config=Gemma4TextConfig(**text_cfg), vision_config=None, audio_config=None)
+        gen = chat_format.GENERATION_CONFIG
+        text_cfg.update(pad_token_id=gen["pad_token_id"], bos_token_id=gen["bos_token_id"],
+                        eos_token_id=gen["eos_token_id"][0])
+        _, top = special_vocab(text_cfg["vocab_size"])
+        mm_ids = {name: top[tok] for name, _, tok in chat_format.MULTIMODAL_TOKENS}
+        config = Gemma4Config(text_config=Gemma4TextConfig(**text_cfg), vision_config=Gemma4VisionConfig(**TINY_VISION),
+                              audio_config=None, **mm_ids)
         torch.manual_seed(seed)
         model = Gemma4ForConditionalGeneration(config).eval()
         model.save_pretrained(tmp, max_shard_size=SHARD_SIZE)
-        GenerationConfig(
-            bos_token_id=special["<bos>"],
-            eos_token_id=[special["<eos>"], special[END_OF_TURN]],
-            pad_token_id=special["<pad>"],
-            do_sample=False,
-        ).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / BUILT_BY).write_text(json.dumps({"seed": seed, "layers": layers}) + "\n")
+        GenerationConfig(**gen).save_pretrained(tmp)
+        write_tokenizer_files(tokenizer, tmp)
+        write_processor_config(tmp)
+        (tmp / BUILT_BY).write_text(json.dumps({"seed": seed, "layers": layers, "format": FORMAT}) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -162,8 +202,9 @@ def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6) -> Pa
         wanted = tiny_text_config(layers)
         stale = {k for k in (*TINY_OVERRIDES, "num_hidden_layers") if k in cfg and cfg[k] != wanted[k]}
         stamp = out_dir / BUILT_BY
-        if stamp.is_file() and json.loads(stamp.read_text()).get("seed") != seed:
-            stale.add("seed")
+        if stamp.is_file():
+            built = json.loads(stamp.read_text())
+            stale |= {k for k, v in (("seed", seed), ("format", FORMAT)) if built.get(k) != v}
         if not stale:
             return out_dir
         if not (out_dir / BUILT_BY).is_file():

@@ -16,16 +16,6 @@ ROW = {"prompt": "Write a module named inv with input a and output y.",
        "response": "<think>Just invert.</think>\nHere it is.\n```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"}
 
 
-@pytest.mark.parametrize("strip", [True, False])
-def test_loss_mask_is_exactly_the_answer(tokenizer, strip):
-    ids, mask = data.tokenize_example(tokenizer, data.to_messages(ROW, strip_think=strip, system_prompt="Be terse."))
-    answer = data.THINK_RE.sub("", ROW["response"]) if strip else ROW["response"]
-    assert tokenizer.decode(ids[mask == 1]) == answer + "<end_of_turn>"
-    # the system prompt went into the user turn (Gemma has no system role), and it is not trained on
-    text = tokenizer.decode(ids)
-    assert "<start_of_turn>user\nBe terse.\n\nWrite a module" in text and "system" not in text
-
-
 def _examples(tokenizer, n=12):
     rows = data.load_rows("shipped").select(range(n))
     return data.tokenize_rows(rows, tokenizer, progress=False)

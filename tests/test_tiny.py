@@ -11,7 +11,7 @@ def test_layout_is_the_real_checkpoints(tiny_dir):
     assert len(shards) >= 2
     index = json.loads((tiny_dir / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {s.name for s in shards}
-    assert all(k.startswith("model.language_model.") for k in index["weight_map"])
+    assert all(k.startswith(("model.language_model.", *gemma4.MULTIMODAL_PREFIXES)) for k in index["weight_map"])
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (tiny_dir / name).is_file(), name
 
@@ -39,23 +39,6 @@ def test_transformers_reloads_without_missing_keys(tiny_dir):
     _, info = AutoModelForImageTextToText.from_pretrained(tiny_dir, output_loading_info=True)
     assert info["missing_keys"] == set() or not info["missing_keys"]
     assert not info["unexpected_keys"]
-
-
-def test_tokenizer_chat_template_and_assistant_mask(tiny_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    msgs = [{"role": "system", "content": "Answer in Verilog."},
-            {"role": "user", "content": "Write a 2:1 mux named mux2."},
-            {"role": "assistant", "content": "```verilog\nmodule mux2(input a, b, s, output y); assign y = s ? b : a; endmodule\n```"}]
-    text = tok.apply_chat_template(msgs, tokenize=False)
-    assert text.startswith("<bos><start_of_turn>user\nAnswer in Verilog.\n\nWrite a 2:1 mux")
-    assert "<start_of_turn>model\n```verilog" in text and "system" not in text
-    out = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
-    assert tok.decode(masked) == msgs[2]["content"] + "<end_of_turn>"
-    assert tok.decode(tok("module counter;").input_ids, skip_special_tokens=True) == "module counter;"
-    assert len(tok) <= gemma4.read_text_config(tiny_dir)["vocab_size"]
 
 
 def test_deterministic_for_a_seed(tiny_dir, tmp_path):

@@ -1,0 +1,165 @@
+"""The tiny checkpoint's tokenizer files are a replica of google/gemma-4-31B-it's, and the loss mask is exact on them."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemma_tpu_helpers import chat_format, data, gemma4, tiny
+
+DESIGN = Path(__file__).resolve().parent.parent.parent / "shared" / "DESIGN.md"
+ANSWER = "```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"
+CHAT = [{"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "  Write a module named inv with input a and output y.  "},
+        {"role": "assistant", "content": ANSWER}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer(tiny_dir, tmp_path_factory):
+    """A Gemma 3-style tokenizer: <start_of_turn>/<end_of_turn> tokens, no named eot_token (the end of turn comes
+    from generation_config.json, as for the real Gemma 3) and Gemma 3's template."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("gemma3")
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(chat_format.GEMMA3_TURN_TOKENS)})
+    tok.chat_template = chat_format.GEMMA3_CHAT_TEMPLATE
+    tok.save_pretrained(out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg.pop("eot_token")
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    eot = tok.convert_tokens_to_ids("<end_of_turn>")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, eot]}))
+    return AutoTokenizer.from_pretrained(out)
+
+
+def _design_special_ids() -> dict[str, int]:
+    text = DESIGN.read_text()
+    para = text[text.index("Special tokens\n  (id):"):]
+    para = para[: para.index("image/audio tokens")]
+    return {tok: int(i) for tok, i in re.findall(r"`(<[^`]+>)` (\d+)", para)}
+
+
+def test_special_token_ids_are_the_real_ones(tokenizer):
+    ours = {tok: i for i, tok in chat_format.SPECIAL_TOKEN_IDS.items()}
+    if DESIGN.is_file():  # the facts as DESIGN.md records them: the table in chat_format must not drift from it
+        design = _design_special_ids()
+        assert len(design) == 15 and {t: ours[t] for t in design} == design
+    assert {t: tokenizer.convert_tokens_to_ids(t) for t in ours} == ours
+    for t in chat_format.GEMMA3_TURN_TOKENS:  # Gemma 4 has no Gemma 3 turn tokens
+        assert t not in tokenizer.get_vocab()
+    assert len(tokenizer) == gemma4.read_text_config(tokenizer.name_or_path)["vocab_size"]
+    assert tokenizer.decode(tokenizer("module counter; // é").input_ids) == "module counter; // é"  # byte fallback
+
+
+def test_file_set_and_tokenizer_config_are_the_real_ones(tiny_dir, tokenizer):
+    for name in (*chat_format.TOKENIZER_FILES, "config.json", "generation_config.json", "processor_config.json",
+                 "model.safetensors.index.json"):
+        assert (tiny_dir / name).is_file(), name
+    for name in chat_format.ABSENT_FILES:
+        assert not (tiny_dir / name).exists(), name
+    cfg = json.loads((tiny_dir / "tokenizer_config.json").read_text())
+    assert "chat_template" not in cfg
+    assert {k: cfg[k] for k in chat_format.TOKENIZER_CONFIG} == chat_format.TOKENIZER_CONFIG
+    assert {k: cfg[k] for k in chat_format.NAMED_TOKENS} == chat_format.NAMED_TOKENS
+    assert tokenizer.eot_token == "<turn|>" and tokenizer.padding_side == "left"
+    assert tokenizer("hello").input_ids[0] != tokenizer.bos_token_id  # add_bos_token false: the template writes it
+    gen = json.loads((tiny_dir / "generation_config.json").read_text())
+    assert {k: gen[k] for k in chat_format.GENERATION_CONFIG} == chat_format.GENERATION_CONFIG
+    assert data.stop_token_ids(tokenizer) == [1, 106, 50]
+
+
+def test_vision_tower_and_multimodal_ids_as_in_the_31b(tiny_dir, tokenizer):
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma4ForConditionalGeneration"] and cfg["vision_config"]
+    assert cfg["audio_config"] is None  # the 31B has no audio tower
+    for name, _, tok in chat_format.MULTIMODAL_TOKENS:
+        assert tokenizer.convert_ids_to_tokens(cfg[name]) == tok, name
+    keys = json.loads((tiny_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    assert any(k.startswith("model.vision_tower.encoder.layers.0.") for k in keys)
+    assert any(k.startswith("model.embed_vision.") for k in keys)
+    assert gemma4.check_checkpoint(tiny_dir)["num_hidden_layers"] == 6  # the towers are not a wrong layout
+
+
+def test_a_plain_causal_lm_layout_is_still_refused(tiny_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dir, bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.mlp.up_proj.weight"] = next(iter(index["weight_map"].values()))
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(gemma4.CheckpointError, match="model.layers.0.mlp.up_proj.weight"):
+        gemma4.check_checkpoint(bad)
+
+
+def test_chat_template_renders_gemma4_turns(tokenizer):
+    text = tokenizer.apply_chat_template(CHAT, tokenize=False)
+    assert text == ("<bos><|turn>system\nBe terse.<turn|>\n<|turn>user\nWrite a module named inv with input a and "
+                    "output y.<turn|>\n<|turn>model\n" + ANSWER + "<turn|>\n")
+    prompt = tokenizer.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>")  # the 31B's empty thought channel
+    thinking = tokenizer.apply_chat_template(CHAT[1:2], tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert thinking == "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nWrite a module named inv with input a " \
+                       "and output y.<turn|>\n<|turn>model\n"
+    e = tokenizer.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True,
+                                      chat_template=chat_format.GEMMA4_E_CHAT_TEMPLATE)
+    assert e.endswith("<|turn>model\n")  # E2B/E4B: no thought channel
+    history = [CHAT[1], {"role": "assistant", "content": "<|channel>thought\nlet me think<channel|>Done."},
+               {"role": "user", "content": "Again."}]
+    rendered = tokenizer.apply_chat_template(history, tokenize=False)
+    assert "<|turn>model\nDone.<turn|>" in rendered and "let me think" not in rendered
+
+
+@pytest.mark.parametrize("variant", ["31b", "e", "gemma3"])
+def test_loss_mask_is_exactly_the_answer_and_its_end_of_turn(variant, tokenizer, gemma3_tokenizer):
+    tok = gemma3_tokenizer if variant == "gemma3" else tokenizer
+    template = None if variant == "gemma3" else chat_format.CHAT_TEMPLATES[variant]
+    ids, mask = data.tokenize_example(tok, CHAT, chat_template=template)
+    eot = {"gemma3": "<end_of_turn>"}.get(variant, "<turn|>")
+    assert tok.decode(ids[mask == 1]) == ANSWER + eot
+    assert list(ids).count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+    first = int(np.argmax(mask))
+    assert mask[first:].all() and not mask[:first].any()  # one contiguous span, ending the example
+    prompt = tok.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True, chat_template=template)
+    assert tok.decode(ids[:first]) == prompt  # the context is exactly the inference prompt
+    if variant == "31b":
+        assert tok.decode(ids[:first]).endswith("<|channel>thought\n<channel|>")  # in the context, not trained
+    if variant == "gemma3":
+        assert "<start_of_turn>user\nBe terse.\n\nWrite a module" in prompt  # Gemma 3 folds the system prompt
+
+
+def test_a_wrong_format_fails_loudly_naming_the_template(tokenizer):
+    with pytest.raises(data.DataError, match="the chat template passed in.*'<turn\\|>'.*Gemma 3"):
+        data.tokenize_example(tokenizer, CHAT, chat_template=chat_format.GEMMA3_CHAT_TEMPLATE)
+    no_close = chat_format.GEMMA4_31B_CHAT_TEMPLATE.replace("{{- '<turn|>\\n' -}}\n{%- endfor -%}", "{%- endfor -%}")
+    assert no_close != chat_format.GEMMA4_31B_CHAT_TEMPLATE
+    with pytest.raises(data.DataError, match="end-of-turn"):
+        data.tokenize_example(tokenizer, CHAT, chat_template=no_close)
+    with pytest.raises(data.DataError, match="last message must be the assistant"):
+        data.tokenize_example(tokenizer, CHAT[:2])
+    table = data.compare_chat_formats(tokenizer, CHAT)
+    assert table["loss mask"][0].endswith("tokens trained") and table["loss mask"][1].startswith("DataError")
+    assert table["tokens of the marker"][0] == 1 and table["tokens of the marker"][1] > 1
+
+
+def test_show_example_marks_the_trained_span(tokenizer):
+    view = data.show_example(tokenizer, CHAT)
+    assert view["text"].endswith("<|channel>thought\n<channel|>\u27e6" + ANSWER + "<turn|>\u27e7")
+    assert view["tokens"] == view["trained_tokens"] + view["prompt_tokens"] and view["trained_tokens"] > 5
+
+
+def test_cached_tiny_model_of_the_old_format_is_rebuilt(tiny_dir, tmp_path):
+    out = tmp_path / "base"
+    shutil.copytree(tiny_dir, out)
+    (out / tiny.BUILT_BY).write_text(json.dumps({"seed": 0, "layers": 6}))  # a format-1 cache (Gemma 3 tokens)
+    tiny.ensure_tiny_model(out, seed=0, layers=6)
+    assert json.loads((out / tiny.BUILT_BY).read_text())["format"] == tiny.FORMAT
