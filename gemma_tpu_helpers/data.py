@@ -67,7 +67,6 @@ import re  # noqa: E402
 import numpy as np  # noqa: E402
 
 THINK_RE = re.compile(r"<think>.*?</think>\s*", re.S)
-END_OF_TURN = "<end_of_turn>"
 
 
 def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None = None) -> list[dict]:
@@ -79,35 +78,142 @@ def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None =
     return messages + [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": response}]
 
 
-def _chat_ids(tokenizer, messages, **kw) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **kw)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def stop_token_ids(tokenizer) -> list[int]:
+    """The ids that end a generation: ``generation_config.json``'s ``eos_token_id`` beside the tokenizer's files
+    (Gemma 4 -it: ``<eos>``, ``<turn|>``, ``<|tool_response>``), else the tokenizer's eos and end-of-turn."""
+    import json
+    from pathlib import Path
+
+    path = Path(getattr(tokenizer, "name_or_path", "") or ".") / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        if eos is not None:
+            return [int(i) for i in (eos if isinstance(eos, list) else [eos])]
+    named = getattr(tokenizer, "eot_token", None)
+    ids = [tokenizer.eos_token_id] + ([tokenizer.convert_tokens_to_ids(named)] if named else [])
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def end_of_turn(tokenizer) -> tuple[str, int]:
+    """The token that closes a turn, as ``(token, id)``: the tokenizer's named ``eot_token`` (Gemma 4: ``<turn|>``),
+    else the first stop id of the generation config that is not ``<eos>`` (Gemma 3: ``<end_of_turn>``), else eos."""
+    named = getattr(tokenizer, "eot_token", None)
+    if named:
+        return named, tokenizer.convert_tokens_to_ids(named)
+    for tid in stop_token_ids(tokenizer):
+        if tid != tokenizer.eos_token_id:
+            return tokenizer.convert_ids_to_tokens(tid), tid
+    return tokenizer.eos_token, tokenizer.eos_token_id
 
 
 def end_of_turn_id(tokenizer) -> int:
-    tid = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    return tid if tid is not None and tid != tokenizer.unk_token_id else tokenizer.eos_token_id
+    return end_of_turn(tokenizer)[1]
 
 
-def tokenize_example(tokenizer, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and an assistant-only loss mask (1 on the assistant's tokens and its ``<end_of_turn>``).
+def _template_name(tokenizer, chat_template) -> str:
+    if chat_template is not None:
+        return "the chat template passed in"
+    return f"the chat template of {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
 
-    The mask is found from the chat template itself: the prompt rendered with ``add_generation_prompt=True`` is a
-    prefix of the whole conversation, and the answer runs from there to the first end-of-turn token.
+
+def split_answer(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[str, str, str]:
+    """``(prompt, answer, end_of_turn)`` as the chat template renders a conversation that ends in the answer.
+
+    ``prompt`` is what the model sees at inference: the earlier turns plus the generation prompt (on Gemma 4
+    26B/31B with thinking off, that ends in an empty thought channel, which the rendered answer turn lacks);
+    ``answer`` is the last message's content as the template writes it (trimmed, reasoning stripped). Raises a
+    :class:`DataError` naming the template when the answer cannot be located: never a guess.
     """
-    prompt = _chat_ids(tokenizer, messages[:-1], add_generation_prompt=True)
-    full = _chat_ids(tokenizer, messages)
-    if full[: len(prompt)] != prompt:
-        raise DataError("The chat template does not render the prompt as a prefix of the conversation; "
-                        "cannot locate the assistant's tokens for the loss mask.")
-    eot = end_of_turn_id(tokenizer)
-    try:
-        end = full.index(eot, len(prompt)) + 1
-    except ValueError:
-        raise DataError(f"No end-of-turn token ({END_OF_TURN}) after the assistant's answer.") from None
-    mask = np.zeros(len(full), np.int8)
-    mask[len(prompt):end] = 1
-    return np.asarray(full, np.int32), mask
+    import os
+
+    if not messages or messages[-1].get("role") != "assistant":
+        raise DataError("The last message must be the assistant's answer (role 'assistant'): it is what is trained.")
+    kw = {} if chat_template is None else {"chat_template": chat_template}
+    where = _template_name(tokenizer, chat_template)
+    history = tokenizer.apply_chat_template(messages[:-1], tokenize=False, **kw)
+    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True, **kw)
+    full = tokenizer.apply_chat_template(messages, tokenize=False, **kw)
+    if not (prompt.startswith(history) and full.startswith(history)):
+        raise DataError(f"{where} renders the earlier turns differently once the answer or the generation prompt is "
+                        f"added, so the answer cannot be located for the loss mask.")
+    gen, turn = prompt[len(history):], full[len(history):]
+    if turn.startswith(gen):  # Gemma 3, Gemma 4 E2B/E4B: the generation prompt opens the answer's turn
+        header = gen
+    else:  # Gemma 4 26B/31B: the answer's turn shares the turn header, not the empty thought channel
+        common = os.path.commonprefix([gen, turn])
+        header = common[: common.rfind("\n") + 1]
+    eot, _ = end_of_turn(tokenizer)
+    end = turn.find(eot, len(header)) if header else -1
+    if end < 0:
+        raise DataError(
+            f"{where} does not close the answer with the tokenizer's end-of-turn token {eot!r} (its rendered answer "
+            f"turn starts {turn[:40]!r}). Is the template for another model family? A Gemma 3 template "
+            f"(<start_of_turn>/<end_of_turn>) on a Gemma 4 tokenizer is the classic case.")
+    answer = turn[len(header):end]
+    if not answer.strip():
+        raise DataError(f"{where} renders the assistant's answer as empty; nothing would be trained.")
+    return prompt, answer, eot
+
+
+def tokenize_example(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and an assistant-only loss mask: 1 on the answer's tokens and its closing end-of-turn token.
+
+    The sequence is what the model sees at inference followed by the answer: the prompt with its generation prompt
+    (:func:`split_answer`), the answer, and the end-of-turn token (``<turn|>`` on Gemma 4). Each part is tokenised
+    on its own, as at inference, with exactly one ``<bos>`` (the template's). Works for Gemma 4 31B-style,
+    E2B/E4B-style and Gemma 3-style templates; ``chat_template`` overrides the tokenizer's.
+    """
+    prompt, answer, eot = split_answer(tokenizer, messages, chat_template)
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids(eot)]
+    bos = tokenizer.bos_token_id
+    if bos is not None and p_ids.count(bos) == 0:
+        p_ids = [bos] + p_ids  # a template that leaves <bos> to the tokenizer
+    if bos is not None and (p_ids + a_ids).count(bos) != 1:
+        raise DataError(f"{_template_name(tokenizer, chat_template)} gives {(p_ids + a_ids).count(bos)} <bos> tokens "
+                        f"in one example; there must be exactly one.")
+    mask = np.concatenate([np.zeros(len(p_ids), np.int8), np.ones(len(a_ids), np.int8)])
+    return np.asarray(p_ids + a_ids, np.int32), mask
+
+
+TRAINED_MARKS = ("\u27e6", "\u27e7")  # ⟦ ⟧ around the tokens the loss is computed on
+
+
+def show_example(tokenizer, messages: list[dict], chat_template: str | None = None) -> dict:
+    """One example as it is trained: the decoded sequence with the trained-on spans inside ⟦ ⟧, and counts."""
+    ids, mask = tokenize_example(tokenizer, messages, chat_template)
+    pieces, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            text = tokenizer.decode(ids[start:i].tolist(), skip_special_tokens=False)
+            pieces.append(f"{TRAINED_MARKS[0]}{text}{TRAINED_MARKS[1]}" if mask[start] else text)
+            start = i
+    return {"text": "".join(pieces), "tokens": len(ids), "trained_tokens": int(mask.sum()),
+            "prompt_tokens": int(len(ids) - mask.sum())}
+
+
+def compare_chat_formats(tokenizer, messages: list[dict]):
+    """The paper's port trap, as a table: the same chat through Gemma 4's template and through Gemma 3's.
+
+    For each: the rendered prompt's turn markers, how the tokenizer splits the opening marker (one special token,
+    or plain-text pieces), and whether a loss mask can be built (the error if not).
+    """
+    import pandas as pd
+
+    from .chat_format import GEMMA3_CHAT_TEMPLATE
+
+    rows = []
+    for name, template, marker in (("Gemma 4 (this tokenizer's)", None, "<|turn>"),
+                                   ("Gemma 3 (the paper's training format)", GEMMA3_CHAT_TEMPLATE, "<start_of_turn>")):
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer(marker, add_special_tokens=False)["input_ids"])
+        try:
+            ids, mask = tokenize_example(tokenizer, messages, template)
+            result = f"{int(mask.sum())} of {len(ids)} tokens trained"
+        except DataError as e:
+            result = f"DataError: {e}"
+        rows.append({"format": name, "turn marker": marker, "tokens of the marker": len(pieces),
+                     "as": " ".join(pieces), "loss mask": result})
+    return pd.DataFrame(rows)
 
 
 def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = True,
