@@ -1,7 +1,13 @@
-"""Instruction data in the CodeV-R1 SFT schema (``prompt``, ``response`` with a fenced Verilog block).
+"""Instruction data in the CodeV-R1 SFT schema (``system``, ``prompt``, ``response``).
 
 One path for every source: the shipped self-written rows, a local .jsonl/.json/.parquet file or directory, or a
 Hugging Face dataset id (the real ``zhuyaoyu/CodeV-R1-dataset`` on TPU) all go through ``datasets.load_dataset``.
+The shipped rows sit in a replica of the real repository's layout (``data/codev_r1_replica``: the ``sft`` and
+``rl`` configs declared in its README), so the smoke profile loads them with the same call as the real id:
+``load_dataset(<repo>, "sft", split="train")``.
+
+A real response is DeepSeek-R1 output: ``<think>...</think>`` reasoning, then ``<answer>...</answer>`` around prose
+and a fenced ```` ```verilog ```` block. :func:`training_target` picks what is trained on.
 """
 
 from __future__ import annotations
@@ -9,7 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
-SHIPPED_SFT = DATA_DIR / "verilog_sft.jsonl"
+SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
+SHIPPED_CONFIG = "sft"
+SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
 SHIPPED_EVAL = DATA_DIR / "eval"
 REQUIRED = ("prompt", "response")
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -19,41 +27,71 @@ class DataError(ValueError):
     pass
 
 
-def _load_dataset_args(source: str) -> tuple[tuple, dict]:
+def _load_dataset_args(source: str, config: str | None = None) -> tuple[tuple, dict]:
+    """``datasets.load_dataset`` arguments for a source: ``(path[, config]), kwargs``."""
     if source == "shipped":
-        return ("json",), {"data_files": str(SHIPPED_SFT)}
+        return (str(SHIPPED_REPLICA), config or SHIPPED_CONFIG), {}
     path = Path(source)
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix)
         if builder is None:
             raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(_FILE_BUILDERS)}.")
+        if config:
+            raise DataError(f"{path} is a single file: it has no configs, so drop config={config!r}.")
         return (builder,), {"data_files": str(path)}
     # A dataset id on the Hub, or a local dataset directory: the same call either way.
-    return (source,), {}
+    return ((source, config) if config else (source,)), {}
 
 
-def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, str] | None = None):
-    """A ``datasets.Dataset`` with ``prompt`` and ``response`` columns.
+def _where(source: str, config: str | None, split: str) -> str:
+    return f"{source!r}" + (f" (config {config!r}, split {split!r})" if config else f" (split {split!r})")
 
-    ``columns`` renames a source's columns to the schema, e.g. ``{"instruction": "prompt", "output": "response"}``.
+
+def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, str] | None = None,
+              config: str | None = None, max_rows: int | None = None):
+    """A ``datasets.Dataset`` with ``prompt`` and ``response`` columns (and ``system`` where the source has it).
+
+    - ``config``: the dataset's config, for repositories that declare several (``zhuyaoyu/CodeV-R1-dataset`` has
+      ``sft`` and ``rl`` and no default); ``"shipped"`` means the replica's ``sft``.
+    - ``columns`` renames a source's columns to the schema, e.g. ``{"instruction": "prompt", "output": "response"}``.
+    - ``max_rows`` keeps the first rows only (the paper trained on the first 10,000 of the 87K).
+
+    A missing config, split or column is a :class:`DataError` that lists the ones that exist.
     """
     import datasets
 
-    args, kwargs = _load_dataset_args(source)
+    if max_rows is not None and max_rows < 1:
+        raise DataError(f"max_rows must be a positive number of rows (or None for all), got {max_rows}.")
+    args, kwargs = _load_dataset_args(source, config)
+    where = _where(source, args[1] if len(args) > 1 else None, split)
     try:
         ds = datasets.load_dataset(*args, split=split, **kwargs)
     except FileNotFoundError as e:
         raise DataError(f"Could not find data source {source!r}: {e}. Give 'shipped', a local file, or a dataset id.") from e
+    except datasets.exceptions.DatasetGenerationError as e:
+        cause = e.__cause__ or e
+        raise DataError(f"Could not read the files of {where}: {type(cause).__name__}: {cause}. datasets picks one "
+                        f"builder for a whole repository from its file types, so a config whose files are of another "
+                        f"type fails this way; read those files directly, e.g. load_rows('path/to/file.parquet').") from e
+    except ValueError as e:  # datasets: "Config name is missing", "BuilderConfig ... not found", "Unknown split"
+        raise DataError(f"Could not load {where}: {e}\nUse a config and split that exist, as listed "
+                        f"(DataSpec.config / DataSpec.split, or load_rows(..., config=..., split=...)).") from e
     if columns:
+        absent = [c for c in columns if c not in ds.column_names]
+        if absent:
+            raise DataError(f"Data source {where} has no column(s) {absent} to rename; its columns are "
+                            f"{ds.column_names}. Fix DataSpec.columns (the real CodeV-R1 SFT rows need none).")
         ds = ds.rename_columns(columns)
     missing = [c for c in REQUIRED if c not in ds.column_names]
     if missing:
         raise DataError(
-            f"Data source {source!r} lacks column(s) {missing}; it has {ds.column_names}. The CodeV-R1 SFT schema "
+            f"Data source {where} lacks column(s) {missing}; it has {ds.column_names}. The CodeV-R1 SFT schema "
             f"needs {list(REQUIRED)}; map yours with columns={{'your_name': 'prompt', ...}}."
         )
     if len(ds) == 0:
-        raise DataError(f"Data source {source!r} (split {split!r}) has no rows.")
+        raise DataError(f"Data source {where} has no rows.")
+    if max_rows is not None and max_rows < len(ds):
+        ds = ds.select(range(max_rows))
     return ds
 
 
@@ -67,15 +105,59 @@ import re  # noqa: E402
 import numpy as np  # noqa: E402
 
 THINK_RE = re.compile(r"<think>.*?</think>\s*", re.S)
+ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.S)  # an unclosed <answer> runs to the end
+VERILOG_FENCE_RE = re.compile(r"```(?:verilog|systemverilog)[^\n]*\n(.*?)```", re.S | re.I)
+TARGETS = ("full", "answer", "verilog")
+SYSTEM_SOURCES = ("none", "fixed", "row")
 
 
-def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None = None) -> list[dict]:
-    """A row as chat messages. A ``system`` field (or ``system_prompt``) becomes a system message, which Gemma's
-    chat template folds into the user turn (Gemma has no system role). ``strip_think`` drops ``<think>`` reasoning."""
-    response = THINK_RE.sub("", row["response"]) if strip_think else row["response"]
-    system = row.get("system") or system_prompt
-    messages = [{"role": "system", "content": system}] if system else []
+def training_target(response: str, target: str = "answer") -> str:
+    """What is trained on from a CodeV-R1 response (``<think>...</think>`` then ``<answer>...</answer>``).
+
+    - ``"full"``: the response as it is, reasoning and tags included.
+    - ``"answer"``: the reasoning removed and the ``<answer>`` tags unwrapped: the first ``<answer>`` block's content
+      (up to the end when it is never closed), else everything after the reasoning. Prose around the fence stays.
+    - ``"verilog"``: only the fenced Verilog blocks of the answer, in order, re-fenced as ```` ```verilog ````
+      (the paper kept the first one; a second block, e.g. a submodule, is kept here too). An answer without a
+      fence stays as it is.
+
+    Reasoning cut off before ``</think>`` leaves no answer: the result is ``""`` (:func:`prepare` drops such rows).
+    """
+    if target not in TARGETS:
+        raise DataError(f"target must be one of {TARGETS}, not {target!r}.")
+    if target == "full":
+        return response
+    text = THINK_RE.sub("", response)
+    text = text.split("<think>", 1)[0]  # an unclosed <think>: the rest is reasoning
+    found = ANSWER_RE.search(text)
+    answer = (found.group(1) if found else text).strip()
+    if target == "verilog":
+        blocks = [b.strip("\n") for b in VERILOG_FENCE_RE.findall(answer)]
+        if blocks:
+            return "\n\n".join(f"```verilog\n{b}\n```" for b in blocks)
+    return answer
+
+
+def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None = None, system: str = "fixed",
+                target: str | None = None) -> list[dict]:
+    """A row as chat messages: an optional system turn, the user's prompt, the assistant's training target.
+
+    - ``system``: where the system turn comes from: ``"none"`` (no system turn), ``"fixed"`` (``system_prompt``,
+      when given) or ``"row"`` (the row's own ``system`` field, else ``system_prompt``). Gemma 4's template renders
+      it as a native system turn.
+    - ``target``: see :func:`training_target`; by default ``"answer"`` (``"full"`` when ``strip_think`` is False).
+    """
+    if system not in SYSTEM_SOURCES:
+        raise DataError(f"system must be one of {SYSTEM_SOURCES}, not {system!r}.")
+    response = training_target(row["response"], target or ("answer" if strip_think else "full"))
+    content = {"none": None, "fixed": system_prompt, "row": row.get("system") or system_prompt}[system]
+    messages = [{"role": "system", "content": content}] if content else []
     return messages + [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": response}]
+
+
+def spec_messages(row: dict, spec) -> list[dict]:
+    """:func:`to_messages` with a profile's :class:`~gemma_tpu_helpers.profiles.DataSpec` settings."""
+    return to_messages(row, system_prompt=spec.system_prompt, system=spec.system, target=spec.target)
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -217,11 +299,14 @@ def compare_chat_formats(tokenizer, messages: list[dict]):
 
 
 def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = True,
-                  system_prompt: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+                  system_prompt: str | None = None, spec=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, mask) per row; ``spec`` (a profile's DataSpec) sets the system turn and the target when given."""
     from tqdm.auto import tqdm
 
-    return [tokenize_example(tokenizer, to_messages(r, strip_think, system_prompt))
-            for r in tqdm(rows, desc="tokenizing", disable=not progress)]
+    def messages(r):
+        return spec_messages(r, spec) if spec is not None else to_messages(r, strip_think, system_prompt)
+
+    return [tokenize_example(tokenizer, messages(r)) for r in tqdm(rows, desc="tokenizing", disable=not progress)]
 
 
 @dataclasses.dataclass
@@ -358,20 +443,28 @@ class Prepared:
     train: Packed
     eval: Packed
     lengths: np.ndarray  # tokens per training example, before fitting
+    empty_targets: int = 0  # rows dropped before the split: no answer left (e.g. reasoning cut off)
+
+
+def load_profile_rows(spec, source: str | None = None):
+    """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit."""
+    return load_rows(source or spec.source, split=spec.split, columns=dict(spec.columns) or None,
+                     config=spec.config if source is None else None, max_rows=spec.max_rows)
 
 
 def prepare(profile, tokenizer, source: str | None = None, progress: bool = True) -> Prepared:
     """Load, split, normalise, tokenise and pack the profile's data (the whole notebook-05 pipeline)."""
     spec, train_spec = profile.data, profile.train
-    rows = load_rows(source or spec.source, split=spec.split, columns=dict(spec.columns) or None)
-    train_rows, eval_rows = split_rows(rows, spec.eval_fraction, train_spec.seed)
+    rows = load_profile_rows(spec, source)
+    kept = rows.filter(lambda r: bool(training_target(r["response"], spec.target).strip()))
+    train_rows, eval_rows = split_rows(kept, spec.eval_fraction, train_spec.seed)
     layout = pack if spec.pack else pad_to_max
-    train_ex = tokenize_rows(train_rows, tokenizer, spec.strip_think, progress, spec.system_prompt)
-    eval_ex = tokenize_rows(eval_rows, tokenizer, spec.strip_think, progress, spec.system_prompt)
+    train_ex = tokenize_rows(train_rows, tokenizer, progress=progress, spec=spec)
+    eval_ex = tokenize_rows(eval_rows, tokenizer, progress=progress, spec=spec)
     pad = tokenizer.pad_token_id or 0
     return Prepared(layout(train_ex, train_spec.max_seq_len, spec.overlong, pad),
                     layout(eval_ex, train_spec.max_seq_len, spec.overlong, pad) if eval_ex else None,
-                    np.array([len(ids) for ids, _ in train_ex]))
+                    np.array([len(ids) for ids, _ in train_ex]), len(rows) - len(kept))
 
 
 def batches(packed: Packed, global_batch: int, seed: int, epochs: int = 1, shuffle: bool = True,

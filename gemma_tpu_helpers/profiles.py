@@ -73,15 +73,27 @@ class TrainSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    # "shipped" reads gemma_tpu_helpers/data/verilog_sft.jsonl; otherwise a local .jsonl/.json/.parquet or a HF dataset id.
+    # "shipped" is the replica of the CodeV-R1 repository layout in gemma_tpu_helpers/data/codev_r1_replica (its
+    # "sft" config); otherwise a local .jsonl/.json/.parquet file, a local dataset directory or a HF dataset id.
     source: str
+    config: str | None = None  # the dataset's config: CodeV-R1 declares "sft" and "rl" and has no default
     split: str = "train"
-    strip_think: bool = True  # drop <think>...</think> reasoning, keep the answer with its fenced Verilog
+    max_rows: int | None = None  # keep the first rows only (None: all)
+    # What is trained on from a response (data.training_target): "answer" (reasoning dropped, <answer> unwrapped,
+    # prose kept), "verilog" (only the fenced Verilog blocks) or "full" (as it is, tags and reasoning included).
+    target: str = "answer"
+    # The system turn: "none", "fixed" (system_prompt) or "row" (the row's own `system` field, else system_prompt).
+    system: str = "none"
+    system_prompt: str | None = None
     overlong: str = "drop"  # "drop" or "trim" examples longer than max_seq_len
     eval_fraction: float = 0.05
     pack: bool = True
     columns: tuple[tuple[str, str], ...] = ()  # source column -> schema column, e.g. (("question", "prompt"),)
-    system_prompt: str | None = None  # folded into the user turn by Gemma's chat template
+
+    @property
+    def strip_think(self) -> bool:
+        """True when the <think> reasoning is not trained on."""
+        return self.target != "full"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,13 +150,22 @@ _PAPER_TRAIN = TrainSpec(
     keep_checkpoints=3,
     remat="block",
 )
+# The real CodeV-R1 SFT rows: codev_r1_sft.jsonl, the "sft" config of zhuyaoyu/CodeV-R1-dataset (87K rows with
+# columns system, prompt, response: the three LLaMA-Factory's config in the CodeV-R1 repository maps; no rename).
+# - max_rows: the paper trained on the first 10,000 rows (its 1,249 steps of 8 rows, after dropping overlong ones;
+#   we also hold out eval_fraction and pack, so our step count differs).
+# - target "verilog": the paper's code trained on the fenced Verilog of the <answer> only (no reasoning, no prose);
+#   evaluation extracts the same fence.
+# - system "none": the paper sent no system turn (its chat template dropped the system message it built). The rows'
+#   own `system` field is not used either: the CodeV-R1 authors' R1-style system prompts ask for <think>/<answer>
+#   tags, which these targets strip, so training on it would teach the model to disregard its system prompt.
+#   Gemma 4 renders a system message as a real system turn; set system="fixed" with a system_prompt to send one.
 _REAL_DATA = DataSpec(
     source="zhuyaoyu/CodeV-R1-dataset",
-    columns=(("question", "prompt"), ("answer", "response")),
-    system_prompt=(
-        "You are an expert Verilog hardware designer. Generate clean, synthesizable Verilog code based on the "
-        "specification provided. Include module declaration, port definitions, and complete implementation."
-    ),
+    config="sft",
+    max_rows=10_000,
+    target="verilog",
+    system="none",
 )
 # Reported as working for the 31B on v6e: TP8 runs out of HBM in the benchmark configuration.
 _V6E_SERVE = ServeSpec(
@@ -179,7 +200,8 @@ PROFILES: dict[str, Profile] = {
                 keep_checkpoints=2,
                 remat="none",
             ),
-            data=DataSpec(source="shipped"),
+            # the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
+            data=DataSpec(source="shipped", config="sft", target="answer", system="none"),
             serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
         ),
         Profile(

@@ -67,7 +67,8 @@ def test_sft_rows_follow_schema():
     families = {r["family"] for r in rows}
     assert len(families) >= 12, families
     for r in rows:
-        assert r["prompt"].strip() and r["response"].strip(), r["id"]
+        assert list(r) == ["id", "family", "system", "prompt", "response"], r["id"]  # the real SFT columns + ours
+        assert r["system"].strip() and r["prompt"].strip() and r["response"].strip(), r["id"]
         assert r["response"].count("```verilog\n") == 1, r["id"]
         assert r["response"].count("```") == 2, r["id"]
         assert len(r["response"]) <= 1500, r["id"]
@@ -77,14 +78,30 @@ def test_sft_rows_follow_schema():
         assert code.count("module ") == 1 and code.rstrip().endswith("endmodule"), r["id"]
 
 
-def test_some_sft_rows_have_reasoning_traces():
+def test_sft_responses_have_the_real_r1_form():
+    """<think>reasoning</think> then <answer>prose + fence</answer>; every tenth row lacks the <answer> tags."""
     rows = load_rows()
-    think = [r for r in rows if "<think>" in r["response"]]
-    assert 0.05 <= len(think) / len(rows) <= 0.2
-    for r in think:
-        assert r["response"].startswith("<think>\n"), r["id"]
+    for i, r in enumerate(rows, start=1):
+        assert r["response"].startswith("<think>\n") and r["response"].count("</think>") == 1, r["id"]
         head, tail = r["response"].split("</think>", 1)
-        assert len(head) > 20 and "```verilog" in tail, r["id"]
+        assert len(head) > 20 and "```verilog" in tail and "<think>" not in tail, r["id"]
+        if i % 10:
+            assert tail.startswith("\n<answer>\n") and tail.endswith("```\n</answer>"), r["id"]
+            assert not tail.split("<answer>\n", 1)[1].startswith("```"), f"{r['id']}: prose before the fence"
+        else:
+            assert "<answer>" not in tail, r["id"]
+    assert sum("<answer>" in r["response"] for r in rows) == len(rows) - len(rows) // 10
+    assert len({r["system"] for r in rows}) == 1
+
+
+def test_replica_holds_the_same_sft_rows_and_the_declared_configs():
+    replica = DATA / "codev_r1_replica"
+    assert (replica / "codev_r1_sft.jsonl").read_bytes() == SFT.read_bytes()
+    header = (replica / "README.md").read_text().split("---")[1]
+    for line in ("config_name: sft", "path: codev_r1_sft.jsonl", "config_name: rl", "split: validation",
+                 "path: codev_r1_rl_train.parquet", "path: codev_r1_rl_val.parquet"):
+        assert line in header, line
+    assert "default" not in header  # no default config, as in the real repository
 
 
 @needs_iverilog
@@ -492,8 +509,17 @@ def test_eval_references_agree_with_independent_solutions(tmp_path):
 # Generator
 # ---------------------------------------------------------------------------
 
+def file_content(path):
+    """Bytes, or the rows of a parquet file (pyarrow writes its own version into the file's metadata)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    return path.read_bytes()
+
+
 def generated_files(root):
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): file_content(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_generator_is_deterministic_and_matches_shipped_files(tmp_path):
@@ -507,7 +533,7 @@ def test_generator_is_deterministic_and_matches_shipped_files(tmp_path):
     shipped = DATA
     for rel, content in outputs[0].items():
         assert (shipped / rel).is_file(), f"{rel} is generated but not shipped"
-        assert (shipped / rel).read_bytes() == content, f"{rel} differs from the generator output"
+        assert file_content(shipped / rel) == content, f"{rel} differs from the generator output"
     stale = {str(p.relative_to(shipped)) for p in shipped.rglob("*") if p.is_file()
-             and p.parent.name == "eval"} - set(outputs[0])
+             and p.parent.name in ("eval", "codev_r1_replica")} - set(outputs[0])
     assert not stale, f"shipped eval files the generator does not write: {sorted(stale)}"

@@ -7,14 +7,19 @@ third-party dataset is copied). The output is byte-for-byte deterministic.
 Writes, under --out (default: gemma_tpu_helpers/data next to this repo):
 
   verilog_sft.jsonl     instruction/response pairs in the CodeV-R1 SFT schema
-                        ("prompt", "response") plus "id" and "family"
+                        ("system", "prompt", "response") plus "id" and "family"
+  codev_r1_replica/     a replica of the zhuyaoyu/CodeV-R1-dataset repository layout:
+                        codev_r1_sft.jsonl (the same rows), codev_r1_rl_train.parquet and
+                        codev_r1_rl_val.parquet (RL rows in the verl schema) and a README.md
+                        whose YAML header declares the `sft` and `rl` configs
   eval/<task>_prompt.txt, eval/<task>_ref.sv, eval/<task>_test.sv
                         held-out spec-to-RTL problems in the VerilogEval v2 form
   eval/problems.jsonl   one line per eval problem: task_id, kind, description
   README.md             what the files are
 
 Usage:  python tools/make_verilog_data.py [--out DIR]
-Only the Python standard library is used.
+The standard library writes everything but the two RL parquet files, which need pyarrow
+(installed with `datasets` in the training venv).
 """
 
 import argparse
@@ -26,7 +31,20 @@ from pathlib import Path
 SEED = 20240601
 ROWS_PER_FAMILY = 15
 MAX_RESPONSE_CHARS = 1500
-THINK_EVERY = 10  # one row in ten starts with a <think>...</think> trace
+# The real CodeV-R1 SFT responses are DeepSeek-R1 outputs: "<think>...</think>" reasoning, then the answer (prose
+# around one fenced Verilog block) inside "<answer>...</answer>". Nine rows in ten here have that form; every tenth
+# row has the reasoning but no <answer> tags, so the loader's fallback (the text after </think>) is exercised too.
+NO_ANSWER_TAGS_EVERY = 10
+# The rows' "system" field. What the real field holds is not published; this is a self-written prompt of the kind
+# the CodeV-R1 authors use for their R1-style prompts (reasoning in <think>, final code in <answer>).
+R1_SYSTEM_PROMPT = (
+    "You are a helpful assistant who writes Verilog. Reason about the task first, then answer. Put the reasoning "
+    "between <think> and </think>, and the answer between <answer> and </answer>; the answer holds the final "
+    "Verilog in a ```verilog fenced block."
+)
+RL_TRAIN_PER_FAMILY = 1  # one RL row per family in codev_r1_rl_train.parquet
+RL_VAL_EVERY = 3  # one family in three also gets a row in codev_r1_rl_val.parquet
+REPLICA = "codev_r1_replica"
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "gemma_tpu_helpers" / "data"
 
@@ -1243,14 +1261,49 @@ def make_sft_rows():
             index = len(seen) - 1
             prompt = render_prompt(rng, item["name"], item["summary"], item["details"],
                                    item["ports"], item.get("sv", False))
-            response = f"{item['explain']}\n\n```verilog\n{item['code']}\n```"
-            if (len(rows) + 1) % THINK_EVERY == 0:
-                response = f"<think>\n{item['think']}\n</think>\n\n{response}"
+            response = r1_response(item, answer_tags=(len(rows) + 1) % NO_ANSWER_TAGS_EVERY != 0)
             if len(response) > MAX_RESPONSE_CHARS:
                 raise RuntimeError(f"{family}: response too long ({len(response)} chars)")
             rows.append({"id": f"{family}_{item['tag']}_{index:03d}", "family": family,
-                         "prompt": prompt, "response": response})
+                         "system": R1_SYSTEM_PROMPT, "prompt": prompt, "response": response})
     return rows
+
+
+def r1_response(item, answer_tags=True):
+    """A response in the CodeV-R1 form: reasoning in <think>, then the explanation and the fenced code."""
+    answer = f"{item['explain']}\n\n```verilog\n{item['code']}\n```"
+    if answer_tags:
+        answer = f"<answer>\n{answer}\n</answer>"
+    return f"<think>\n{item['think']}\n</think>\n{answer}"
+
+
+def make_rl_rows(sft_rows):
+    """RL rows in the verl schema the CodeV-R1 RL parquet files use: a chat prompt (system + user), and the
+    reference Verilog as the rule-based reward's ground truth. Drawn from the same templates with their own seed;
+    no row repeats an SFT module."""
+    taken = {row["response"].split("```verilog\n", 1)[1].split("\n```", 1)[0] for row in sft_rows}
+    splits = {"train": [], "validation": []}
+    for f, (family, make) in enumerate(FAMILIES):
+        rng = random.Random(f"{SEED}:rl:{family}")
+        wanted = {"train": RL_TRAIN_PER_FAMILY, "validation": 1 if f % RL_VAL_EVERY == 0 else 0}
+        for split, n in wanted.items():
+            while n:
+                item = make(rng)
+                if item["code"] in taken:
+                    continue
+                taken.add(item["code"])
+                prompt = render_prompt(rng, item["name"], item["summary"], item["details"],
+                                       item["ports"], item.get("sv", False))
+                rows = splits[split]
+                rows.append({
+                    "data_source": "codev",
+                    "prompt": [{"role": "system", "content": R1_SYSTEM_PROMPT}, {"role": "user", "content": prompt}],
+                    "ability": "verilog",
+                    "reward_model": {"style": "rule", "ground_truth": item["code"]},
+                    "extra_info": {"split": split, "index": len(rows)},
+                })
+                n -= 1
+    return splits
 
 
 # ---------------------------------------------------------------------------
@@ -1954,17 +2007,38 @@ The files are under the same licence as the rest of this project.
 
 ## `verilog_sft.jsonl`
 
-{rows} instruction/response pairs in the CodeV-R1 SFT schema, one JSON object
-per line:
+{rows} instruction/response pairs in the CodeV-R1 SFT schema (`system`,
+`prompt`, `response`, the three columns of the real `codev_r1_sft.jsonl`), one
+JSON object per line:
 
+- `system`: the same self-written R1-style system prompt on every row (reason
+  in `<think>`, answer in `<answer>`). What the real field holds is not
+  published; the training profiles do not send it (`DataSpec.system`).
 - `prompt`: a natural-language request for one Verilog module, naming the
   module and its ports.
-- `response`: a short explanation followed by exactly one fenced
-  ```` ```verilog ```` block holding a complete, synthesizable module. About one
-  row in ten starts with a `<think>...</think>` reasoning paragraph, like the
-  reasoning traces in the real CodeV-R1 data.
+- `response`: in the real form, a `<think>...</think>` reasoning paragraph,
+  then `<answer>...</answer>` around a short explanation and exactly one
+  fenced ```` ```verilog ```` block holding a complete, synthesizable module.
+  Every tenth row ({no_answer_rows} rows) has the reasoning but no `<answer>`
+  tags.
 - `id`: unique row id, e.g. `counter_up_w8_003`.
 - `family`: the template family ({families} families: {family_list}).
+
+## `codev_r1_replica/`
+
+A replica of the layout of the Hugging Face dataset repository
+`zhuyaoyu/CodeV-R1-dataset`, so that the loader's real call,
+`datasets.load_dataset(<repo>, "sft", split="train")`, runs offline:
+
+- `README.md`: a YAML header declaring the configs `sft` (split `train`:
+  `codev_r1_sft.jsonl`) and `rl` (splits `train` and `validation`: the two
+  parquet files), with no default config, as the real one does.
+- `codev_r1_sft.jsonl`: the same {rows} rows as `verilog_sft.jsonl`.
+- `codev_r1_rl_train.parquet` ({rl_train} rows) and `codev_r1_rl_val.parquet`
+  ({rl_val} rows): RL rows in the verl schema of the real files
+  (`data_source`, `prompt` as chat messages, `ability`, `reward_model` with the
+  reference Verilog as `ground_truth`, `extra_info`), from the same templates
+  with their own seed.
 
 ## `eval/`
 
@@ -1990,9 +2064,39 @@ prints `Mismatches: 0 in M samples` with M > 0.
     python tools/make_verilog_data.py            # writes gemma_tpu_helpers/data
     python tools/make_verilog_data.py --out DIR  # writes somewhere else
 
-The generator uses only the standard library and a fixed seed, so its output
-is byte-for-byte reproducible; `tests/test_shipped_data.py` checks that the
-shipped files match it.
+The generator uses a fixed seed, so its output is reproducible: byte for byte
+for the text files, row for row for the parquet files (pyarrow writes its own
+version into them). `tests/test_shipped_data.py` checks that the shipped files
+match it.
+"""
+
+REPLICA_README = """\
+---
+license: cc-by-sa-4.0
+configs:
+- config_name: sft
+  data_files:
+  - split: train
+    path: codev_r1_sft.jsonl
+- config_name: rl
+  data_files:
+  - split: train
+    path: codev_r1_rl_train.parquet
+  - split: validation
+    path: codev_r1_rl_val.parquet
+---
+
+# CodeV-R1 dataset layout (replica)
+
+A small, self-written stand-in for `zhuyaoyu/CodeV-R1-dataset` with the same
+files, configs and columns, written by `tools/make_verilog_data.py`. None of
+its rows come from the real dataset. Load it as the real one:
+
+    datasets.load_dataset("<this directory>", "sft", split="train")
+    datasets.load_dataset("<this directory>", "rl", split="validation")
+
+Without a config name, `datasets` raises "Config name is missing", as it does
+for the real repository.
 """
 
 
@@ -2002,9 +2106,7 @@ def write_all(out_dir):
     eval_dir.mkdir(parents=True, exist_ok=True)
 
     rows = make_sft_rows()
-    with open(out_dir / "verilog_sft.jsonl", "w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_jsonl(out_dir / "verilog_sft.jsonl", rows)
 
     index = []
     for p in EVAL_PROBLEMS:
@@ -2017,11 +2119,35 @@ def write_all(out_dir):
         for item in index:
             f.write(json.dumps(item) + "\n")
 
+    rl = write_replica(out_dir / REPLICA, rows)
+
     families = [name for name, _ in FAMILIES]
     readme = README.format(rows=len(rows), families=len(families),
-                           family_list=", ".join(families), problems=len(EVAL_PROBLEMS))
+                           family_list=", ".join(families), problems=len(EVAL_PROBLEMS),
+                           no_answer_rows=sum("<answer>" not in r["response"] for r in rows),
+                           rl_train=len(rl["train"]), rl_val=len(rl["validation"]))
     (out_dir / "README.md").write_text(readme, encoding="utf-8", newline="\n")
     return len(rows), len(EVAL_PROBLEMS)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_replica(replica_dir, sft_rows):
+    """The CodeV-R1 repository layout: README with the two configs, the SFT jsonl, the RL parquet files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    replica_dir.mkdir(parents=True, exist_ok=True)
+    (replica_dir / "README.md").write_text(REPLICA_README, encoding="utf-8", newline="\n")
+    write_jsonl(replica_dir / "codev_r1_sft.jsonl", sft_rows)
+    rl = make_rl_rows(sft_rows)
+    for split, name in (("train", "codev_r1_rl_train.parquet"), ("validation", "codev_r1_rl_val.parquet")):
+        pq.write_table(pa.Table.from_pylist(rl[split]), replica_dir / name)
+    return rl
 
 
 def main():
