@@ -132,6 +132,13 @@ def load_problems(directory: str | os.PathLike | None = None, tasks: Iterable[st
     return problems
 
 
+def prompt_messages(problem: Problem, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict]:
+    """The chat messages sent for a problem: VerilogEval's system prompt and :func:`build_prompt` as the user turn.
+    Gemma 4 has a native system turn; the model's template renders it (``serve.rendered_prompt`` shows the text)."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return messages + [{"role": "user", "content": build_prompt(problem)}]
+
+
 def build_prompt(problem: Problem) -> str:
     """The user message in VerilogEval's spec-to-RTL style (use it with :data:`SYSTEM_PROMPT`)."""
     return (
@@ -154,13 +161,20 @@ _HAS_MODULE = re.compile(r"^[ \t]*module\s+\w+", re.M)
 _VERILOG_TAGS = {"", "verilog", "systemverilog", "sv", "v", "vlog"}
 
 
+# Gemma 4's reasoning: <|channel>thought ... <channel|> (the server keeps special tokens in eval answers, see
+# sample_completions); other models' <think> ... </think>. Special-token strings left over are not code.
+_CHANNEL_RE = re.compile(r"<\|channel>.*?<channel\|>", re.S)
+_LEFTOVER_TOKENS_RE = re.compile(r"<turn\|>|<\|turn>|<eos>|<bos>|<pad>")
+
+
 def _strip_think(text: str) -> str:
-    text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
-    if "</think>" in text:  # the template opened <think> in the prompt: the answer follows the last close
-        text = text.rsplit("</think>", 1)[1]
-    if "<think>" in text:  # reasoning cut off by max_tokens: nothing after it is an answer
-        text = text.split("<think>", 1)[0]
-    return text
+    for pattern, open_, close in ((r"<think>.*?</think>", "<think>", "</think>"), (_CHANNEL_RE, "<|channel>", "<channel|>")):
+        text = re.sub(pattern, "", text, flags=re.S) if isinstance(pattern, str) else pattern.sub("", text)
+        if close in text:  # the template opened the reasoning in the prompt: the answer follows the last close
+            text = text.rsplit(close, 1)[1]
+        if open_ in text:  # reasoning cut off by max_tokens: nothing after it is an answer
+            text = text.split(open_, 1)[0]
+    return _LEFTOVER_TOKENS_RE.sub("", text)
 
 
 def extract_verilog(text: str | None) -> str | None:
@@ -168,7 +182,8 @@ def extract_verilog(text: str | None) -> str | None:
 
     Order: the first closed ```verilog / ```systemverilog / ``` block that holds a module (one with
     ``module TopModule`` wins); else an unterminated fence (an answer cut off by max_tokens); else bare
-    ``module ... endmodule`` text. ``<think>...</think>`` reasoning is removed first.
+    ``module ... endmodule`` text. Reasoning is removed first: Gemma 4's thought channel ``<|channel>...<channel|>``
+    and ``<think>...</think>``.
     """
     if not text:
         return None
@@ -510,8 +525,12 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
 def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int = 1, temperature: float = 0.0,
                        max_tokens: int = 2048, api_key: str | None = None, timeout: float = 600.0,
                        connect_timeout: float = 10.0, top_p: float | None = None, concurrency: int = 8,
-                       system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True) -> list[dict]:
+                       system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True,
+                       stop_token_ids: Sequence[int] | None = None) -> list[dict]:
     """Ask ``/v1/chat/completions`` for ``n`` answers per problem (one request per problem, ``n`` choices).
+
+    ``stop_token_ids``: the model's stop ids (``data.stop_token_ids(tokenizer)``: its ``generation_config.json``
+    eos ids, ``<eos> <turn|> <|tool_response>`` on Gemma 4); vLLM also reads them from the served checkpoint.
 
     Returns rows ``task_id, sample_index, completion, finish_reason`` (``finish_reason == "length"``: the answer
     was cut off by ``max_tokens``). The server is checked first, so an unreachable one fails within
@@ -529,10 +548,13 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
     endpoint = _base_url(url) + "/chat/completions"
 
     def one(problem: Problem) -> list[dict]:
-        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-        messages.append({"role": "user", "content": build_prompt(problem)})
-        payload = {"model": model, "messages": messages, "n": n, "temperature": temperature,
-                   "max_tokens": max_tokens}
+        # The server renders the messages with the model's own chat template, thinking off (Gemma 4's default), and
+        # keeps special tokens in the answer so a thought channel, if the model opens one, stays recognisable.
+        payload = {"model": model, "messages": prompt_messages(problem, system_prompt), "n": n,
+                   "temperature": temperature, "max_tokens": max_tokens, "skip_special_tokens": False,
+                   "chat_template_kwargs": {"enable_thinking": False}}
+        if stop_token_ids:
+            payload["stop_token_ids"] = [int(i) for i in stop_token_ids]
         if top_p is not None:
             payload["top_p"] = top_p
         try:

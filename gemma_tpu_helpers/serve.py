@@ -629,14 +629,27 @@ def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
 
 
 def prompt_ids(model_dir, text: str, chat_template: bool = True) -> list[int]:
-    """The checkpoint tokenizer's ids for ``text``, as one chat turn ready for the model's answer by default."""
+    """The checkpoint tokenizer's ids for ``text``: one chat turn ready for the model's answer (the generation prompt
+    as the server renders it), or with ``chat_template=False`` the raw text after one ``<bos>`` (Gemma 4's tokenizer
+    adds none itself: its template writes it)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     if chat_template:
-        return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False))
-    return tok(text)["input_ids"]
+        return tok(rendered_prompt(model_dir, text, tokenizer=tok), add_special_tokens=False)["input_ids"]
+    return [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+
+
+def rendered_prompt(model_dir, messages, tokenizer=None, enable_thinking: bool = False) -> str:
+    """The text the server feeds the model for ``messages`` (a string: one user turn): the checkpoint's own chat
+    template with the generation prompt, thinking off as in every request this course sends. On Gemma 4 31B it
+    ends in ``<|turn>model\n<|channel>thought\n<channel|>``."""
+    from transformers import AutoTokenizer
+
+    tok = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
 
 
 def parity_table(jax_tokens, jax_margins, vllm_out: dict):

@@ -163,3 +163,21 @@ def test_cached_tiny_model_of_the_old_format_is_rebuilt(tiny_dir, tmp_path):
     (out / tiny.BUILT_BY).write_text(json.dumps({"seed": 0, "layers": 6}))  # a format-1 cache (Gemma 3 tokens)
     tiny.ensure_tiny_model(out, seed=0, layers=6)
     assert json.loads((out / tiny.BUILT_BY).read_text())["format"] == tiny.FORMAT
+
+
+def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
+    from gemma_tpu_helpers import evaluate, serve
+
+    problem = evaluate.load_problems()[0]
+    text = serve.rendered_prompt(tiny_dir, evaluate.prompt_messages(problem))
+    assert text.startswith("<bos><|turn>system\n" + evaluate.SYSTEM_PROMPT + "<turn|>\n<|turn>user\n")
+    assert text.endswith("<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
+    ids = serve.prompt_ids(tiny_dir, "Hi")
+    assert ids.count(2) == 1 and ids[0] == 2
+    raw = serve.prompt_ids(tiny_dir, "module m;", chat_template=False)
+    assert raw[0] == 2 and raw.count(2) == 1
+    # a thought channel in an answer (special tokens kept) is not code, wherever it is
+    code = "module TopModule(input a, output y); assign y = a; endmodule"
+    assert evaluate.extract_verilog(f"<|channel>thought\nmodule Draft; endmodule<channel|>```verilog\n{code}\n```<turn|>") == code
+    assert evaluate.extract_verilog("<|channel>thought\nmodule Draft; endmodule") is None  # cut off while thinking
+    assert evaluate.extract_verilog(code + "<turn|>") == code
