@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import profiles
+from . import hub, preflight, profiles
 
 
 def _profile_arg(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,13 @@ def cmd_setup(args) -> int:
     from . import course, gemma4, plan, tiny
 
     print(f"profile: {prof.name} - {prof.description}")
+    if prof.hardware.platform == "tpu":  # before JAX looks for the TPU: no libtpu noise off a TPU
+        found = preflight.checks(prof)
+        print(f"pre-flight:\n{preflight.format_checks(found)}")
+        failed = [c.name for c in found if c.status == "fail"]
+        if failed:
+            raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says "
+                                           f"what to do.")
     for k, v in course.versions().items():
         print(f"  {k:18s} {v}")
     print("devices:", json.dumps(course.devices()))
@@ -74,6 +81,7 @@ def cmd_parity(args) -> int:
 def cmd_mesh(args) -> int:
     """Step 01: the profile's mesh, the tp sizes the model allows, and the trainer mesh-context probe."""
     prof = profiles.configure_jax(args.profile)
+    preflight.require(prof)  # a TPU profile needs its TPU, free; checked before JAX is imported
     from . import gemma4
     from . import mesh as mesh_lib
 
@@ -146,12 +154,12 @@ def cmd_plan(args) -> int:
 def cmd_data_stats(args) -> int:
     """Step 05: packed vs pad-to-max token use for the profile's data."""
     prof = profiles.get_profile(args.profile)
+    tokenizer_dir = hub.ensure_tokenizer(prof, base=args.base)  # the tokenizer files alone, never the weights
     from transformers import AutoTokenizer
 
-    from . import data, gemma4
+    from . import data
 
-    base = gemma4.ensure_base(prof) if not args.base else args.base
-    prepared = data.prepare(prof, AutoTokenizer.from_pretrained(base), source=args.source, progress=False)
+    prepared = data.prepare(prof, AutoTokenizer.from_pretrained(tokenizer_dir), source=args.source, progress=False)
     padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
                              prof.train.max_seq_len, prof.data.overlong)
     s = prepared.train.stats
@@ -166,6 +174,7 @@ def cmd_data_stats(args) -> int:
 def cmd_train(args) -> int:
     """Step 06: LoRA training with checkpoints; resumes from the latest checkpoint in the run dir."""
     prof = profiles.configure_jax(args.profile)
+    preflight.require(prof)
     from . import multihost
 
     if args.coordinator:
@@ -360,7 +369,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:  # unknown profile and other bad input: a message, not a traceback
+    except (ValueError, hub.HubError, preflight.PreflightError) as e:  # bad input or set-up: a message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

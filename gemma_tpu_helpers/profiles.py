@@ -17,6 +17,16 @@ from pathlib import Path
 
 ENV_VAR = "GEMMA_TPU_PROFILE"
 
+# First contact (hub.py, preflight.py). huggingface_hub sets no timeout of its own: a network that drops packets
+# would hang the first metadata request for minutes.
+HUB_TIMEOUT_S = 30
+# Download sizes to plan disk with when the Hub cannot be asked (pre-flight offline); the Hub's metadata wins when it
+# answers. The 31B-it: 30.7 B text parameters (plan.param_count) in bf16 = 61.4 GB, plus the vision tower (27 layers,
+# hidden 1152), rounded up.
+DOWNLOAD_BYTES_FALLBACK = {"google/gemma-4-31B-it": 63 * 10**9}
+PREFLIGHT_PROBE_TIMEOUT_S = 20  # the TPU VM's metadata server and `tpu-info`, asked only where a TPU is visible
+PYTHON_MIN = (3, 11)  # what the pinned stack (requirements*.txt) is built and tested for
+
 # The paper's GPU baseline and the TPU list prices it compared against (USD per hour, on-demand, us-central1).
 PRICES_DATE = "2026-05"
 PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
@@ -32,6 +42,7 @@ class Hardware:
     chip: str | None = None
     hbm_gib_per_chip: float | None = None
     price_usd_per_hour: float | None = None
+    hosts: int = 1  # TPU VM workers; each holds num_devices / hosts chips
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +242,7 @@ PROFILES: dict[str, Profile] = {
                 num_devices=8,  # all hosts' chips: the mesh spans the processes after jax.distributed
                 mesh=(("fsdp", 2), ("tp", 4)),  # fsdp across the two hosts, tp within each
                 tpu_topology="v5p:2x2x2",
+                hosts=2,
                 chip="v5p",
                 hbm_gib_per_chip=95.0,
                 price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-16"],

@@ -292,7 +292,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         t = dataclasses.replace(t, **overrides)
         profile = dataclasses.replace(profile, train=t)
     run_dir = Path(run_dir or profile.run_dir())
-    base = Path(base_dir) if base_dir else gemma4.ensure_base(profile, run_dir)
+    base = gemma4.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
     mesh = mesh_lib.make_mesh(profile)
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:

@@ -1,0 +1,305 @@
+"""Pre-flight for TPU profiles: what the machine must offer before a step starts, checked without importing JAX.
+
+``setup --profile v5p-8`` prints every check (:func:`checks`); the steps that need the TPU (``mesh``, ``train``)
+start with :func:`require`, which raises :class:`PreflightError` with one line per failure. On a machine without a
+TPU that line says so and points to ``--profile smoke`` and ``plan --aot``; JAX is never asked to find the TPU, so
+libtpu prints none of its warnings.
+
+Checks: the TPU type and chip count (PCI ids, as JAX reads them) against the profile; other processes holding the
+TPU (its device files, the libtpu lock); free disk for the checkpoint and its merge; free RAM for loading it; the
+Python, jax and libtpu versions against the pinned stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from . import profiles
+
+# PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_IDS = {"0x0027": "v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e",
+               "0x0076": "tpu7x"}
+# libtpu takes a POSIX write lock on this file while a process uses the TPU; the file stays after the process ends.
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/accelerator-type"
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+class PreflightError(RuntimeError):
+    """The machine cannot run this profile's step; the message says what to do, one line per problem."""
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str  # "ok" | "warn" | "fail" | "skip"
+    detail: str
+
+    def line(self) -> str:
+        return f"  {self.status.upper():5s} {self.name:9s} {self.detail}"
+
+
+def tpu_chips(sysfs: str = "/sys/bus/pci/devices") -> tuple[int, str | None]:
+    """(number of TPU chips on this host, their generation), from the PCI ids, as JAX reads them."""
+    n, kind = 0, None
+    for vendor in glob.glob(f"{sysfs}/*/vendor"):
+        if Path(vendor).read_text().strip() != GOOGLE_PCI_VENDOR:
+            continue
+        device = Path(vendor).with_name("device").read_text().strip()
+        if device in TPU_PCI_IDS:
+            n, kind = n + 1, TPU_PCI_IDS[device]
+    return n, kind
+
+
+def accelerator_type() -> str | None:
+    """The slice type (e.g. ``v5p-8``): $TPU_ACCELERATOR_TYPE, else the TPU VM's metadata server. None if unknown."""
+    if os.environ.get("TPU_ACCELERATOR_TYPE"):
+        return os.environ["TPU_ACCELERATOR_TYPE"]
+    import urllib.request
+
+    req = urllib.request.Request(METADATA_URL, headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(req, timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S) as r:
+            return r.read().decode().strip() or None
+    except OSError:
+        return None
+
+
+def no_tpu_message(profile) -> str:
+    hw = profile.hardware
+    return (f"profile {profile.name!r} needs a TPU {hw.chip} host with {hw.num_devices // hw.hosts} chips, but this "
+            f"machine has no TPU (no {' or '.join(TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
+            f"or compile {profile.name}'s train step without a TPU: "
+            f"python -m gemma_tpu_helpers plan --aot --profile {profile.name}")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return "?"
+
+
+def open_by(paths: list[str]) -> dict[int, str]:
+    """Other processes with any of ``paths`` open: {pid: command line}. (Only processes this user may inspect.)"""
+    wanted = {os.path.realpath(p) for p in paths}
+    found = {}
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                    found[pid] = _cmdline(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def lock_holders(path: str = LIBTPU_LOCKFILE) -> dict[int, str]:
+    """Other processes holding a lock on ``path`` (libtpu's: a POSIX write lock), from /proc/locks: {pid: cmdline}."""
+    try:
+        st = os.stat(path)
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in locks:
+        # "1: POSIX  ADVISORY  WRITE 6733 fe:00:2147992 0 EOF" (a blocked waiter's line has "->" after the id)
+        m = re.search(r"\s(\d+)\s+([0-9a-f]+):([0-9a-f]+):(\d+)\s", line)
+        if not m:
+            continue
+        pid, major, minor, inode = int(m[1]), int(m[2], 16), int(m[3], 16), int(m[4])
+        if inode == st.st_ino and (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and pid != os.getpid():
+            found[pid] = _cmdline(pid)
+    return found
+
+
+def check_tpu(profile) -> Check:
+    hw = profile.hardware
+    if not profiles.tpu_visible():
+        return Check("tpu", "fail", no_tpu_message(profile))
+    want = hw.num_devices // hw.hosts
+    n, kind = tpu_chips()
+    accel = accelerator_type()
+    seen = f"{n} TPU {kind or '?'} chips" + (f" (slice {accel})" if accel else "")
+    if kind and kind != hw.chip:
+        return Check("tpu", "fail", f"{seen}, but profile {profile.name!r} is for TPU {hw.chip}: pick the profile of "
+                                    f"this machine (GEMMA_TPU_PROFILE; one of {', '.join(profiles.PROFILES)}) or "
+                                    f"create a {hw.chip} TPU VM.")
+    if n and n != want:
+        return Check("tpu", "fail", f"{seen}, but profile {profile.name!r} needs {want} per host: create a "
+                                    f"{profile.name} TPU VM, or pick the profile that matches this one.")
+    if accel and accel in profiles.PROFILES and accel != profile.name:
+        return Check("tpu", "warn", f"{seen}: this slice is {accel}, the profile is {profile.name}.")
+    return Check("tpu", "ok", f"{seen}, as profile {profile.name} expects")
+
+
+def check_hbm(profile) -> Check:
+    """Other processes holding the TPU: their HBM is not free, and libtpu lets one process in at a time."""
+    if not profiles.tpu_visible():
+        return Check("hbm", "skip", "no TPU")
+    devices = [p for g in TPU_DEVICE_GLOBS for p in glob.glob(g)]
+    holders = {**open_by(devices), **lock_holders(LIBTPU_LOCKFILE)}
+    if holders:
+        who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(holders.items()))
+        return Check("hbm", "fail", f"the TPU is in use by {who}: its HBM is not free and libtpu admits one process. "
+                                    f"Stop it (kill {' '.join(map(str, sorted(holders)))}; a notebook kernel: "
+                                    f"restart or shut it down) and retry. Deleting {LIBTPU_LOCKFILE} does not free "
+                                    f"the HBM.")
+    info = ""
+    if shutil.which("tpu-info"):
+        try:
+            out = subprocess.run(["tpu-info"], capture_output=True, text=True,
+                                 timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S).stdout
+            info = " | tpu-info: " + " ".join(out.split())[:200]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {LIBTPU_LOCKFILE}){info}")
+
+
+def checkpoint_bytes(profile) -> int | None:
+    return profiles.DOWNLOAD_BYTES_FALLBACK.get(profile.model.source)
+
+
+def check_disk(profile, run_dir: Path, base: Path | None = None) -> Check:
+    """Free disk for the base checkpoint (unless downloaded) and the merged copy (unless merged) in the run dir."""
+    from . import hub
+
+    size = checkpoint_bytes(profile)
+    if size is None:
+        return Check("disk", "skip", f"no known size for {profile.model.source}")
+    base = Path(base) if base else run_dir / "base"
+    parts = []  # (what, where, bytes) still to be written
+    if not hub.complete(base):
+        parts.append((f"base checkpoint {hub.gb(size)}", base, size))
+    if not hub.complete(run_dir / "merged"):
+        parts.append((f"merged copy {hub.gb(size)}", run_dir / "merged", size))
+    if not parts:
+        return Check("disk", "ok", f"{base} and {run_dir / 'merged'} are complete")
+    by_fs: dict[Path, list] = {}
+    for what, where, n in parts:
+        on, _ = hub.free_bytes(where)
+        by_fs.setdefault(Path(os.path.realpath(on)), []).append((what, where, n))
+    details, failed = [], None
+    for on, items in by_fs.items():
+        need = sum(n for *_, n in items)
+        _, free = hub.free_bytes(on)
+        what = " + ".join(w for w, *_ in items)
+        details.append(f"{on}: {hub.gb(free)} free, needs {hub.gb(need)} ({what})")
+        if free < need and failed is None:
+            failed = hub.disk_message(what, Path(os.path.commonpath([w for _, w, _ in items])), need, free, on)
+    if failed:
+        return Check("disk", "fail", failed)
+    return Check("disk", "ok", "; ".join(details))
+
+
+def mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_ram(profile) -> Check:
+    """tunix's loader maps every shard of the checkpoint on the host before placing it on the chips."""
+    from . import hub
+
+    size, avail = checkpoint_bytes(profile), mem_available()
+    if size is None or avail is None:
+        return Check("ram", "skip", "unknown checkpoint size or free memory")
+    if avail < size:
+        return Check("ram", "warn", f"{hub.gb(avail)} available, the checkpoint is {hub.gb(size)} (loading maps "
+                                    f"all of it on the host): stop other jobs (notebook kernels, old runs) first.")
+    return Check("ram", "ok", f"{hub.gb(avail)} available for a {hub.gb(size)} checkpoint")
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pinned_jax(requirements: Path = CHECKOUT / "requirements-tpu.txt") -> str | None:
+    """The jax version requirements-tpu.txt pins (``jax[tpu]==X``), None outside a checkout."""
+    if not requirements.is_file():
+        return None
+    m = re.search(r"^jax\[tpu\]==(\S+)", requirements.read_text(), re.M)
+    return m[1] if m else None
+
+
+def jax_wants_libtpu() -> str | None:
+    """The libtpu specifier the installed jax asks for with its [tpu] extra (e.g. ``==0.0.42.*``)."""
+    from packaging.requirements import Requirement
+
+    for req in map(Requirement, metadata.requires("jax") or []):
+        if req.name == "libtpu" and req.marker and req.marker.evaluate({"extra": "tpu"}):
+            return str(req.specifier)
+    return None
+
+
+def check_versions(profile) -> Check:
+    py = sys.version_info[:2]
+    jax, jaxlib, libtpu = _version("jax"), _version("jaxlib"), _version("libtpu")
+    detail = f"python {py[0]}.{py[1]}, jax {jax}, jaxlib {jaxlib}, libtpu {libtpu}"
+    fix = "reinstall the TPU stack: .venv/bin/pip install -r requirements-tpu.txt"
+    if py < profiles.PYTHON_MIN:
+        return Check("versions", "fail", f"{detail}: the pinned stack needs Python "
+                                         f">= {'.'.join(map(str, profiles.PYTHON_MIN))}; create the venv with it.")
+    if jax is None or jaxlib != jax:
+        return Check("versions", "fail", f"{detail}: jax and jaxlib must be installed at one version; {fix}")
+    pin = pinned_jax()
+    if pin and jax != pin:
+        return Check("versions", "fail", f"{detail}: requirements-tpu.txt pins jax {pin}; {fix}")
+    if profiles.tpu_visible():  # off a TPU, libtpu is the AOT compiler requirements.txt pins, not the runtime
+        from packaging.specifiers import SpecifierSet
+
+        want = jax_wants_libtpu()
+        if libtpu is None:
+            return Check("versions", "fail", f"{detail}: libtpu is missing; {fix}")
+        if want and not SpecifierSet(want).contains(libtpu):
+            return Check("versions", "fail", f"{detail}: jax {jax} wants libtpu{want}; {fix}")
+    pinned = "; jax as requirements-tpu.txt pins" if pin else ""
+    return Check("versions", "ok", detail + pinned + ("" if profiles.tpu_visible() else "; libtpu not checked off a TPU"))
+
+
+def checks(profile, run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> list[Check]:
+    """Every pre-flight check for a TPU profile (``setup`` prints them); none for a CPU profile."""
+    if profile.hardware.platform != "tpu":
+        return []
+    run_dir = Path(run_dir or profile.run_dir())
+    return [check_versions(profile), check_tpu(profile), check_hbm(profile), check_disk(profile, run_dir, base),
+            check_ram(profile)]
+
+
+def format_checks(found: list[Check]) -> str:
+    return "\n".join(c.line() for c in found)
+
+
+def require(profile) -> None:
+    """What a TPU step needs before it imports JAX: the TPU itself, free of other processes. Raises PreflightError."""
+    if profile.hardware.platform != "tpu":
+        return
+    failed = [c.detail for c in (check_tpu(profile), check_hbm(profile)) if c.status == "fail"]
+    if failed:
+        raise PreflightError("\n".join(failed))
