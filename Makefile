@@ -1,12 +1,17 @@
 # gemma-tpu: `make demo` runs the course in the smoke profile, `make test` runs the test suite.
-# Each target creates the virtual environments it needs when they are missing, and installs iverilog with apt.
+# Each target creates the virtual environments it needs when they are missing, and builds Icarus Verilog 12 (the
+# version VerilogEval v2 requires; Debian 12 has 11) once into $(GEMMA_TPU_TOOLS), outside the clone.
 PYTHON ?= python3
 VENV := .venv
 SERVE_VENV := .venv-serve
 PY := $(VENV)/bin/python
 PROFILE ?= smoke
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
+# Built tools shared by every clone on the machine (CI reuses them); evaluate.py looks there too.
+GEMMA_TPU_TOOLS ?= $(HOME)/.cache/gemma-tpu
+export GEMMA_TPU_TOOLS
+IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
+export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
 .PHONY: all venv serve-venv iverilog test test-slow demo bench clean-runs
 
@@ -29,8 +34,9 @@ $(SERVE_VENV)/.installed: requirements-serve.txt
 venv: $(VENV)/.installed
 serve-venv: $(SERVE_VENV)/.installed
 
+# Icarus Verilog 12.0 from Debian's source tarball: about 5 minutes the first time on a machine, then nothing.
 iverilog:
-	@command -v iverilog >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iverilog; }
+	@tools/build_iverilog.sh $(IVERILOG_PREFIX)
 
 test: venv serve-venv iverilog
 	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
