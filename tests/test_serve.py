@@ -51,16 +51,18 @@ def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch)
     argv = serve.command(prof, "/data/merged", port=8123, api_key="sk-secret", lora_modules=None)
     line = " ".join(argv)
     assert argv[:2] == ["docker", "run"]
-    for flag in ("--privileged", "--net=host", "--shm-size=16G", "vllm/vllm-tpu:v0.32.0"):
+    for flag in ("--privileged", "--net=host", "--shm-size=16G", prof.serve.image):
         assert flag in argv, flag
-    assert argv[argv.index("vllm/vllm-tpu:v0.32.0") + 1:][:3] == ["vllm", "serve", serve.CONTAINER_MODEL_DIR]
+    assert argv[argv.index(prof.serve.image) + 1:][:3] == ["vllm", "serve", serve.CONTAINER_MODEL_DIR]
     s = prof.serve
     for flag, value in (("--tensor-parallel-size", s.tensor_parallel), ("--max-model-len", s.max_model_len),
-                        ("--max-num-batched-tokens", s.max_num_batched_tokens), ("--kv-cache-dtype", s.kv_cache_dtype),
+                        ("--max-num-batched-tokens", s.max_num_batched_tokens),
                         ("--gpu-memory-utilization", s.gpu_memory_utilization), ("--port", 8123),
                         ("--dtype", prof.model.dtype)):
         assert argv[argv.index(flag) + 1] == str(value), flag
-    assert s.tensor_parallel == 4 and s.kv_cache_dtype == "fp8"  # the configuration reported as working on v6e-8
+    # the Gemma 4 TPU recipe's configuration: all 8 chips, bf16 KV (no --kv-cache-dtype), multimodal scheduling flag
+    assert s.tensor_parallel == 8 and s.kv_cache_dtype == "auto" and "--kv-cache-dtype" not in argv
+    assert "--disable-chunked-mm-input" in argv
     assert "/data/merged:/model:ro" in argv
     assert any(a.endswith(":/root/.cache/vllm") for a in argv)
     assert any(a.startswith("VLLM_XLA_CACHE_PATH=") for a in argv)
@@ -76,7 +78,7 @@ def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch)
     hub = serve.command(prof, "google/gemma-4-31B-it")
     assert "google/gemma-4-31B-it" in hub and not any(a.endswith(":/model:ro") for a in hub)
     pip = serve.tpu_pip_instructions(prof)
-    assert "vllm-tpu==0.32.0" in pip and "hf_do_not_print_me" not in pip
+    assert f"vllm-tpu=={prof.serve.pip_version}" in pip and "hf_do_not_print_me" not in pip
 
 
 @needs_venv
