@@ -58,6 +58,7 @@ def cmd_tiny_model(args) -> int:
 def cmd_parity(args) -> int:
     """tunix vs transformers logits (and, with --layers, hidden states per layer) on a checkpoint."""
     prof = profiles.configure_jax(args.profile)
+    preflight.require(prof)
     from . import mesh as mesh_lib
     from . import parity
     from .gemma4 import CheckpointError, load_model
@@ -123,6 +124,7 @@ def cmd_demo(args) -> int:
 def cmd_lora(args) -> int:
     """Step 02: which tunix module gets LoRA for each HF target, per layer."""
     prof = profiles.configure_jax(args.profile)
+    preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
     from . import lora
 
     try:

@@ -194,24 +194,50 @@ def hub_resolves() -> bool:
         return False
 
 
+def v5p8_base(tmp_path):
+    """gemma4.ensure_base on the v5p-8 profile: the one place the real checkpoint is downloaded."""
+    from gemma_tpu_helpers import gemma4, profiles
+
+    return gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "runs" / "v5p-8")
+
+
+@pytest.fixture
+def first_contact(monkeypatch, tmp_path):
+    """In this process: no token (env or file), the Hub's own default endpoint."""
+    from gemma_tpu_helpers import hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hub, "has_token", lambda: bool(os.environ.get("HF_TOKEN")))
+    return monkeypatch
+
+
+def use_endpoint(monkeypatch, url):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+
+
 @pytest.mark.skipif(hub_resolves(), reason="this machine reaches the Hub; the refused-port test still runs")
-def test_no_network_for_real(tmp_path):
-    """This machine: no DNS for huggingface.co. The checkpoint (lora) and the tokenizer (data-stats) both stop in
-    one line, fast."""
-    env = env_for(tmp_path)
-    for step in ("lora", "data-stats"):
-        r = timed_cli(step, "--profile", "v5p-8", env=env, budget_s=60)
-        line = one_line_error(r, f"cannot reach the Hugging Face Hub to download {REAL}")
-        assert "check the network" in line
-    assert not (tmp_path / "runs" / "v5p-8" / "base").exists()
+def test_no_network_for_real(first_contact, tmp_path):
+    """This machine: no DNS for huggingface.co. The checkpoint (ensure_base) and the tokenizer (data-stats, CLI) both
+    stop in one line, fast."""
+    from gemma_tpu_helpers import hub
+
+    t = time.time()
+    with pytest.raises(hub.HubError, match=f"^cannot reach the Hugging Face Hub to download {REAL} .*check the "
+                                           f"network"):
+        v5p8_base(tmp_path)
+    assert time.time() - t < 30 and not (tmp_path / "runs" / "v5p-8" / "base").exists()
+    r = timed_cli("data-stats", "--profile", "v5p-8", env=env_for(tmp_path), budget_s=60)
+    one_line_error(r, f"cannot reach the Hugging Face Hub to download {REAL}")
 
 
 def test_refused_connection_and_offline_mode(tmp_path):
     with socket.socket() as s:  # a port nobody listens on: connection refused, wherever the test runs
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = timed_cli("lora", "--profile", "v5p-8", env=env_for(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}"),
-                  budget_s=60)
+    r = timed_cli("data-stats", "--profile", "v5p-8",
+                  env=env_for(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}"), budget_s=60)
     one_line_error(r, "cannot reach the Hugging Face Hub")
     r = timed_cli("data-stats", "--profile", "v5p-8", env=env_for(tmp_path, HF_HUB_OFFLINE="1"), budget_s=60)
     one_line_error(r, "HF_HUB_OFFLINE is set and")
@@ -235,11 +261,20 @@ def test_silent_network_times_out(monkeypatch, tmp_path):
     silent.close()
 
 
-def test_gated_repo_without_token_and_without_licence(fake_hub, tmp_path):
+def test_gated_repo_without_token_and_without_licence(fake_hub, first_contact, tmp_path):
+    from gemma_tpu_helpers import hub
+
+    use_endpoint(first_contact, fake_hub.url)
+    with pytest.raises(hub.HubError, match=f"^{REAL} is gated and no Hugging Face token is set: accept its licence "
+                                           f"at {fake_hub.url}/{REAL}"):
+        v5p8_base(tmp_path)
     env = env_for(tmp_path, HF_ENDPOINT=fake_hub.url)
-    r = timed_cli("lora", "--profile", "v5p-8", env=env, budget_s=60)  # the checkpoint, through ensure_base
-    one_line_error(r, f"{REAL} is gated and no Hugging Face token is set: accept its licence at {fake_hub.url}/{REAL}")
+    r = timed_cli("data-stats", "--profile", "v5p-8", env=env, budget_s=60)
+    one_line_error(r, f"{REAL} is gated and no Hugging Face token is set")
     fake_hub.repos[REAL]["access"] = False
+    first_contact.setenv("HF_TOKEN", "hf_notaccepted")
+    with pytest.raises(hub.HubError, match=f"^your Hugging Face token has no access to the gated {REAL}"):
+        v5p8_base(tmp_path)
     r = timed_cli("data-stats", "--profile", "v5p-8", env={**env, "HF_TOKEN": "hf_notaccepted"}, budget_s=60)
     one_line_error(r, f"your Hugging Face token has no access to the gated {REAL}: accept its licence")
     assert not any("/resolve/" in p for p in fake_hub.requests), "nothing may be downloaded before the checks pass"
@@ -269,14 +304,19 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(d)], check=True)
 
 
-def test_disk_too_small_stops_before_downloading(fake_hub, small_disk, tmp_path):
+def test_disk_too_small_stops_before_downloading(fake_hub, small_disk, first_contact):
     """62 GB of shards (the Hub's sizes) against a 16 MB disk: one line, naming the ways out, nothing downloaded."""
-    env = env_for(tmp_path, HF_ENDPOINT=fake_hub.url, HF_TOKEN="hf_accepted", GEMMA_TPU_RUNS=str(small_disk))
-    r = timed_cli("lora", "--profile", "v5p-8", env=env, budget_s=60)
-    line = one_line_error(r, f"the {REAL} checkpoint needs 62.0 GB in {small_disk}/v5p-8/base, but its filesystem "
-                             f"({small_disk}) has 0.0 GB free")
+    from gemma_tpu_helpers import gemma4, hub, profiles
+
+    use_endpoint(first_contact, fake_hub.url)
+    first_contact.setenv("HF_TOKEN", "hf_accepted")
+    with pytest.raises(hub.HubError) as e:
+        gemma4.ensure_base(profiles.get_profile("v5p-8"), small_disk / "v5p-8")
+    line = str(e.value)
+    assert line.startswith(f"the {REAL} checkpoint needs 62.0 GB in {small_disk}/v5p-8/base, but its filesystem "
+                           f"({small_disk}) has 0.0 GB free"), line
     for way_out in ("--base DIR", "GEMMA_TPU_RUNS", "HF_HOME"):
-        assert way_out in line
+        assert way_out in line and "\n" not in line
     assert not any("/resolve/" in p for p in fake_hub.requests)
 
 
@@ -331,7 +371,7 @@ def test_tpu_profile_without_tpu_is_one_line_without_libtpu_noise(tmp_path):
     """This machine has libtpu (for AOT plans) and no TPU: `mesh --profile v5p-8` used to print libtpu's
     INVALID_ARGUMENT worker-hostname noise first."""
     env = env_for(tmp_path)
-    for step in (["mesh"], ["train", "--run-dir", str(tmp_path / "x")]):
+    for step in (["mesh"], ["lora"], ["train", "--run-dir", str(tmp_path / "x")]):
         r = timed_cli(*step, "--profile", "v5p-8", env={**env, "JAX_PLATFORMS": ""}, budget_s=30)
         line = one_line_error(r, "profile 'v5p-8' needs a TPU v5p host with 4 chips, but this machine has no TPU")
         assert "--profile smoke" in line and "plan --aot --profile v5p-8" in line
