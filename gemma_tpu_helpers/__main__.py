@@ -19,6 +19,10 @@ def _profile_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_setup(args) -> int:
     """Step 00: versions, devices, profile, course map and the profile's memory estimate."""
+    if args.check:  # workshop: is this machine ready? one screen, a fix per item (gemma_tpu_helpers.workshop)
+        from . import workshop
+
+        return workshop.main_check(args)
     prof = profiles.configure_jax(args.profile)
     from . import course, gemma4, plan, tiny
 
@@ -249,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("setup", help="00: versions, devices, profile, course map, memory estimate")
     _profile_arg(p)
+    p.add_argument("--check", action="store_true",
+                   help="workshop readiness: venvs, iverilog, devices, free RAM and disk, the model, a fix for each")
+    p.add_argument("--serve", action="store_true", help="with --check: also start the vLLM server once (60-100 s)")
+    p.add_argument("--runs", default=None, help="with --check: runs root (default ./runs)")
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("tiny-model", help="00: write the tiny random Gemma 4 checkpoint + tokenizer")
@@ -354,6 +362,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="10: vllm bench serve QPS sweep (TTFT/TPOT/throughput vs QPS per input length)")
     bench.add_arguments(p)
     p.set_defaults(func=bench.main_bench)
+
+    from . import exercises, site
+
+    p = sub.add_parser("solutions", help="workshop: the exercises' tasks and solutions, for teachers (e.g. solutions 02)")
+    exercises.add_arguments(p)
+    p.set_defaults(func=exercises.main_solutions)
+
+    p = sub.add_parser("site", help="the course site: executed notebooks as HTML + an index, in runs/<profile>/site")
+    site.add_arguments(p)
+    p.set_defaults(func=site.main_site)
 
     p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
     _profile_arg(p)

@@ -1,0 +1,871 @@
+"""Self-checking exercises ("Your turn") for notebooks 01-10.
+
+A learner writes an answer in a marked cell and calls ``exercises.check("02.regex", answer)``. The checker judges
+the answer with the course's own helpers where it can (``gemma4.head_divisibility_problems``, ``lora.tunix_module``,
+``merge.plan``, ``evaluate.pass_at_k``, ``cost.training_comparison`` ...) and says *right*, or *wrong* with why
+and a hint, never the solution. ``answer = None`` (the cell as shipped) gives *not attempted*, so an unanswered
+notebook still runs under ``make demo`` and nbmake.
+
+Teachers: ``python -m gemma_tpu_helpers solutions 02`` prints notebook 02's tasks with their solutions
+(:func:`solution`, :func:`format_solutions`). ``tests/test_exercises.py`` proves that every exercise accepts its
+solution and rejects each of its typical wrong answers.
+
+This module imports nothing heavy at import time; a checker imports what it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from typing import Any, Callable
+
+RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"
+REL_TOL = 1e-3  # numeric answers: relative tolerance (enough for hand-rounded figures to 3 significant digits)
+MAX_CHIPS = 8  # the slices of this course (v5p-8, v6e-8) have at most 8 chips
+V5P_CHIPS_PER_HOST = 4  # a v5p TPU VM host drives 4 chips
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    key: str  # "<notebook number>.<name>", e.g. "02.regex"
+    title: str
+    task: str  # markdown: what to write into `answer`
+    answer_hint: str  # the comment on the `answer = None` line: the answer's form
+    hint: str  # shown with a wrong answer
+    solution: Any  # a value, or a function (shown by its source)
+    judge: Callable[[Any], str | None]  # None when right, else why it is wrong (must not reveal the solution)
+    wrong: tuple = ()  # typical wrong answers: CI checks that each is rejected
+    right_note: str = ""  # shown with a right answer: what it means
+
+    @property
+    def notebook(self) -> str:
+        return self.key.split(".", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    key: str
+    status: str  # RIGHT | WRONG | NOT_ATTEMPTED
+    why: str = ""
+    hint: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == RIGHT
+
+    def __str__(self) -> str:
+        if self.status == RIGHT:
+            return f"[right] {self.key}: {self.why}".rstrip(": ")
+        if self.status == NOT_ATTEMPTED:
+            return f"[not attempted] {self.key}: {self.why}"
+        return f"[wrong] {self.key}: {self.why}\n  hint: {self.hint}"
+
+    __repr__ = __str__
+
+    def _repr_markdown_(self) -> str:
+        label = {RIGHT: "**Right.**", WRONG: "**Not yet.**", NOT_ATTEMPTED: "**Not attempted.**"}[self.status]
+        out = f"`{self.key}` {label} {self.why}"
+        if self.status == WRONG and self.hint:
+            out += f"\n\n*Hint:* {self.hint}"
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- small judges
+
+
+def _int(answer, what: str = "an integer") -> int:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or int(answer) != answer:
+        raise _Wrong(f"give {what}, not {answer!r}")
+    return int(answer)
+
+
+def _number(answer) -> float:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+        raise _Wrong(f"give a finite number, not {answer!r}")
+    return float(answer)
+
+
+def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
+
+
+class _Wrong(Exception):
+    """Raised inside a judge: the message is the reason."""
+
+
+def _choice(answer, choices: dict[str, str]) -> str:
+    """A multiple-choice answer as its letter: accepts "a" or the choice's text."""
+    if isinstance(answer, str):
+        a = answer.strip().rstrip(")").lower()
+        if a in choices:
+            return a
+        for letter, text in choices.items():
+            if answer.strip().lower() == text.lower():
+                return letter
+    raise _Wrong(f"answer with one of the letters {', '.join(map(repr, choices))}, not {answer!r}")
+
+
+# ---------------------------------------------------------------------------------------------- 01 mesh
+
+
+def _cfg31b() -> dict:
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    return GEMMA4_31B_TEXT_CONFIG
+
+
+def _judge_01_tp(answer):
+    from .gemma4 import head_divisibility_problems, valid_tp_sizes
+
+    tp = _int(answer, "an integer tp size")
+    if not 1 <= tp <= MAX_CHIPS:
+        return f"tp={tp} does not fit on a slice of {MAX_CHIPS} chips (tp counts chips: 1..{MAX_CHIPS})"
+    problems = head_divisibility_problems(_cfg31b(), {"tp": tp})
+    if problems:
+        return f"tp={tp} cannot shard the 31B: " + "; ".join(problems)
+    if tp != max(valid_tp_sizes(_cfg31b(), MAX_CHIPS)):
+        return f"tp={tp} divides every head count, but it is not the largest tp that does"
+    return None
+
+
+_CONTEXT_CHOICES = {"a": "with mesh:", "b": "with jax.set_mesh(mesh):", "c": "both, one inside the other"}
+
+
+def _judge_01_context(answer):
+    letter = _choice(answer, _CONTEXT_CHOICES)
+    if letter == "b":
+        return ("under jax.set_mesh alone the step still runs, but tunix 0.1.7's PeftTrainer never sees the mesh: "
+                "every batch is replicated on every device and the optimizer state is not sharded (the probe above "
+                "shows the batch spec inside the step)")
+    if letter == "c":
+        return "both contexts at once crash in tunix's optimizer-sharding step"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 02 LoRA names
+
+
+def _module_paths(text_config: dict) -> tuple[list[str], list[str]]:
+    """(every projection module path that should get LoRA, module paths that should not), as tunix names them."""
+    from .gemma4 import layer_kinds
+    from .lora import HF_TARGETS, tunix_module
+
+    k_eq_v = bool(text_config.get("attention_k_eq_v"))
+    targets, others = [], ["embedder", "final_norm"]
+    for i, kind in enumerate(layer_kinds(text_config)):
+        mods = []
+        for t in HF_TARGETS:
+            m = tunix_module(t, kind, k_eq_v)
+            if m and m not in mods:
+                mods.append(m)
+        targets += [f"layers/{i}/{m}" for m in mods]
+        others += [f"layers/{i}/{m}" for m in ("attn", "mlp", "attn/_query_norm", "attn/_key_norm",
+                                                 "pre_attention_norm", "post_attention_norm", "pre_ffw_norm",
+                                                 "post_ffw_norm")]
+    return targets, others
+
+
+def _judge_02_regex(answer):
+    if not isinstance(answer, str) or not answer.strip():
+        return f"give the regex as a string, not {answer!r}"
+    try:
+        rx = re.compile(answer)
+    except re.error as e:
+        return f"Python cannot compile it as a regex: {e}"
+    targets, others = _module_paths(_cfg31b())
+    missed = [p for p in targets if not rx.fullmatch(p)]  # qwix matches module_path with re.fullmatch
+    extra = [p for p in others if rx.fullmatch(p)]
+    if len(missed) == len(targets):
+        return ("it matches none of tunix's module paths (qwix full-matches paths such as layers/0/mlp/up_proj; "
+                "Hugging Face names such as q_proj do not occur in them)")
+    if missed:
+        by_module: dict[str, list[str]] = {}
+        for p in missed:
+            layer, module = p.split("/", 2)[1:]
+            by_module.setdefault(module, []).append(layer)
+        parts = [f"{m} on {len(ls)} layer(s) ({', '.join(ls[:4])}{', ...' if len(ls) > 4 else ''})"
+                 for m, ls in by_module.items()]
+        return "it leaves out " + "; ".join(parts)
+    if extra:
+        return (f"it covers every projection, but also matches {len(extra)} module(s) that are not projections, "
+                f"e.g. {', '.join(extra[:3])}: select exactly the seven projections, so that the coverage report "
+                f"and the LoRA parameter count mean what you think")
+    return None
+
+
+def _solution_02_regex() -> str:
+    from .lora import HF_TARGETS, regex_for
+
+    return regex_for(HF_TARGETS)
+
+
+def _judge_02_module(answer):
+    from .gemma4 import layer_kinds
+    from .lora import tunix_module
+
+    c = _cfg31b()
+    kinds = layer_kinds(c)
+    if not isinstance(answer, dict) or set(answer) != {0, 5}:
+        return "give a dict with the keys 0 and 5 (layer numbers), each a dict {'k_proj': ..., 'v_proj': ...}"
+    for layer in (0, 5):
+        got = answer[layer]
+        if not isinstance(got, dict) or set(got) != {"k_proj", "v_proj"}:
+            return f"answer[{layer}] must be a dict with the keys 'k_proj' and 'v_proj'"
+        for target in ("k_proj", "v_proj"):
+            want = tunix_module(target, kinds[layer], bool(c.get("attention_k_eq_v")))
+            mine = got[target]
+            if isinstance(mine, str):
+                mine = mine.strip().strip("/")
+                mine = mine if mine.startswith(("attn/", "mlp/")) else f"attn/{mine}"
+            if mine != want:
+                return (f"layer {layer} is a {kinds[layer]} layer, and {got[target]!r} is not where its {target} "
+                        f"lives in tunix")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 03 sharding
+
+# The 31B's global k_einsum weight (K, D, H) on a v6e-8-sized mesh, as tunix annotates it.
+_SPEC_SHAPE = (4, 5376, 512)
+_SPEC_GIVEN = ("tp", "fsdp", None)
+_SPEC_MESH = {"fsdp": 1, "tp": 8}
+
+
+def _judge_03_spec(answer):
+    from .sharding import _bytes_per_device, _divisible_spec, _indivisible
+
+    if not isinstance(answer, (tuple, list)) or len(answer) != len(_SPEC_SHAPE):
+        return f"give a tuple of {len(_SPEC_SHAPE)} entries (a mesh axis name or None per dim of {_SPEC_SHAPE})"
+    spec = tuple(answer)
+    for entry in spec:
+        if entry is not None and entry not in _SPEC_MESH:
+            return f"{entry!r} is not a mesh axis; the mesh has {', '.join(_SPEC_MESH)} (or None: replicated)"
+    used = [e for e in spec if e is not None]
+    if len(used) != len(set(used)):
+        return "a mesh axis can shard only one dim of an array"
+    bad = _indivisible(_SPEC_SHAPE, spec, _SPEC_MESH)
+    if bad:
+        return "the mesh still cannot divide it: " + "; ".join(bad)
+    ref = _divisible_spec(_SPEC_SHAPE, _SPEC_GIVEN, _SPEC_MESH)
+    mine_b = _bytes_per_device(_SPEC_SHAPE, "bfloat16", spec, _SPEC_MESH)
+    ref_b = _bytes_per_device(_SPEC_SHAPE, "bfloat16", ref, _SPEC_MESH)
+    if mine_b > ref_b:
+        return (f"it divides, but replicates more than it must: {mine_b / 2**20:.0f} MiB per device where "
+                f"{ref_b / 2**20:.0f} MiB is possible")
+    if spec != ref:
+        return ("it divides, but it moves an axis to a dim tunix does not shard that way: change only what the mesh "
+                "cannot divide, keep the rest of tunix's annotation")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 04 remat
+
+_STEPS = ("load_model", "apply_lora", "set_remat", "train")
+
+
+def _judge_04_order(answer):
+    if not isinstance(answer, (list, tuple)) or sorted(answer) != sorted(_STEPS):
+        return f"give a list holding each of {', '.join(map(repr, _STEPS))} once, in the order you would run them"
+    a = list(answer)
+    if a[0] != "load_model" or a[-1] != "train":
+        return "a step needs the model it works on: what must come first, and what last?"
+    if a.index("set_remat") < a.index("apply_lora"):
+        return ("remat before LoRA: qwix creates the LoRA params while it runs the model once, and tunix's "
+                "nnx.remat(..., graph_updates=False) drops variables created inside it, so the model gets no LoRA "
+                "params (the trap table above shows 0)")
+    return None
+
+
+def _judge_04_policy(answer):
+    from .remat import POLICIES, UnknownPolicyError, check_policy
+
+    if not isinstance(answer, str):
+        return "give a policy name as a string (a key of remat.POLICIES)"
+    try:
+        name = check_policy(answer)
+    except UnknownPolicyError:
+        return f"{answer!r} is not a policy of this course: the names are the keys of remat.POLICIES"
+    if name != "decoder":
+        return f"{name!r} is: {POLICIES[name][1]}; that is not the policy asked for"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 05 data
+
+# Gemma 4 chat format (pieces as its tokenizer splits them: control tokens and the role on their own).
+BOS, SOT, EOT = "<bos>", "<|turn>", "<turn|>"
+THOUGHT = ["<|channel>", "thought", "\n", "<channel|>"]  # the 31B's empty thought channel (thinking off)
+
+
+def gemma4_pieces(messages: list[dict], thought_channel: bool = False) -> list[str]:
+    """A chat rendered the way Gemma 4's template renders it (native system turn, assistant -> ``model``), as
+    pieces: ``<bos>``, ``<|turn>``, the role, ``"\\n"``, the content's words, ``<turn|>``, ``"\\n"`` per turn.
+
+    ``thought_channel=True``: the last model turn opens with the empty thought channel that the 31B's generation
+    prompt adds (so a training sequence is what the model sees at inference, then the answer)."""
+    out = [BOS]
+    for i, m in enumerate(messages):
+        role = "model" if m["role"] == "assistant" else m["role"]
+        thought = THOUGHT if thought_channel and role == "model" and i == len(messages) - 1 else []
+        out += [SOT, role, "\n", *thought, *re.findall(r"\s*\S+", m["content"].strip()), EOT, "\n"]
+    return out
+
+
+_MASK_CHATS = (
+    [{"role": "user", "content": "Write a 2-to-1 mux."},
+     {"role": "assistant", "content": "module mux(input a, b, s, output y); assign y = s ? b : a; endmodule"}],
+    [{"role": "system", "content": "You write Verilog."},
+     {"role": "user", "content": "Write an inverter."},
+     {"role": "assistant", "content": "module inv(input a, output y); assign y = ~a; endmodule"}],
+    [{"role": "user", "content": "Which model of flip-flop? Answer as the user asked."},
+     {"role": "assistant", "content": "A D flip-flop: the user model and the model user agree."}],
+    [{"role": "user", "content": "Write a buffer."},
+     {"role": "assistant", "content": "module buf1(input a, output y); assign y = a; endmodule"},
+     {"role": "user", "content": "Now with an enable."},
+     {"role": "assistant", "content": "module buf2(input a, en, output y); assign y = en ? a : 1'bz; endmodule"}],
+)
+
+
+def _mask_reference(pieces: list[str]) -> list[int]:
+    """1 on the last model turn's content and its ``<turn|>``; 0 elsewhere (what data.tokenize_example does)."""
+    start = max(i for i in range(len(pieces) - 2) if pieces[i:i + 3] == [SOT, "model", "\n"]) + 3
+    if pieces[start:start + len(THOUGHT)] == THOUGHT:
+        start += len(THOUGHT)
+    end = pieces.index(EOT, start) + 1
+    return [1 if start <= i < end else 0 for i in range(len(pieces))]
+
+
+def _judge_05_mask(answer):
+    if not callable(answer):
+        return "give a function: mask(pieces) -> a list of 0/1, one per piece"
+    for chat, thought in [(c, False) for c in _MASK_CHATS] + [(_MASK_CHATS[0], True)]:
+        pieces = gemma4_pieces(chat, thought_channel=thought)
+        try:
+            got = answer(list(pieces))
+        except Exception as e:  # the learner's code: report, do not raise
+            return f"your function raised {type(e).__name__}: {e} on the chat {pieces!r}"
+        try:
+            got = [int(x) for x in got]
+        except (TypeError, ValueError):
+            return f"your function must return a list of 0/1, it returned {got!r}"
+        want = _mask_reference(pieces)
+        if len(got) != len(want):
+            return f"the mask has {len(got)} entries for {len(pieces)} pieces"
+        if got == want:
+            continue
+        wrong_on = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+        on_eot = [i for i in wrong_on if pieces[i] == EOT and want[i]]
+        header = [i for i in wrong_on if got[i] and i < want.index(1)]
+        if header:
+            return (f"the loss includes pieces before the model's last answer, e.g. {[pieces[i] for i in header[:5]]}: "
+                    f"train on that answer only (chat: {''.join(pieces)!r})")
+        if on_eot:
+            return ("the answer's closing <turn|> is not in the loss, so the model never learns to end its turn "
+                    f"(chat: {''.join(pieces)!r})")
+        return (f"it differs on {len(wrong_on)} piece(s), e.g. {[pieces[i] for i in wrong_on[:5]]} "
+                f"(chat: {''.join(pieces)!r})")
+    return None
+
+
+def solution_05_mask(pieces):
+    """1 from after the last ``<|turn>model\\n`` up to and including the ``<turn|>`` that closes it."""
+    start = max(i for i in range(len(pieces) - 2) if pieces[i:i + 3] == ["<|turn>", "model", "\n"]) + 3
+    if pieces[start:start + 4] == ["<|channel>", "thought", "\n", "<channel|>"]:
+        start += 4  # the 31B's empty thought channel is part of the prompt
+    end = pieces.index("<turn|>", start) + 1
+    return [1 if start <= i < end else 0 for i in range(len(pieces))]
+
+
+def _wrong_05_all(pieces):
+    return [1] * len(pieces)
+
+
+def _wrong_05_no_eot(pieces):
+    return [m if p != "<turn|>" else 0 for p, m in zip(pieces, solution_05_mask(pieces))]
+
+
+def _wrong_05_first_turn(pieces):  # the first model turn, as a plain search finds it
+    start = pieces.index("model") + 2
+    end = pieces.index("<turn|>", start) + 1
+    return [1 if start <= i < end else 0 for i in range(len(pieces))]
+
+
+_USE_LENGTHS = (900, 1200, 300, 2000, 650)
+_USE_MAX_LEN = 3072
+
+
+def _judge_05_use(answer):
+    from .data import token_use_for_lengths
+
+    x = _number(answer)
+    use = token_use_for_lengths(list(_USE_LENGTHS), _USE_MAX_LEN)
+    if _close(x, use["pad_to_max"]):
+        return None
+    if _close(x, 100 * use["pad_to_max"]):
+        return "give a fraction between 0 and 1, not a percentage"
+    if _close(x, use["packed"]):
+        return "that is the token use of packing; the question asks about padding every example to max_seq_len"
+    if _close(x, 1 - use["pad_to_max"]):
+        return "that is the share of padding; the question asks for the share of real tokens"
+    return "not the share of computed tokens that are real under pad-to-max"
+
+
+# ---------------------------------------------------------------------------------------------- 06 training
+
+
+def _judge_06_accum(answer):
+    from .profiles import GPU_RECIPE, get_profile
+
+    accum = _int(answer, "an integer grad_accum")
+    gpu = GPU_RECIPE["world_size"] * GPU_RECIPE["per_device_batch"] * GPU_RECIPE["grad_accum"]
+    micro = get_profile("v5p-8").train.micro_batch
+    if accum == GPU_RECIPE["grad_accum"]:
+        return (f"that is the GPU recipe's own grad_accum, but it runs {GPU_RECIPE['world_size']} GPUs with "
+                f"{GPU_RECIPE['per_device_batch']} example each per micro-step; the v5p-8 takes {micro} global "
+                f"row(s) per micro-step")
+    if accum * micro != gpu:
+        return f"{micro} row(s) x {accum} = {accum * micro} examples per update, but the GPU recipe updates on {gpu}"
+    return None
+
+
+_STEPS_EXAMPLES, _STEPS_MAX_LEN = 10_000, 3072
+
+
+def _steps_reference() -> tuple[int, int]:
+    from .data import codev_like_lengths, token_use_for_lengths
+    from .profiles import get_profile
+
+    t = get_profile("v5p-8").train
+    rows = token_use_for_lengths(codev_like_lengths(_STEPS_EXAMPLES), _STEPS_MAX_LEN)["packed_rows"]
+    return rows, t.micro_batch * t.grad_accum
+
+
+def _judge_06_steps(answer):
+    steps = _int(answer, "an integer number of optimizer steps")
+    rows, per_update = _steps_reference()
+    if steps in (rows // per_update, -(-rows // per_update)):
+        return None
+    if steps in (_STEPS_EXAMPLES // per_update, -(-_STEPS_EXAMPLES // per_update)):
+        return "that counts examples per update; with packing an update takes rows, each holding several examples"
+    return "not the number of optimizer updates one pass over the packed rows makes"
+
+
+# ---------------------------------------------------------------------------------------------- 07 merge
+
+_MERGE_RANK, _MERGE_ALPHA = 4, 8.0
+
+
+def _merge_case(target: str):
+    """(A, B, scale, reference ΔW) for layer 0's ``target`` from a synthetic LoRA, through merge.plan."""
+    from .merge import plan, synthetic_lora
+    from .tiny import tiny_text_config
+
+    cfg = tiny_text_config()
+    arrays = synthetic_lora(cfg, [target], _MERGE_RANK, seed=1)
+    meta = {"rank": _MERGE_RANK, "alpha": _MERGE_ALPHA, "targets": [target]}
+    (delta,) = [d for d in plan(arrays, meta, cfg) if d.hf.endswith(f"layers.0.self_attn.{target}.weight")]
+    a, b = (arrays[f"{delta.module}/w_lora_{x}"] for x in "ab")
+    return a, b, delta.scale, delta.delta()
+
+
+def _compare_delta(answer, target: str, other: Callable | None = None):
+    import numpy as np
+
+    if not callable(answer):
+        return "give a function: delta(a, b, scale) -> the HF weight update as a 2-D numpy array [out, in]"
+    a, b, scale, want = _merge_case(target)
+    try:
+        got = np.asarray(answer(a.copy(), b.copy(), scale), dtype=np.float32)
+    except Exception as e:  # the learner's code
+        return f"your function raised {type(e).__name__}: {e} (a {a.shape}, b {b.shape})"
+    tol = dict(rtol=1e-4, atol=1e-6)
+    if got.shape != want.shape:
+        if got.shape == want.shape[::-1] and np.allclose(got.T, want, **tol):
+            return f"right numbers, wrong layout: HF weights are [out, in] = {want.shape}, yours is {got.shape}"
+        return f"the update must have the HF weight's shape [out, in] = {want.shape}; yours is {got.shape}"
+    if np.allclose(got, want, **tol):
+        return None
+    if np.allclose(got * scale, want, **tol):
+        return "off by the LoRA scale: the update is multiplied by alpha / rank"
+    if other is not None and np.allclose(got, other(a, b, scale), **tol):
+        return "that is the update of k_proj: the two share A, and B has one slice each"
+    return "the values differ from the update merge.plan computes"
+
+
+def solution_07_q(a, b, scale):
+    """q_einsum: A (D, r), B (r, N, H) -> ΔW_q = scale · (A · B.reshape(r, N·H))ᵀ, shape [N·H, D]."""
+    r = a.shape[-1]
+    return scale * (a @ b.reshape(r, -1)).T
+
+
+def _wrong_07_q_layout(a, b, scale):
+    return scale * (a @ b.reshape(a.shape[-1], -1))
+
+
+def _wrong_07_q_unscaled(a, b, scale):
+    return (a @ b.reshape(a.shape[-1], -1)).T
+
+
+def solution_07_v(a, b, scale):
+    """kv_einsum: A (D, r), B (r, 2, K, H); v takes B[:, 1] -> ΔW_v = scale · (A · B[:, 1].reshape(r, K·H))ᵀ."""
+    r = a.shape[-1]
+    return scale * (a @ b[:, 1].reshape(r, -1)).T
+
+
+def _wrong_07_v_is_k(a, b, scale):
+    return scale * (a @ b[:, 0].reshape(a.shape[-1], -1)).T
+
+
+def _judge_07_q(answer):
+    return _compare_delta(answer, "q_proj")
+
+
+def _judge_07_v(answer):
+    return _compare_delta(answer, "v_proj", other=_wrong_07_v_is_k)
+
+
+# ---------------------------------------------------------------------------------------------- 08 serving
+
+_FLAG_KEYS = ("tensor_parallel_size", "max_model_len", "kv_cache_dtype", "gpu_memory_utilization")
+_KV_DTYPES = ("auto", "fp8")
+_REMOVED_FLAGS = {"disable_log_requests": "removed in vLLM 0.32: passing it is an error"}
+
+
+def serving_profile(flags: dict):
+    """The v6e-8 profile with ``flags`` as its serving settings (what ``serve.hbm_per_chip`` judges)."""
+    import dataclasses as dc
+
+    from .profiles import get_profile
+
+    prof = get_profile("v6e-8")
+    return dc.replace(prof, serve=dc.replace(
+        prof.serve, tensor_parallel=int(flags["tensor_parallel_size"]), max_model_len=int(flags["max_model_len"]),
+        kv_cache_dtype=flags["kv_cache_dtype"], gpu_memory_utilization=float(flags["gpu_memory_utilization"])))
+
+
+def _judge_08_flags(answer):
+    from .profiles import get_profile
+    from .serve import ServeError, hbm_per_chip
+
+    if not isinstance(answer, dict):
+        return f"give a dict with the keys {', '.join(_FLAG_KEYS)}"
+    for k in answer:
+        if k in _REMOVED_FLAGS:
+            return f"{k}: {_REMOVED_FLAGS[k]}"
+    missing = [k for k in _FLAG_KEYS if k not in answer]
+    if missing:
+        return f"missing key(s): {', '.join(missing)}"
+    prof = get_profile("v6e-8")
+    chips, heads = prof.hardware.num_devices, _cfg31b()["num_attention_heads"]
+    tp = _int(answer["tensor_parallel_size"], "an integer tensor_parallel_size")
+    if not 1 <= tp <= chips:
+        return f"tensor_parallel_size={tp}: a v6e-8 has {chips} chips"
+    if heads % tp:
+        return f"tensor_parallel_size={tp} does not divide the 31B's {heads} attention heads"
+    if answer["kv_cache_dtype"] not in _KV_DTYPES:
+        return f"kv_cache_dtype: one of {', '.join(map(repr, _KV_DTYPES))}"
+    util = _number(answer["gpu_memory_utilization"])
+    if not 0 < util <= 1:
+        return "gpu_memory_utilization is a fraction of each chip's HBM: in (0, 1]"
+    need_len = prof.serve.max_model_len
+    if _int(answer["max_model_len"], "an integer max_model_len") < need_len:
+        return f"max_model_len below {need_len}: the task asks for a {need_len}-token context"
+    try:
+        m = hbm_per_chip(serving_profile(answer))
+    except ServeError as e:  # KV heads neither divided nor replicated
+        return str(e)
+    if not m["fits"]:
+        return (f"per chip: {m['weights_gib']:.1f} GiB of weights leave {m['free_gib']:.1f} GiB of the "
+                f"{m['budget_gib']:.1f} GiB budget ({util:g} x {prof.hardware.hbm_gib_per_chip:g} GiB), less than the "
+                f"{m['kv_gib_per_sequence']:.2f} GiB KV cache of one {answer['max_model_len']}-token sequence")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 09 evaluation
+
+_PASS_N, _PASS_C, _PASS_K = 10, 3, 5
+_PASS_COUNTS = ((10, 0), (10, 3), (10, 10), (10, 1))  # (samples, passing) per problem
+_PASS_KS = (1, 5)
+
+
+def _judge_09_pass(answer):
+    from .evaluate import pass_at_k
+
+    x = _number(answer)
+    want = pass_at_k(_PASS_N, _PASS_C, _PASS_K)
+    if _close(x, want):
+        return None
+    if _close(x, _PASS_C / _PASS_N):
+        return f"c / n estimates pass@1, not pass@{_PASS_K}"
+    if _close(x, 1 - (1 - _PASS_C / _PASS_N) ** _PASS_K):
+        return ("1 - (1 - c/n)^k draws the k samples with replacement; pass@k draws k distinct samples out of the n "
+                "(the unbiased estimator)")
+    return f"not pass@{_PASS_K} for n={_PASS_N}, c={_PASS_C}"
+
+
+def _judge_09_mean(answer):
+    from .evaluate import pass_at_k
+
+    if not isinstance(answer, dict) or set(answer) != set(_PASS_KS):
+        return f"give a dict {{k: pass@k}} with the keys {', '.join(map(str, _PASS_KS))}"
+    n_all, c_all = sum(n for n, _ in _PASS_COUNTS), sum(c for _, c in _PASS_COUNTS)
+    for k in _PASS_KS:
+        x = _number(answer[k])
+        want = sum(pass_at_k(n, c, k) for n, c in _PASS_COUNTS) / len(_PASS_COUNTS)
+        if _close(x, want):
+            continue
+        if _close(x, pass_at_k(n_all, c_all, k)):
+            return f"pass@{k}: you pooled the samples of all problems; pass@k is computed per problem, then averaged"
+        return f"pass@{k} is not the mean over problems of each problem's pass@{k}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- 10 cost
+
+_SERVE_TOK_S = 1400.0  # a round output throughput for the exercise (tokens/s)
+
+
+def _judge_10_ratio(answer):
+    from .bench import PAPER_TRAINING_HOURS
+    from .cost import training_comparison
+
+    x = _number(answer)
+    t = training_comparison(PAPER_TRAINING_HOURS["v5p-8"], PAPER_TRAINING_HOURS["2xH100"])
+    if _close(x, t.attrs["cost_ratio"], 5e-3):
+        return None
+    if _close(x, t.attrs["time_ratio"], 5e-3):
+        return "that is the time ratio: the GPUs also cost a different price per hour"
+    if _close(x, 1 / t.attrs["cost_ratio"], 5e-3):
+        return "upside down: how many times the TPU run's cost is the GPU run's?"
+    return "not the GPU run's cost divided by the TPU run's"
+
+
+def _judge_10_per_million(answer):
+    from .cost import cost_per_million_output_tokens, price
+
+    x = _number(answer)
+    want = cost_per_million_output_tokens(_SERVE_TOK_S, "v6e-8")
+    if _close(x, want, 5e-3):
+        return None
+    if _close(x, price("v6e-8") / _SERVE_TOK_S * 1e6, 5e-3):
+        return "the price is per hour and the throughput per second: convert one of them"
+    return "not the dollars per million output tokens at that throughput"
+
+
+# ---------------------------------------------------------------------------------------------- the catalogue
+
+EXERCISES: dict[str, Exercise] = {e.key: e for e in [
+    Exercise(
+        "01.tp", "The largest tp for training the 31B",
+        "On a slice of 8 chips, what is the **largest tp** (the mesh's tensor-parallel axis) on which tunix can "
+        "shard Gemma 4 31B for training? (`gemma4.GEMMA4_31B_TEXT_CONFIG` holds its head counts.)",
+        "an int", "tp must divide every head count it splits, the smallest one included.",
+        4, _judge_01_tp, wrong=(8, 2), right_note="the 31B's 4 global KV heads rule out tp=8."),
+    Exercise(
+        "01.context", "The mesh context for tunix's trainer",
+        "Which context do you put around tunix 0.1.7's `PeftTrainer` construction and `train()` so that batches and "
+        "optimizer state are sharded? "
+        + "; ".join(f"**{k}**) `{v}`" if k != "c" else f"**{k}**) {v}" for k, v in _CONTEXT_CHOICES.items()),
+        "'a', 'b' or 'c'", "Look at the batch spec the probe printed inside the step under each context.",
+        "a", _judge_01_context, wrong=("b", "c")),
+    Exercise(
+        "02.regex", "A qwix regex that covers every Gemma 4 projection",
+        "Write the qwix `module_path` regex that puts LoRA on **every** attention and MLP projection of every layer "
+        "of Gemma 4 31B, and on nothing else. qwix full-matches it against tunix module paths such as "
+        "`layers/0/attn/q_einsum`.",
+        "a regex string", "List the module names of a local layer *and* of a global layer (lora.target_table).",
+        _solution_02_regex, _judge_02_regex,
+        wrong=(".*q_proj|.*v_proj",
+               ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj", ".*")),
+    Exercise(
+        "02.module", "Where k_proj and v_proj live",
+        "In the 31B, layer 0 is sliding (local) and layer 5 is global with `attention_k_eq_v`. For each, name the "
+        "tunix module (e.g. `'attn/q_einsum'`) that holds `k_proj` and `v_proj`, or `None` where there is none: "
+        "`{0: {'k_proj': ..., 'v_proj': ...}, 5: {'k_proj': ..., 'v_proj': ...}}`.",
+        "a dict of dicts", "On a k=v layer, V *is* K.",
+        {0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"}, 5: {"k_proj": "attn/k_einsum", "v_proj": None}},
+        _judge_02_module,
+        wrong=({0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
+                5: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"}},
+               {0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
+                5: {"k_proj": "attn/k_einsum", "v_proj": "attn/v_einsum"}})),
+    Exercise(
+        "03.spec", "Fix a sharding annotation",
+        f"The 31B's global-layer `k_einsum` weight has shape `{_SPEC_SHAPE}` (global KV heads, hidden, head dim) and "
+        f"tunix annotates it `{_SPEC_GIVEN}`. On a mesh `{_SPEC_MESH}` that cannot work. Give the annotation "
+        "`sharding.fix` would choose: the least replication that divides.",
+        "a tuple of 3 axis names or None", "Change only the entry the mesh cannot divide.",
+        (None, "fsdp", None), _judge_03_spec, wrong=(_SPEC_GIVEN, (None, None, None), ("fsdp", "tp", None))),
+    Exercise(
+        "04.order", "Remat and LoRA: in which order?",
+        f"Put these steps in the order that gives a trainable, rematerialised LoRA model: {', '.join(map(repr, _STEPS))}.",
+        "a list of the 4 step names", "qwix creates the LoRA params while it runs the model once.",
+        list(("load_model", "apply_lora", "set_remat", "train")), _judge_04_order,
+        wrong=(["load_model", "set_remat", "apply_lora", "train"], ["apply_lora", "load_model", "set_remat", "train"])),
+    Exercise(
+        "04.policy", "The remat policy that keeps the least",
+        "Which policy in `remat.POLICIES` keeps only each decoder layer's input and recomputes the rest of the layer "
+        "in the backward pass?",
+        "a policy name", "Read the descriptions in remat.POLICIES.", "decoder", _judge_04_policy,
+        wrong=("block", "dots", "full")),
+    Exercise(
+        "05.mask", "The loss mask of a Gemma 4 chat",
+        "Write `mask(pieces)` for a chat in Gemma 4's format, given as pieces such as `['<bos>', '<|turn>', 'user', "
+        "'\\n', 'Write', ..., '<turn|>', '\\n', '<|turn>', 'model', '\\n', 'module', ..., '<turn|>', '\\n']` "
+        "(`exercises.gemma4_pieces(messages)` renders one). Return 1 for each piece the loss trains on (the model's "
+        "last answer, as `data.tokenize_example` does) and 0 elsewhere. The checker tries chats with a system turn, "
+        "with the words *model* and *user* inside the text, with two model turns, and with the empty thought channel "
+        "(`<|channel>thought\\n<channel|>`) that the 31B's generation prompt puts before the answer.",
+        "a function mask(pieces) -> list of 0/1", "Where does the model's answer start, and which piece ends it?",
+        solution_05_mask, _judge_05_mask, wrong=(_wrong_05_all, _wrong_05_no_eot, _wrong_05_first_turn)),
+    Exercise(
+        "05.use", "What padding wastes",
+        f"Five examples of {', '.join(map(str, _USE_LENGTHS))} tokens, each padded to max_seq_len {_USE_MAX_LEN}: "
+        "what fraction of the computed tokens are real (the *token use* of pad-to-max)?",
+        "a float in [0, 1]", "Real tokens over rows x max_seq_len.", 0.3288, _judge_05_use,
+        wrong=(0.822, 32.88, 0.6712)),
+    Exercise(
+        "06.accum", "The GPU recipe's batch on a v5p-8",
+        "The paper's GPU recipe updates on `profiles.GPU_RECIPE`'s batch (2 GPUs x 1 example x grad accum 4). Without "
+        "packing (one example per row), which `grad_accum` gives the v5p-8 (micro_batch 1 global row) the same "
+        "examples per update?",
+        "an int", "Examples per update = devices x per-device batch x accumulation.", 8, _judge_06_accum,
+        wrong=(4, 2)),
+    Exercise(
+        "06.steps", "Optimizer steps per epoch, packed",
+        f"{_STEPS_EXAMPLES:,} CodeV-R1-like examples packed at max_seq_len {_STEPS_MAX_LEN} give "
+        f"`data.token_use_for_lengths(data.codev_like_lengths({_STEPS_EXAMPLES}), {_STEPS_MAX_LEN})['packed_rows']` "
+        "rows. The v5p-8 profile updates on micro_batch x grad_accum rows. How many optimizer steps make one epoch?",
+        "an int", "Count rows, not examples.", 369, _judge_06_steps, wrong=(1250, 27)),
+    Exercise(
+        "07.delta_q", "A q_proj LoRA as a Hugging Face weight update",
+        "Write `delta(a, b, scale)` for a `q_einsum` LoRA: `a` is (D, r), `b` is (r, N, H) and `scale` is "
+        "alpha / rank. Return the update of HF's `q_proj.weight`, a 2-D array.",
+        "a function delta(a, b, scale) -> 2-D array", "HF stores a linear weight as [out, in].",
+        solution_07_q, _judge_07_q, wrong=(_wrong_07_q_layout, _wrong_07_q_unscaled)),
+    Exercise(
+        "07.delta_v", "A v_proj update from the shared kv_einsum",
+        "On a local layer k and v share one `kv_einsum`: `a` is (D, r) and `b` is (r, 2, K, H). Write "
+        "`delta(a, b, scale)` returning the update of HF's `v_proj.weight`.",
+        "a function delta(a, b, scale) -> 2-D array", "The kv_einsum weight is (2, K, D, H): index 0 is k.",
+        solution_07_v, _judge_07_v, wrong=(_wrong_07_v_is_k,)),
+    Exercise(
+        "08.flags", "vLLM flags that fit a v6e-8",
+        "Serve the merged 31B (bf16 weights) on a v6e-8 (8 chips of 32 GiB HBM) with a 16384-token context. Give the "
+        "flags as a dict: `{'tensor_parallel_size': ..., 'max_model_len': ..., 'kv_cache_dtype': 'auto' | 'fp8', "
+        "'gpu_memory_utilization': ...}`. The checker runs `serve.hbm_per_chip` on them: each chip's share of the "
+        "weights plus the KV cache of one full-length sequence must fit in its budget.",
+        "a dict of flags", "Weights shrink with tensor parallelism; the budget is HBM x gpu_memory_utilization.",
+        {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
+        _judge_08_flags,
+        wrong=({"tensor_parallel_size": 2, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
+               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.25},
+               {"tensor_parallel_size": 6, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
+               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90,
+                "disable_log_requests": True}),
+        right_note="the profile serves at TP8, bf16, 0.90 (vLLM replicates the 4 global KV heads over 8 chips)."),
+    Exercise(
+        "09.pass", "pass@k from counts",
+        f"A problem got n={_PASS_N} samples and c={_PASS_C} of them pass. What is its pass@{_PASS_K}?",
+        "a float", "pass@k = the chance that k samples drawn without replacement from the n include a passing one.",
+        1 - math.comb(_PASS_N - _PASS_C, _PASS_K) / math.comb(_PASS_N, _PASS_K), _judge_09_pass,
+        wrong=(0.3, 1 - 0.7 ** 5)),
+    Exercise(
+        "09.mean", "pass@k over a benchmark",
+        f"Four problems, (n, c) = {list(_PASS_COUNTS)}. Give the benchmark's pass@1 and pass@5 as `{{1: ..., 5: ...}}`.",
+        "a dict {1: float, 5: float}", "Score each problem, then average.",
+        {1: 0.35, 5: (0 + (1 - 21 / 252) + 1 + 0.5) / 4}, _judge_09_mean,
+        wrong=({1: 14 / 40, 5: 1 - math.comb(26, 5) / math.comb(40, 5)},)),
+    Exercise(
+        "10.ratio", "Read a cost ratio",
+        "The paper's LoRA run took `bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At the course's "
+        "list prices (`profiles.PRICES_USD_PER_HOUR`), how many times the TPU run's cost does the GPU run cost?",
+        "a float", "cost = hours x price per hour, on each side.", 5.39 * 22.12 / (3.34 * 16.80), _judge_10_ratio,
+        wrong=(5.39 / 3.34, 3.34 * 16.80 / (5.39 * 22.12))),
+    Exercise(
+        "10.per_million", "Dollars per million output tokens",
+        f"A v6e-8 sustains {_SERVE_TOK_S:g} output tokens/s. At its list price, what do a million output tokens cost "
+        "(USD)?",
+        "a float (USD)", "Tokens per hour = tokens per second x 3600.", 21.52 / (1400 * 3600) * 1e6,
+        _judge_10_per_million, wrong=(21.52 / 1400 * 1e6,)),
+]}
+
+
+# ---------------------------------------------------------------------------------------------- the API
+
+
+def _get(key: str) -> Exercise:
+    if key not in EXERCISES:
+        raise KeyError(f"No exercise {key!r}. Exercises: {', '.join(EXERCISES)}.")
+    return EXERCISES[key]
+
+
+def keys(notebook: str | int | None = None) -> list[str]:
+    """The exercise keys, all or one notebook's (``"02"``, ``2`` or ``"02_lora_naming"``)."""
+    if notebook is None:
+        return list(EXERCISES)
+    nb = f"{int(str(notebook)[:2]):02d}"
+    return [k for k, e in EXERCISES.items() if e.notebook == nb]
+
+
+def check(key: str, answer) -> Feedback:
+    """Judge ``answer`` to exercise ``key``: right, wrong (why + a hint), or not attempted (``answer is None``).
+
+    Never raises on a bad answer (a learner's function that raises is a wrong answer); an unknown key raises
+    KeyError, listing the exercises."""
+    ex = _get(key)
+    if answer is None:
+        return Feedback(key, NOT_ATTEMPTED, f"replace `answer = None` with your answer ({ex.answer_hint}) and rerun "
+                                            f"the cell. Task: {ex.title}.")
+    try:
+        why = ex.judge(answer)
+    except _Wrong as e:
+        why = str(e)
+    except Exception as e:  # a malformed answer must not break the notebook
+        why = f"checking it raised {type(e).__name__}: {e}"
+    if why is None:
+        return Feedback(key, RIGHT, ex.right_note or "")
+    return Feedback(key, WRONG, why, ex.hint)
+
+
+def solution(key: str):
+    """The solution of exercise ``key`` (a value, or a function); for teachers and the tests."""
+    sol = _get(key).solution
+    return sol() if callable(sol) and sol.__name__.startswith("_solution") else sol
+
+
+def _show(value) -> str:
+    if callable(value):
+        return inspect.getsource(value).rstrip()
+    return repr(value)
+
+
+def format_solutions(notebook: str | int | None = None) -> str:
+    """Tasks and solutions as text (``python -m gemma_tpu_helpers solutions 02``)."""
+    chosen = keys(notebook)
+    if not chosen:
+        raise KeyError(f"No exercises for notebook {notebook!r}; notebooks with exercises: "
+                       f"{', '.join(sorted({e.notebook for e in EXERCISES.values()}))}.")
+    blocks = []
+    for k in chosen:
+        ex = EXERCISES[k]
+        blocks.append(f"== {k}: {ex.title}\n{ex.task}\n-- solution:\n{_show(solution(k))}"
+                      + (f"\n-- why: {ex.right_note}" if ex.right_note else ""))
+    return "\n\n".join(blocks)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("notebook", nargs="?", default=None, help="notebook number, e.g. 02 (default: all)")
+
+
+def main_solutions(args) -> int:
+    import sys
+
+    try:
+        print(format_solutions(args.notebook))
+    except (KeyError, ValueError) as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    return 0
