@@ -27,21 +27,23 @@ def cmd_setup(args) -> int:
     from . import course, gemma4, plan, tiny
 
     print(f"profile: {prof.name} - {prof.description}")
+    failed = []
     if prof.hardware.platform == "tpu":  # before JAX looks for the TPU: no libtpu noise off a TPU
         found = preflight.checks(prof)
         print(f"pre-flight:\n{preflight.format_checks(found)}")
         failed = [c.name for c in found if c.status == "fail"]
-        if failed:
-            raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says "
-                                           f"what to do.")
     for k, v in course.versions().items():
         print(f"  {k:18s} {v}")
-    print("devices:", json.dumps(course.devices()))
+    if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
+        print("devices:", json.dumps(course.devices()))
     text = tiny.tiny_text_config(prof.model.tiny_layers) if prof.model.source == "tiny" else gemma4.GEMMA4_31B_TEXT_CONFIG
     est = plan.memory_estimate(prof, text)
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
     print(course.course_map().drop(columns=["helpers"]).to_string(index=False))
+    if failed:
+        raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says what "
+                                       f"to do.")
     return 0
 
 

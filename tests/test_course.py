@@ -47,7 +47,7 @@ def test_cli_help_lists_steps():
 
 def test_cli_setup_prints_the_memory_estimate():
     r = run_cli("setup", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 2 and "pre-flight failed (tpu" in r.stderr, r.stderr[-2000:]  # the report, then: no TPU here
     from gemma_tpu_helpers import gemma4, plan
 
     assert f"{plan.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout
