@@ -17,6 +17,12 @@ A sample passes when its testbench prints ``Mismatches: 0 in M samples`` with M 
 category, so a failure chart tells you *why* a model fails: ``no_code`` (no Verilog module in the answer),
 ``compile_error`` (iverilog rejected it: syntax, missing ``TopModule``, ...), ``timeout`` (the simulation did not
 finish), ``runtime_error`` (it ran but the testbench printed no usable result) and ``mismatch`` (wrong behaviour).
+Beside it, ``official`` is VerilogEval's own failure letter (:data:`OFFICIAL_LETTERS`), for published tables.
+
+The toolchain has a ceiling: :func:`calibrate` scores every reference as a completion, and a problem whose own
+reference fails (an unsupported construct, a testbench that times out) is one no model can pass with this
+simulator. :func:`score_lines` prints each pass@k raw and over the calibrated problems, with the simulator
+version, and warns when it is not Icarus Verilog 12, the version VerilogEval v2 requires (:func:`version_warning`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -44,11 +51,19 @@ from .data import SHIPPED_EVAL
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
 CATEGORIES = ("pass", "mismatch", "compile_error", "runtime_error", "timeout", "no_code")
 FILE_SUFFIXES = {"prompt": "_prompt.txt", "ref": "_ref.sv", "test": "_test.sv"}
-DEFAULT_TIMEOUT = 30.0  # seconds per sample, compile + simulation
+DEFAULT_TIMEOUT = 30.0  # seconds for the simulation (VerilogEval's `timeout 30 vvp`), and again for the compile
 LOG_TAIL_CHARS = 2000
 MAX_LOG_BYTES = 8 * 1024 * 1024  # a sample that floods stdout is stopped here
-INSTALL_HINT = ("Install Icarus Verilog: `sudo apt-get install iverilog` (Debian/Ubuntu, Colab, TPU VM), "
-                "`brew install icarus-verilog` (macOS) or `conda install -c conda-forge iverilog`.")
+# VerilogEval v2 requires Icarus Verilog 12 (its README; 13, the development branch, is unsupported). Debian 12 and
+# Ubuntu 22.04 ship 11, so `make iverilog` builds 12.0 from source into $GEMMA_TPU_TOOLS/iverilog-12 (default
+# ~/.cache/gemma-tpu/iverilog-12), where _tools() looks first; $GEMMA_TPU_IVERILOG names another iverilog binary.
+REQUIRED_IVERILOG = "12"
+TOOLS_ENV, IVERILOG_ENV = "GEMMA_TPU_TOOLS", "GEMMA_TPU_IVERILOG"
+BUILD_HINT = ("`make iverilog` (or `tools/build_iverilog.sh`) builds Icarus Verilog 12.0 into "
+              "$GEMMA_TPU_TOOLS/iverilog-12 in about 5 minutes; `conda install -c conda-forge iverilog=12` also works")
+INSTALL_HINT = (f"Install Icarus Verilog 12: {BUILD_HINT}. Any other iverilog on PATH is used as a fallback "
+                "(`sudo apt-get install iverilog` gives 11 on Debian 12 / Ubuntu 22.04; "
+                "`brew install icarus-verilog`).")
 # VerilogEval's spec-to-rtl system message.
 SYSTEM_PROMPT = "You are a Verilog RTL designer that only writes code using correct Verilog syntax."
 
@@ -216,6 +231,7 @@ class SimResult:
     detail: str = ""  # one line: the first compile error, the timeout, ...
     log_tail: str = ""  # the end of iverilog's and vvp's output
     seconds: float = 0.0
+    official: str = "?"  # VerilogEval's own failure letter for the same outcome (OFFICIAL_LETTERS)
 
     @property
     def passed(self) -> bool:
@@ -225,13 +241,70 @@ class SimResult:
         return {**dataclasses.asdict(self), "passed": self.passed}
 
 
+def iverilog_prefix() -> Path:
+    """Where `make iverilog` builds Icarus Verilog 12: ``$GEMMA_TPU_TOOLS/iverilog-12`` (default ~/.cache/gemma-tpu)."""
+    return Path(os.environ.get(TOOLS_ENV) or Path.home() / ".cache" / "gemma-tpu") / "iverilog-12"
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
 def _tools() -> tuple[str, str]:
-    iverilog, vvp = shutil.which("iverilog"), shutil.which("vvp")
-    if iverilog is None or vvp is None:
-        missing = "iverilog" if iverilog is None else "vvp"
-        raise IverilogNotFoundError(f"`{missing}` was not found on PATH; the VerilogEval harness needs Icarus "
-                                    f"Verilog. {INSTALL_HINT}")
+    """``(iverilog, vvp)`` from one installation: $GEMMA_TPU_IVERILOG, else the built prefix, else PATH.
+
+    vvp is taken from beside iverilog when it is there: a vvp of another version cannot run iverilog's output.
+    """
+    chosen = os.environ.get(IVERILOG_ENV)
+    if chosen:
+        if not _executable(Path(chosen)):
+            raise IverilogNotFoundError(f"${IVERILOG_ENV} is {chosen!r}, which is not an executable file; point it "
+                                        f"at an iverilog binary or unset it. {INSTALL_HINT}")
+        iverilog = chosen
+    elif _executable(iverilog_prefix() / "bin" / "iverilog"):
+        iverilog = str(iverilog_prefix() / "bin" / "iverilog")
+    else:
+        iverilog = shutil.which("iverilog")
+    if iverilog is None:
+        raise IverilogNotFoundError(f"`iverilog` was not found in {iverilog_prefix()} nor on PATH; the "
+                                    f"VerilogEval harness needs Icarus Verilog. {INSTALL_HINT}")
+    beside = Path(iverilog).parent / "vvp"
+    vvp = str(beside) if _executable(beside) else shutil.which("vvp")
+    if vvp is None:
+        raise IverilogNotFoundError(f"`vvp` (Icarus Verilog's simulator) was not found beside {iverilog} nor on "
+                                    f"PATH. {INSTALL_HINT}")
     return iverilog, vvp
+
+
+_VERSIONS: dict[tuple[str, float], str] = {}
+
+
+def simulator_version() -> str:
+    """The Icarus Verilog version that :func:`simulate` uses, e.g. ``"12.0"`` (from ``iverilog -V``)."""
+    iverilog, _ = _tools()
+    key = (iverilog, os.stat(iverilog).st_mtime)
+    if key not in _VERSIONS:
+        try:
+            out = subprocess.run([iverilog, "-V"], capture_output=True, text=True, timeout=30,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise IverilogNotFoundError(f"`{iverilog} -V` failed ({e}). {INSTALL_HINT}") from None
+        m = re.search(r"Icarus Verilog version (\S+)", out)
+        if m is None:
+            raise IverilogNotFoundError(f"`{iverilog} -V` printed no 'Icarus Verilog version' line "
+                                        f"(got {out[:200]!r}); is it Icarus Verilog? {INSTALL_HINT}")
+        _VERSIONS[key] = m.group(1)
+    return _VERSIONS[key]
+
+
+def version_warning(version: str | None = None) -> str | None:
+    """A warning when the simulator is not the version VerilogEval v2 requires (12), else None."""
+    version = version or simulator_version()
+    if version.split(".")[0] == REQUIRED_IVERILOG:
+        return None
+    return (f"warning: scored with Icarus Verilog {version}, but VerilogEval v2 requires version "
+            f"{REQUIRED_IVERILOG} (13 is unsupported). Scores on the real benchmark differ between versions: of its "
+            f"156 references, 151 pass with 11.0 and 152 with 12.0. Fix: {BUILD_HINT}.")
 
 
 def _run(cmd: list[str], cwd: str, deadline: float, log_path: Path) -> tuple[int | None, str]:
@@ -278,52 +351,120 @@ def _first_error(log: str) -> str:
 def simulate(sample_code: str | None, problem: Problem, timeout: float = DEFAULT_TIMEOUT) -> SimResult:
     """Run one sample through the official VerilogEval harness and classify the outcome.
 
-    ``sample_code`` must define ``module TopModule`` (None or blank: ``no_code``). ``timeout`` bounds compile and
-    simulation together; on expiry the whole process group is killed.
+    ``sample_code`` must define ``module TopModule`` (None or blank: ``no_code``). ``timeout`` bounds the
+    simulation, as VerilogEval's ``timeout 30`` does, and the compile separately; on expiry the whole process group
+    is killed. ``official`` is the letter VerilogEval's own analyzer gives the same outcome (:func:`official_letter`).
     """
+    result, full_log = _simulate(sample_code, problem, timeout)
+    # No code: VerilogEval compiles an empty sample, and its testbench then finds no TopModule ('m').
+    result.official = "m" if result.category == "no_code" else official_letter(full_log, sample_code)
+    return result
+
+
+def _simulate(sample_code: str | None, problem: Problem, timeout: float) -> tuple[SimResult, str]:
+    """:func:`simulate`'s result and the whole iverilog + vvp log (with TIMEOUT appended when it was killed)."""
     start = time.monotonic()
     if sample_code is None or not sample_code.strip():
-        return SimResult("no_code", detail="no Verilog module in the completion")
+        return SimResult("no_code", detail="no Verilog module in the completion"), ""
     iverilog, vvp = _tools()
-    deadline = start + timeout
     with tempfile.TemporaryDirectory(prefix="verilog-eval-") as tmp:
         d = Path(tmp)
         (d / "sample.sv").write_text(sample_code, encoding="utf-8")
         (d / "test.sv").write_text(problem.test, encoding="utf-8")
         (d / "ref.sv").write_text(problem.ref, encoding="utf-8")
         cmd = [iverilog, *IVERILOG_FLAGS, "-o", "bin", "sample.sv", "test.sv", "ref.sv"]
-        rc, why = _run(cmd, tmp, deadline, d / "compile.log")
+        rc, why = _run(cmd, tmp, time.monotonic() + timeout, d / "compile.log")
         compile_log = _read_tail(d / "compile.log")
         if why == "timeout":
             return SimResult("timeout", detail=f"iverilog did not finish within {timeout:g} s",
-                             log_tail=compile_log[-LOG_TAIL_CHARS:], seconds=time.monotonic() - start)
+                             log_tail=compile_log[-LOG_TAIL_CHARS:],
+                             seconds=time.monotonic() - start), compile_log + "\nTIMEOUT\n"
         if rc != 0 or why or not (d / "bin").is_file():
             return SimResult("compile_error", detail=_first_error(compile_log),
-                             log_tail=compile_log[-LOG_TAIL_CHARS:], seconds=time.monotonic() - start)
-        rc, why = _run([vvp, "bin"], tmp, deadline, d / "run.log")
+                             log_tail=compile_log[-LOG_TAIL_CHARS:], seconds=time.monotonic() - start), compile_log
+        rc, why = _run([vvp, "bin"], tmp, time.monotonic() + timeout, d / "run.log")
         run_log = _read_tail(d / "run.log")
-    log = (compile_log + run_log)[-LOG_TAIL_CHARS:]
+    full_log = compile_log + run_log
+    log = full_log[-LOG_TAIL_CHARS:]
     seconds = time.monotonic() - start
-    if why == "timeout":
+    if why == "timeout":  # VerilogEval's harness prints TIMEOUT when its `timeout 30` kills vvp
         return SimResult("timeout", detail=f"simulation did not finish within {timeout:g} s (killed)",
-                         log_tail=log, seconds=seconds)
+                         log_tail=log, seconds=seconds), full_log + "\nTIMEOUT\n"
     if why == "flood":
         return SimResult("runtime_error", detail=f"simulation printed more than {MAX_LOG_BYTES:,} bytes (killed)",
-                         log_tail=log, seconds=seconds)
+                         log_tail=log, seconds=seconds), full_log
     if re.search(r"^TIMEOUT\s*$", run_log, re.M):
         return SimResult("timeout", detail="the testbench's own time limit fired (TIMEOUT)", log_tail=log,
-                         seconds=seconds)
+                         seconds=seconds), full_log
     found = _MISMATCH_RE.findall(run_log)
     if not found:
         return SimResult("runtime_error", detail=f"no 'Mismatches: N in M samples' line (vvp exit code {rc})",
-                         log_tail=log, seconds=seconds)
+                         log_tail=log, seconds=seconds), full_log
     n_bad, n_samples = map(int, found[-1])
     if n_samples == 0:
         return SimResult("runtime_error", mismatches=n_bad, samples=0, detail="the testbench checked 0 samples",
-                         log_tail=log, seconds=seconds)
+                         log_tail=log, seconds=seconds), full_log
     category = "pass" if n_bad == 0 else "mismatch"
     detail = "" if n_bad == 0 else f"{n_bad} of {n_samples} samples differ from the reference"
-    return SimResult(category, mismatches=n_bad, samples=n_samples, detail=detail, log_tail=log, seconds=seconds)
+    return SimResult(category, mismatches=n_bad, samples=n_samples, detail=detail, log_tail=log,
+                     seconds=seconds), full_log
+
+
+# VerilogEval's failure letters, as its analyzer (NVlabs/verilog-eval scripts/sv-iv-analyze) assigns them, so a
+# result can be compared with published tables line by line.
+OFFICIAL_LETTERS = {
+    ".": "pass",
+    "S": "syntax error",
+    "e": "an assignment that needs an explicit cast",
+    "0": "a sized constant of size zero",
+    "n": "a process with no sensitivities, which never triggers (a warning; it fails even if the output is right)",
+    "w": "a wire assigned like a reg ('is declared here as wire')",
+    "m": "unknown module type (no TopModule, e.g. no code)",
+    "p": "a signal that cannot be bound (undeclared wire/reg)",
+    "c": "clk cannot be bound (the design uses a clock its interface lacks)",
+    "T": "timeout (the harness's 30 s limit or the testbench's own TIMEOUT)",
+    "C": "another compile error",
+    "r": "a runtime failure in a design with a reset edge in a sensitivity list",
+    "R": "another runtime failure (mismatches, or no result line)",
+}
+# Per log line, in this order; the first line that matches one decides.
+_OFFICIAL_DECISIVE = (
+    ("S", ("syntax error",)),
+    ("e", ("error: This assignment requires an explicit cast",)),
+    ("0", ("error: Sized numeric constant must have a size greater than zero",)),
+    ("n", ("warning: always_comb process has no sensitivities", "found no sensitivities so it will never trigger")),
+    ("w", ("is declared here as wire",)),
+    ("m", ("Unknown module type",)),
+    ("c", ("Unable to bind wire/reg/memory `clk'",)),
+    ("T", ("TIMEOUT",)),
+)
+_OFFICIAL_RESULT_RE = re.compile(r"Mismatches: (\d+) in \d+ samples$")
+_RESET_EDGES = ("posedge reset", "negedge reset", "posedge r)")
+
+
+def official_letter(log: str, sample_code: str | None = None) -> str:
+    """VerilogEval's letter for one sample, from its whole iverilog + vvp log (see :data:`OFFICIAL_LETTERS`).
+
+    The rules are the official analyzer's: the first log line with a decisive message gives its letter; else any
+    "Unable to bind wire/reg" is ``p``, any other line with "error" is ``C``, a ``Mismatches: 0 in M samples`` line
+    is a pass (``.``, even with M = 0); else a runtime failure, ``r`` when the sample's code has a reset edge.
+    """
+    unbound = compile_error = clean = False
+    for line in log.splitlines():
+        for letter, needles in _OFFICIAL_DECISIVE:
+            if any(needle in line for needle in needles):
+                return letter
+        compile_error |= "error" in line
+        unbound |= "Unable to bind wire/reg" in line
+        m = _OFFICIAL_RESULT_RE.match(line)
+        clean |= m is not None and int(m.group(1)) == 0
+    if unbound:
+        return "p"
+    if compile_error:
+        return "C"
+    if clean:
+        return "."
+    return "r" if any(edge in (sample_code or "") for edge in _RESET_EDGES) else "R"
 
 
 # ---------------------------------------------------------------------------
@@ -471,6 +612,194 @@ def failure_chart(results, ax=None, title: str | None = None):
     ax.tick_params(axis="x", rotation=20)
     ax.figure.tight_layout()
     return ax
+
+
+# ---------------------------------------------------------------------------
+# Calibration: the toolchain's ceiling on a problem set
+# ---------------------------------------------------------------------------
+
+# The official protocol (VerilogEval v2's README): pass@1 from n=1 at temperature 0 (top_p 0.01), and from n=20 at
+# temperature 0.85 (top_p 0.95). Its own generator defaults to max_tokens 1024; a reasoning model needs more.
+PRESETS = {
+    "official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01},
+    "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95},
+}
+CALIBRATION_GLOB = "calibration-*-iverilog-{version}.json"
+
+
+def reference_code(problem: Problem) -> str:
+    """The problem's reference renamed ``TopModule``: a correct design by construction."""
+    return re.sub(r"\bRefModule\b", "TopModule", problem.ref)
+
+
+def _task_digest(problem: Problem) -> str:
+    h = hashlib.sha256()
+    for part in (problem.task_id, problem.ref, problem.test):  # the prompt does not change what simulates
+        h.update(part.encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
+def problems_digest(problems: Sequence[Problem]) -> str:
+    """SHA-256 over every problem's id, reference and testbench: what a calibration depends on, with the simulator."""
+    h = hashlib.sha256()
+    for p in sorted(problems, key=lambda p: p.task_id):
+        h.update(_task_digest(p).encode())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Each reference scored as a completion: which problems a correct design can pass with this toolchain."""
+
+    simulator: str  # the Icarus Verilog version, e.g. "12.0"
+    timeout: float
+    digest: str  # problems_digest of the set it was run on
+    references: dict  # task_id -> {"digest", "category", "official", "detail", "seconds"}
+    path: Path | None = None  # its cache file, when it has one
+
+    @property
+    def calibrated(self) -> list[str]:
+        """The problems whose reference passes: the set a model can be fairly scored on."""
+        return sorted(t for t, r in self.references.items() if r["category"] == "pass")
+
+    @property
+    def excluded(self) -> list[str]:
+        """The problems whose own reference fails here (a toolchain limit, not a model failure)."""
+        return sorted(t for t, r in self.references.items() if r["category"] != "pass")
+
+    def ceiling(self, task_ids: Iterable[str] | None = None) -> float:
+        """The best pass@k a perfect model can reach on ``task_ids`` (default: all calibrated problems)."""
+        ids = list(self.references) if task_ids is None else list(task_ids)
+        return sum(self.references[t]["category"] == "pass" for t in ids) / len(ids)
+
+    def covers(self, problems: Sequence[Problem]) -> bool:
+        """True when every problem was calibrated here with the same reference and testbench."""
+        return all(self.references.get(p.task_id, {}).get("digest") == _task_digest(p) for p in problems)
+
+    def table(self):
+        """One row per problem whose reference fails: ``task_id, category, official, detail``."""
+        import pandas as pd
+
+        rows = [{"task_id": t, **{k: self.references[t][k] for k in ("category", "official", "detail")}}
+                for t in self.excluded]
+        return pd.DataFrame(rows, columns=["task_id", "category", "official", "detail"])
+
+    def summary(self) -> str:
+        n, ok = len(self.references), len(self.calibrated)
+        return (f"calibration: {ok} of {n} references pass as completions with Icarus Verilog {self.simulator} "
+                f"(ceiling {self.ceiling():.4f}); {n - ok} fail with a correct design"
+                + (f": {', '.join(self.excluded)}" if self.excluded else ""))
+
+    def as_dict(self) -> dict:
+        return {"simulator": self.simulator, "timeout": self.timeout, "digest": self.digest,
+                "references": self.references}
+
+
+def load_calibration(path: str | os.PathLike) -> Calibration:
+    """A calibration cache file written by :func:`calibrate`."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        return Calibration(simulator=d["simulator"], timeout=float(d["timeout"]), digest=d["digest"],
+                           references=d["references"], path=path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EvalError(f"{path} is not a readable calibration file ({type(e).__name__}: {e}); delete it and run "
+                        f"`eval --calibrate` again") from None
+
+
+def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None = None,
+              timeout: float = DEFAULT_TIMEOUT, workers: int = 2, refresh: bool = False,
+              progress: bool = True) -> Calibration:
+    """Score every problem's reference as a completion: the toolchain's ceiling on this problem set.
+
+    A reference that fails (a construct the simulator does not support, a testbench that times out, a testbench
+    that does not compile) marks a problem no model can pass with this toolchain; later scores are also given
+    over the calibrated rest. With ``cache_dir`` the result is kept in
+    ``cache_dir/calibration-<problems digest>-iverilog-<version>.json`` and reused (same problems, simulator
+    version and timeout) unless ``refresh``.
+    """
+    from tqdm.auto import tqdm
+
+    if not problems:
+        raise EvalError("no problems to calibrate")
+    version = simulator_version()
+    digest = problems_digest(problems)
+    path = (Path(cache_dir) / CALIBRATION_GLOB.format(version=version).replace("*", digest[:16])
+            if cache_dir is not None else None)
+    if path is not None and path.is_file() and not refresh:
+        cached = load_calibration(path)
+        if cached.digest == digest and cached.simulator == version and cached.timeout == timeout:
+            return cached
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(simulate, reference_code(p), p, timeout): p for p in problems}
+        for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="calibrate",
+                      disable=not progress):
+            pass
+    refs = {}
+    for future, p in futures.items():
+        r = future.result()
+        refs[p.task_id] = {"digest": _task_digest(p), "category": r.category, "official": r.official,
+                           "detail": r.detail, "seconds": round(r.seconds, 3)}
+    cal = Calibration(version, float(timeout), digest, dict(sorted(refs.items())), path)
+    if path is not None:
+        from .course import write_atomic
+
+        write_atomic(path, json.dumps(cal.as_dict(), indent=1, sort_keys=True) + "\n")
+    return cal
+
+
+def find_calibration(problems: Sequence[Problem], cache_dir: str | os.PathLike | None) -> Calibration | None:
+    """The newest cached calibration in ``cache_dir`` that covers ``problems`` with the current simulator, or None."""
+    if cache_dir is None or not Path(cache_dir).is_dir():
+        return None
+    files = sorted(Path(cache_dir).glob(CALIBRATION_GLOB.format(version=simulator_version())),
+                   key=lambda f: f.stat().st_mtime, reverse=True)
+    for f in files:
+        cal = load_calibration(f)
+        if cal.covers(problems):
+            return cal
+    return None
+
+
+def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | None = None) -> list[str]:
+    """The printed score: one ``pass@k`` line per k with the simulator version, raw and, given a calibration,
+    over the calibrated problems, e.g. ``pass@1: 0.6410 (ceiling 0.9744; 0.6579 over the 152 calibrated
+    problems) [iverilog 12.0]``. A version other than the required one adds a warning line."""
+    version = simulator_version()
+    tasks = sorted(results["task_id"].unique())
+    min_n = int(results.groupby("task_id").size().min())
+    raw = pass_at_k_table(results, ks)
+    ok = None
+    if calibration is not None:
+        missing = [t for t in tasks if t not in calibration.references]
+        if missing:
+            raise EvalError(f"the calibration does not cover {missing[:3]}; run `eval --calibrate` on these problems")
+        ok = [t for t in tasks if calibration.references[t]["category"] == "pass"]
+        over = pass_at_k_table(results[results["task_id"].isin(ok)], ks) if ok else {k: float("nan") for k in ks}
+    lines = []
+    for k in ks:
+        if math.isnan(raw[k]):
+            lines.append(f"pass@{k}: n/a (needs >= {k} samples per problem; the fewest is {min_n}) "
+                         f"[iverilog {version}]")
+            continue
+        line = f"pass@{k}: {raw[k]:.4f}"
+        if ok is not None:
+            line += (f" (ceiling {len(ok) / len(tasks):.4f}; {over[k]:.4f} over the {len(ok)} calibrated problems)"
+                     if ok else f" (ceiling 0: no reference passes among these {len(tasks)} problems)")
+        lines.append(f"{line} [iverilog {version}]")
+    if calibration is not None:
+        gone = [t for t in tasks if t not in ok]
+        if gone:
+            lines.append(f"not counted over the calibrated set (their reference fails with iverilog {version}): "
+                         + ", ".join(f"{t} ({calibration.references[t]['category']})" for t in gone))
+    letters = results["official"].value_counts() if "official" in results else None
+    if letters is not None:
+        lines.append("official letters: " + " ".join(f"{l}={int(letters[l])}" for l in OFFICIAL_LETTERS
+                                                      if l in letters))
+    warning = version_warning(version)
+    if warning:
+        lines.append(warning)
+    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -652,42 +981,95 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (vLLM)")
     src.add_argument("--completions", help="JSONL with task_id and completion per line (a results file works too)")
+    src.add_argument("--calibrate", action="store_true",
+                     help="score every reference as a completion: the toolchain's ceiling on --problems, cached in "
+                          "RUN_DIR/eval per (problems, iverilog version) and used by later scores on them")
     p.add_argument("--model", help="model name on the server (with --url)")
-    p.add_argument("--n", type=int, default=1, help="samples per problem (with --url)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (with --url)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="VerilogEval v2's protocol: official-greedy = n 1, temperature 0, top-p 0.01; "
+                        "official-sampled = n 20, temperature 0.85, top-p 0.95 (with --url; --k defaults to 1)")
+    p.add_argument("--n", type=int, default=None, help="samples per problem (with --url; default 1)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (with --url; default 0)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (with --url)")
     p.add_argument("--max-tokens", type=int, default=2048, help="max new tokens per answer (with --url)")
     p.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per generation request")
-    p.add_argument("--k", default="1,5", help="comma-separated k values for pass@k (default 1,5)")
+    p.add_argument("--k", default=None, help="comma-separated k values for pass@k (default 1,5; 1 with --preset)")
     p.add_argument("--tasks", default=None, help="comma-separated task ids to keep (default: all)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per simulation")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds per simulation, as VerilogEval's `timeout 30` (the compile gets as long again)")
     p.add_argument("--workers", type=int, default=2, help="parallel simulations")
     p.add_argument("--out", default=None, help="write per-sample results here (JSONL)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file; with --calibrate, redo a cached calibration")
+    p.add_argument("--run-dir", default=None,
+                   help="run directory whose eval/ holds the calibrations (default runs/<profile>)")
     return p
 
 
-def main_eval(args) -> int:
-    """``eval``: sample (``--url``) or read (``--completions``) answers, simulate them, print pass@k."""
+def _sampling(args) -> dict:
+    """n, temperature and top_p from --preset and the explicit flags (a flag may not contradict the preset)."""
+    chosen = dict(PRESETS[args.preset]) if getattr(args, "preset", None) else {"n": 1, "temperature": 0.0,
+                                                                                "top_p": None}
+    for key in ("n", "temperature", "top_p"):
+        given = getattr(args, key, None)
+        if given is None:
+            continue
+        if getattr(args, "preset", None) and given != chosen[key]:
+            flag = "--" + key.replace("_", "-")
+            raise EvalError(f"--preset {args.preset} sets {flag} {chosen[key]}; drop {flag} {given} or the preset")
+        chosen[key] = given
+    return chosen
+
+
+def _calibration_dir(args) -> Path:
+    if getattr(args, "run_dir", None):
+        return Path(args.run_dir) / "eval"
+    from . import profiles
+
     try:
-        ks = _parse_ks(args.k)
+        return profiles.get_profile(None).run_dir() / "eval"
+    except ValueError as e:
+        raise EvalError(f"{e} (or pass --run-dir)") from None
+
+
+def main_eval(args) -> int:
+    """``eval``: sample (``--url``) or read (``--completions``) answers, simulate them, print pass@k with the
+    simulator version, raw and over the calibrated problems; or ``--calibrate`` the problem set first."""
+    try:
+        ks = _parse_ks(args.k or ("1" if getattr(args, "preset", None) else "1,5"))
         if args.out and Path(args.out).exists() and not args.overwrite:
             raise EvalError(f"{args.out} exists; pass --overwrite to replace it")
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if getattr(args, "tasks", None) else None
         problems = load_problems(args.problems, tasks=tasks)
         _tools()
+        version = simulator_version()
+        print(f"simulator: Icarus Verilog {version} ({_tools()[0]})")
+        cache_dir = _calibration_dir(args)
+        if getattr(args, "calibrate", False):
+            cal = calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)
+            print(cal.summary())
+            for row in cal.table().itertuples():
+                print(f"  {row.task_id}: {row.category} [{row.official}] {row.detail}")
+            print(f"cached in {cal.path}")
+            warning = version_warning(version)
+            if warning:
+                print(warning, file=sys.stderr)
+            return 0
         if args.url:
             if not args.model:
                 raise EvalError("--url needs --model (the name the server serves; see `curl URL/v1/models`)")
-            completions = sample_completions(args.url, args.model, problems, n=args.n,
-                                             temperature=args.temperature, max_tokens=args.max_tokens,
+            sampling = _sampling(args)
+            completions = sample_completions(args.url, args.model, problems, n=sampling["n"],
+                                             temperature=sampling["temperature"], max_tokens=args.max_tokens,
                                              api_key=args.api_key, timeout=args.request_timeout,
-                                             top_p=args.top_p)
+                                             top_p=sampling["top_p"])
         else:
             completions = read_completions(args.completions)
-        results, scores = score_completions(problems, completions, ks=ks, timeout=args.timeout,
-                                            workers=args.workers)
+        results, _ = score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers)
+        scored = [p for p in problems if p.task_id in set(results["task_id"])]
+        calibration = find_calibration(scored, cache_dir)
+        lines = score_lines(results, ks, calibration)
     except (EvalError, ServerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -702,12 +1084,14 @@ def main_eval(args) -> int:
     n_tasks = results["task_id"].nunique()
     print(f"scored {len(results)} samples on {n_tasks} of {len(problems)} problems: "
           + ", ".join(f"{c}={int(v)}" for c, v in counts.items()))
-    min_n = int(results.groupby("task_id").size().min())
-    for k, v in scores.items():
-        if math.isnan(v):
-            print(f"pass@{k}: n/a (needs >= {k} samples per problem; the fewest is {min_n})")
-        else:
-            print(f"pass@{k}: {v:.4f}")
+    for line in lines:
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
+    if calibration is None:
+        where = f" --problems {args.problems}" if args.problems else ""
+        print(f"no calibration for these problems with iverilog {version} in {cache_dir}: run "
+              f"`eval --calibrate{where}` once to see which problems a correct design cannot pass here")
+    else:
+        print(f"calibration: {calibration.path}")
     return 0
 
 

@@ -4,6 +4,8 @@ problem loading, the OpenAI-compatible client (against a fake server on 127.0.0.
 The iverilog tests are skipped only when iverilog is not installed.
 """
 
+import argparse
+import dataclasses
 import http.server
 import itertools
 import json
@@ -20,8 +22,16 @@ import pytest
 from gemma_tpu_helpers import evaluate as ev
 from conftest import run_cli
 
-needs_iverilog = pytest.mark.skipif(shutil.which("iverilog") is None,
-                                    reason="install iverilog: apt-get install iverilog")
+def _have_iverilog():
+    try:
+        ev._tools()
+        return True
+    except ev.IverilogNotFoundError:
+        return False
+
+
+needs_iverilog = pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
+REAL_TOOLS = ev._tools() if _have_iverilog() else None  # before any test changes the environment
 
 PROBLEMS = ev.load_problems()
 BY_ID = {p.task_id: p for p in PROBLEMS}
@@ -165,10 +175,15 @@ def test_no_code_needs_no_simulator():
 
 def test_missing_iverilog_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no iverilog, no vvp
-    with pytest.raises(ev.IverilogNotFoundError, match="apt-get install iverilog"):
+    monkeypatch.setenv(ev.TOOLS_ENV, str(tmp_path))  # and no built prefix
+    monkeypatch.delenv(ev.IVERILOG_ENV, raising=False)
+    with pytest.raises(ev.IverilogNotFoundError, match=r"iverilog-12 nor on PATH.*make iverilog"):
         ev.simulate(as_top(MAJ), MAJ)
-    with pytest.raises(ev.IverilogNotFoundError, match="apt-get install iverilog"):
+    with pytest.raises(ev.IverilogNotFoundError, match="make iverilog"):
         ev.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}], ks=(1,))
+    monkeypatch.setenv(ev.IVERILOG_ENV, str(tmp_path / "nothing-here"))
+    with pytest.raises(ev.IverilogNotFoundError, match="GEMMA_TPU_IVERILOG.*not an executable"):
+        ev.simulate(as_top(MAJ), MAJ)
 
 
 # ---------------------------------------------------------------------------
@@ -454,7 +469,8 @@ def test_eval_cli_with_completions_file(tmp_path):
     comp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "results.jsonl"
 
-    r = run_cli("eval", "--completions", comp, "--k", "1,5", "--out", out, "--tasks", ",".join(tasks))
+    r = run_cli("eval", "--completions", comp, "--k", "1,5", "--out", out, "--tasks", ",".join(tasks),
+                "--run-dir", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "pass@1: 0.6667" in r.stdout  # two of three tasks answered with the reference
     assert "pass@5: n/a" in r.stdout
@@ -469,7 +485,7 @@ def test_eval_cli_with_completions_file(tmp_path):
     r = run_cli("eval", "--completions", comp, "--out", out)
     assert r.returncode == 2 and "--overwrite" in r.stderr
     # a results file is a completions file too: re-score it
-    r = run_cli("eval", "--completions", out, "--k", "1", "--out", out, "--overwrite")
+    r = run_cli("eval", "--completions", out, "--k", "1", "--out", out, "--overwrite", "--run-dir", tmp_path)
     assert r.returncode == 0 and "pass@1: 0.6667" in r.stdout, r.stderr
 
 
@@ -482,3 +498,239 @@ def test_eval_cli_bad_input(tmp_path):
     assert rc == 2
     assert ev.main(["--completions", str(comp), "--k", "one"]) == 2
     assert ev.main(["--url", "http://127.0.0.1:9", "--k", "1"]) == 2  # --url without --model
+
+
+# ---------------------------------------------------------------------------
+# The simulator: which one, its version, VerilogEval's failure letters
+# ---------------------------------------------------------------------------
+
+def fake_iverilog(directory, version):
+    """An `iverilog` that reports ``version`` for -V and otherwise runs the real one (with the real vvp beside it)."""
+    real_iverilog, real_vvp = REAL_TOOLS
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "iverilog"
+    script.write_text(f'#!/bin/sh\nif [ "$1" = "-V" ]; then echo "Icarus Verilog version {version} (stable) ()"; '
+                      f'exit 0; fi\nexec "{real_iverilog}" "$@"\n')
+    script.chmod(0o755)
+    (directory / "vvp").symlink_to(real_vvp)
+    return script
+
+
+@needs_iverilog
+def test_the_harness_uses_the_required_iverilog():
+    # `make test` builds Icarus Verilog 12 (tools/build_iverilog.sh): VerilogEval v2 requires it.
+    version = ev.simulator_version()
+    assert version.split(".")[0] == ev.REQUIRED_IVERILOG, (
+        f"the harness found Icarus Verilog {version} ({ev._tools()[0]}); run `make iverilog`")
+    assert ev.version_warning(version) is None
+    iverilog, vvp = ev._tools()
+    assert ev.Path(vvp).parent == ev.Path(iverilog).parent  # one installation, not a mixed pair
+
+
+@needs_iverilog
+def test_version_check_warns_for_another_version(tmp_path, monkeypatch):
+    monkeypatch.setenv(ev.IVERILOG_ENV, str(fake_iverilog(tmp_path / "bin11", "11.0")))
+    assert ev.simulator_version() == "11.0"
+    warning = ev.version_warning()
+    assert warning.startswith("warning:") and "Icarus Verilog 11.0" in warning and "requires version 12" in warning
+    assert "make iverilog" in warning  # says how to fix it
+    assert ev.version_warning("12.0") is None and "13.0" in ev.version_warning("13.0")
+    # every printed score carries the version, and the warning with it
+    results, _ = ev.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}],
+                                      ks=(1,), progress=False)
+    lines = ev.score_lines(results, (1,))
+    assert lines[0] == "pass@1: 1.0000 [iverilog 11.0]" and lines[-1] == warning
+
+
+@needs_iverilog
+def test_the_built_prefix_wins_over_path(tmp_path, monkeypatch):
+    monkeypatch.delenv(ev.IVERILOG_ENV, raising=False)
+    monkeypatch.setenv(ev.TOOLS_ENV, str(tmp_path / "tools"))
+    fake_iverilog(tmp_path / "tools" / "iverilog-12" / "bin", "12.0")
+    other = fake_iverilog(tmp_path / "path-bin", "11.0")
+    monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
+    built = tmp_path / "tools" / "iverilog-12" / "bin"
+    assert ev._tools() == (str(built / "iverilog"), str(built / "vvp"))
+    assert ev.simulator_version() == "12.0"
+    (tmp_path / "tools" / "iverilog-12" / "bin" / "iverilog").unlink()  # no prefix: PATH's is used
+    assert ev._tools()[0] == str(other) and ev.simulator_version() == "11.0"
+
+
+@pytest.mark.parametrize("log, code, letter", [
+    ("sample.sv:3: syntax error\nI give up.\n", "", "S"),
+    ("sample.sv:4: error: This assignment requires an explicit cast.\n1 error(s)\n", "", "e"),
+    ("sample.sv:2: error: Sized numeric constant must have a size greater than zero.\n", "", "0"),
+    ("sample.sv:5: warning: always_comb process has no sensitivities.\nMismatches: 0 in 20 samples\n", "", "n"),
+    ("sample.sv:5: warning: @* found no sensitivities so it will never trigger.\n", "", "n"),
+    ("sample.sv:6: error: q is not a valid l-value in tb.top_module1.\nsample.sv:2:      : q is declared here as "
+     "wire.\n", "", "w"),
+    ("test.sv:40: error: Unknown module type: TopModule\n", "", "m"),
+    ("sample.sv:7: error: Unable to bind wire/reg/memory `count' in `tb.top_module1'\n", "", "p"),
+    ("sample.sv:7: error: Unable to bind wire/reg/memory `clk' in `tb.top_module1'\n", "", "c"),
+    ("Hint: Output 'q' has 3 mismatches.\nTIMEOUT\n", "", "T"),
+    ("sample.sv:9: error: Port 3 (y) of TopModule is unconnected.\n", "", "C"),
+    ("Hint: Total mismatched samples is 0 out of 40 samples\n\nSimulation finished at 200 ps\n"
+     "Mismatches: 0 in 40 samples\n", "", "."),
+    ("Mismatches: 0 in 0 samples\n", "", "."),  # the official analyzer does not check M
+    ("Mismatches: 3 in 40 samples\n", "always @(posedge clk, posedge reset)", "r"),
+    ("Mismatches: 3 in 40 samples\n", "always @(posedge clk)", "R"),
+    ("", None, "R"),
+    # the first decisive line wins; the flags only decide when none is there
+    ("a.sv:1: error: Unable to bind wire/reg/memory `x'\nb.sv:2: syntax error\n", "", "S"),
+    ("a.sv:1: error: Unable to bind wire/reg/memory `x'\nb.sv:2: error: something else\n", "", "p"),
+    ("Mismatches: 0 in 10 samples\nTIMEOUT\n", "", "T"),
+])
+def test_official_letter_rules(log, code, letter):
+    assert ev.official_letter(log, code) == letter
+    assert letter in ev.OFFICIAL_LETTERS
+
+
+@needs_iverilog
+def test_official_letters_beside_our_categories():
+    cases = [(as_top(MAJ), "pass", "."), (MAJ_SYNTAX, "compile_error", "S"), (MAJ_WRONG_NAME, "compile_error", "m"),
+             (MAJ_AND, "mismatch", "R"), (MAJ_HANG, "timeout", "T"), (MAJ_EARLY_FINISH, "runtime_error", "R"),
+             (None, "no_code", "m")]
+    for code, category, letter in cases:
+        r = ev.simulate(code, MAJ, timeout=2)
+        assert (r.category, r.official) == (category, letter), code
+        assert r.as_dict()["official"] == letter
+
+
+# ---------------------------------------------------------------------------
+# Calibration: the toolchain's ceiling
+# ---------------------------------------------------------------------------
+
+# A testbench in VerilogEval's style whose own time limit fires: it waits for a `done` the reference never raises.
+WAIT_TB = """module tb();
+  reg clk = 0; always #5 clk = ~clk;
+  wire done_ref, done_dut;
+  RefModule good1(.clk(clk), .done(done_ref));
+  TopModule top_module1(.clk(clk), .done(done_dut));
+  initial begin
+    wait (done_ref);
+    $display("Mismatches: 0 in 1 samples");
+    $finish;
+  end
+  initial begin #1000 $display("TIMEOUT"); $finish(); end
+endmodule
+"""
+WAIT_REF = "module RefModule(input clk, output done);\n  assign done = 1'b0;\nendmodule\n"
+# A reference with a construct Icarus Verilog 11 and 12 do not support ("sorry: Streaming concatenation not
+# supported"), as VerilogEval's Prob151 has a cast that 11 does not support.
+UNSUPPORTED_REF = MAJ.ref.replace("endmodule", "  wire [3:0] unused = {<<{a, b, c, a}};\nendmodule")
+
+
+def broken_problem_set(directory):
+    """Two shipped problems, one whose reference times out, one whose reference does not compile here."""
+    copy_problems(directory, ["Prob001_majority3", "Prob002_mux3_8bit"])
+    for task, ref, test in [("Prob901_waits_forever", WAIT_REF, WAIT_TB),
+                            ("Prob902_unsupported", UNSUPPORTED_REF, MAJ.test)]:
+        (directory / f"{task}_prompt.txt").write_text("Implement module TopModule.\n")
+        (directory / f"{task}_ref.sv").write_text(ref)
+        (directory / f"{task}_test.sv").write_text(test)
+    return directory
+
+
+@needs_iverilog
+def test_calibration_of_the_shipped_problems_passes_every_reference(tmp_path, monkeypatch):
+    cal = ev.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False)
+    assert cal.excluded == [] and cal.calibrated == sorted(BY_ID) and cal.ceiling() == 1.0
+    assert cal.simulator == ev.simulator_version() and cal.digest == ev.problems_digest(PROBLEMS)
+    assert cal.path == tmp_path / f"calibration-{cal.digest[:16]}-iverilog-{cal.simulator}.json"
+    assert {r["official"] for r in cal.references.values()} == {"."}
+    assert "28 of 28 references pass" in cal.summary() and cal.table().empty
+    assert [p.name for p in tmp_path.iterdir()] == [cal.path.name]  # atomic write: no temp file left
+
+    # cached per (problems, simulator version): the second call simulates nothing, refresh=True does
+    calls = []
+    real_simulate = ev.simulate
+    monkeypatch.setattr(ev, "simulate", lambda *a, **kw: calls.append(a) or real_simulate(*a, **kw))
+    assert ev.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False) == cal and calls == []
+    assert ev.find_calibration(PROBLEMS[:3], tmp_path) == cal  # it covers any subset
+    changed = [dataclasses.replace(PROBLEMS[0], test=PROBLEMS[0].test + "\n// edited\n")]
+    assert ev.find_calibration(changed, tmp_path) is None  # an edited testbench is not calibrated
+    ev.calibrate(PROBLEMS[:2], cache_dir=tmp_path, refresh=True, progress=False)
+    assert len(calls) == 2
+
+
+@needs_iverilog
+def test_a_broken_reference_lowers_the_ceiling_not_the_model_score(tmp_path):
+    problems = ev.load_problems(broken_problem_set(tmp_path / "probs"))
+    cal = ev.calibrate(problems, cache_dir=tmp_path / "eval", timeout=10, progress=False)
+    assert cal.calibrated == ["Prob001_majority3", "Prob002_mux3_8bit"]
+    assert cal.excluded == ["Prob901_waits_forever", "Prob902_unsupported"]
+    refs = cal.references
+    assert (refs["Prob901_waits_forever"]["category"], refs["Prob901_waits_forever"]["official"]) == ("timeout", "T")
+    assert refs["Prob902_unsupported"]["category"] == "compile_error"
+    assert "sorry: Streaming concatenation not supported" in refs["Prob902_unsupported"]["detail"]
+    assert refs["Prob902_unsupported"]["official"] == "R"  # no "error" in the log: VerilogEval calls it a runtime one
+    assert cal.ceiling() == 0.5
+    assert list(cal.table()["task_id"]) == cal.excluded
+
+    # a model that answers every problem with the reference: perfect on the calibrated set
+    rows = [{"task_id": p.task_id, "completion": fenced(ev.reference_code(p))} for p in problems]
+    results, scores = ev.score_completions(problems, rows, ks=(1,), timeout=10, progress=False)
+    assert scores == {1: 0.5}
+    lines = ev.score_lines(results, (1,), cal)
+    version = ev.simulator_version()
+    assert lines[0] == f"pass@1: 0.5000 (ceiling 0.5000; 1.0000 over the 2 calibrated problems) [iverilog {version}]"
+    assert lines[1] == (f"not counted over the calibrated set (their reference fails with iverilog {version}): "
+                        "Prob901_waits_forever (timeout), Prob902_unsupported (compile_error)")
+
+
+@needs_iverilog
+def test_eval_cli_calibrate_then_score(tmp_path):
+    probs = broken_problem_set(tmp_path / "probs")
+    run_dir = tmp_path / "run"
+    r = run_cli("eval", "--calibrate", "--problems", probs, "--run-dir", run_dir, "--timeout", 10)
+    assert r.returncode == 0, r.stderr
+    version = ev.simulator_version()
+    assert f"simulator: Icarus Verilog {version}" in r.stdout
+    assert "2 of 4 references pass" in r.stdout and "Prob901_waits_forever: timeout [T]" in r.stdout
+    cached = list((run_dir / "eval").glob("calibration-*.json"))
+    assert len(cached) == 1 and f"cached in {cached[0]}" in r.stdout
+
+    comp = tmp_path / "c.jsonl"
+    answers = {"Prob001_majority3": fenced(as_top(MAJ)), "Prob002_mux3_8bit": "no idea",
+               "Prob901_waits_forever": "no idea", "Prob902_unsupported": fenced(as_top(MAJ))}
+    comp.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n" for t, c in answers.items()))
+    r = run_cli("eval", "--completions", comp, "--problems", probs, "--run-dir", run_dir, "--k", "1",
+                "--timeout", 10)
+    assert r.returncode == 0, r.stderr
+    assert f"pass@1: 0.2500 (ceiling 0.5000; 0.5000 over the 2 calibrated problems) [iverilog {version}]" in r.stdout
+    assert "official letters: .=1 m=2 R=1" in r.stdout
+    # without a calibration for these problems: the raw score, and how to get one
+    r = run_cli("eval", "--completions", comp, "--problems", probs, "--run-dir", tmp_path / "other", "--k", "1",
+                "--timeout", 10)
+    assert r.returncode == 0 and f"pass@1: 0.2500 [iverilog {version}]" in r.stdout
+    assert "run `eval --calibrate --problems" in r.stdout
+
+
+# ---------------------------------------------------------------------------
+# The official protocol as presets
+# ---------------------------------------------------------------------------
+
+def test_presets_are_the_official_protocol():
+    assert ev.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01},
+                          "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95}}
+    args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None, **kw})
+    assert ev._sampling(args()) == {"n": 1, "temperature": 0.0, "top_p": None}
+    assert ev._sampling(args(preset="official-sampled")) == ev.PRESETS["official-sampled"]
+    assert ev._sampling(args(preset="official-sampled", n=20)) == ev.PRESETS["official-sampled"]
+    assert ev._sampling(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95}
+    with pytest.raises(ev.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
+        ev._sampling(args(preset="official-greedy", temperature=0.8))
+
+
+@needs_iverilog
+def test_eval_cli_preset_sends_the_official_sampling(fake_server, tmp_path):
+    srv = fake_server()
+    r = run_cli("eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled",
+                "--tasks", MAJ.task_id, "--run-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    req = srv.requests[0]
+    assert (req["n"], req["temperature"], req["top_p"]) == (20, 0.85, 0.95)
+    assert "scored 20 samples" in r.stdout and "pass@1: 1.0000" in r.stdout and "pass@5" not in r.stdout
+    r = run_cli("eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-greedy", "--n", "5",
+                "--tasks", MAJ.task_id, "--run-dir", tmp_path)
+    assert r.returncode == 2 and "drop --n 5 or the preset" in r.stderr
