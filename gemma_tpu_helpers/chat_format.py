@@ -195,3 +195,43 @@ PROCESSOR_CONFIG: dict = {
         "rescale_factor": 1 / 255,
     },
 }
+
+# The files of google/gemma-4-31B-it that this course reads (the Hub repo also holds README.md and .gitattributes),
+# what each holds, and how the tiny replica matches it.
+CHECKPOINT_FILES: tuple[tuple[str, str, str], ...] = (
+    ("config.json", "Gemma4ForConditionalGeneration: text_config (60 layers, 5:1 sliding/full, k=v full layers, "
+     "proportional partial rope), vision_config (27 layers, hidden 1152), audio_config null, multimodal token ids",
+     "same fields, smaller numbers (6 layers, 2-layer vision tower); token ids moved to the top of its vocab"),
+    ("model-*-of-*.safetensors", "bf16 weights: model.language_model.*, model.vision_tower.*, model.embed_vision.*",
+     "the same key names and tensor roles in several shards (fp32 in smoke)"),
+    ("model.safetensors.index.json", "weight_map key -> shard, metadata.total_size", "written by the same save_pretrained"),
+    ("tokenizer.json", "GemmaTokenizer BPE with byte fallback, 262144 tokens, special tokens at fixed low ids",
+     "the same pipeline and special ids, 1024 tokens trained on the shipped Verilog"),
+    ("tokenizer_config.json", "GemmaTokenizer, add_bos_token false, padding left, named tokens (eot_token <turn|> ...), "
+     "no chat_template key", "the same fields"),
+    ("chat_template.jinja", "Gemma 4 turns, native system turn, <bos> from the template, empty thought channel in "
+     "the 31B's generation prompt, tools", "ours, from the documented behaviour (no tools)"),
+    ("generation_config.json", "eos [1, 106, 50], sampling defaults (temperature 1.0, top_p 0.95, top_k 64)", "the same"),
+    ("processor_config.json", "Gemma4Processor with its image processor", "the same class and main fields"),
+)
+
+
+def render_formats(tokenizer, messages: list[dict]):
+    """The same chat as each template renders it for generation: Gemma 4 31B-it, Gemma 4 E2B/E4B, and Gemma 3."""
+    import pandas as pd
+
+    rows = {name: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=t)
+            for name, t in (("Gemma 4 26B/31B", GEMMA4_31B_CHAT_TEMPLATE), ("Gemma 4 E2B/E4B", GEMMA4_E_CHAT_TEMPLATE),
+                            ("Gemma 3", GEMMA3_CHAT_TEMPLATE))}
+    return pd.DataFrame({"generation prompt": rows}).rename_axis("format")
+
+
+def checkpoint_files_table(model_dir):
+    """The real checkpoint's files beside ``model_dir``'s: for each, what it holds and whether ``model_dir`` has it."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    model_dir = Path(model_dir)
+    return pd.DataFrame([{"file": name, "in the real 31B-it": real, "this checkpoint has it": any(model_dir.glob(name)),
+                          "the tiny replica": tiny} for name, real, tiny in CHECKPOINT_FILES])

@@ -94,6 +94,26 @@ def regex_for(targets) -> str:
     return ".*/(" + "|".join(re.escape(m) for m in modules) + ")"
 
 
+def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
+    """PEFT's ``target_modules`` for the language model only, as one regex (PEFT full-matches it on module names).
+
+    Plain names (``["q_proj", ...]``) would also match the vision tower's ``q_proj`` / ``o_proj`` / MLP modules in the
+    -it checkpoints (``model.vision_tower.encoder.layers.N...``), which PEFT cannot wrap (they are clippable
+    linears) and which the course never trains. ``k_layers`` limits ``k_proj`` to those layer indices (None: all).
+    """
+    targets = validate_targets(targets)
+    attn = [t for t in targets if t in ("q_proj", "v_proj", "o_proj") or (t == "k_proj" and k_layers is None)]
+    mlp = [t for t in targets if t in ("gate_proj", "up_proj", "down_proj")]
+    parts = []
+    if attn:
+        parts.append(rf"\d+\.self_attn\.({'|'.join(attn)})")
+    if mlp:
+        parts.append(rf"\d+\.mlp\.({'|'.join(mlp)})")
+    if "k_proj" in targets and k_layers is not None and len(k_layers):
+        parts.append(rf"({'|'.join(str(i) for i in k_layers)})\.self_attn\.k_proj")
+    return rf".*language_model\.layers\.({'|'.join(parts)})"
+
+
 def _shapes(c: dict, target: str, kind: str, rank):
     """(tunix weight shape, HF weight shape [out, in], LoRA A shape, LoRA B shape) for one target and layer kind."""
     d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]

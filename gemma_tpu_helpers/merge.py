@@ -829,6 +829,7 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
     from safetensors.numpy import save_file
 
     from .gemma4 import read_text_config
+    from .lora import peft_target_modules
 
     out_dir = Path(out_dir)
     _prepare_out(out_dir, overwrite)
@@ -842,7 +843,8 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
         tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(d.b.T.astype(np.float32))
     targets = sorted({d.target for d in deltas}, key=lambda t: ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                                  "up_proj", "down_proj").index(t))
-    cfg = LoraConfig(r=int(meta["rank"]), lora_alpha=float(meta["alpha"]), lora_dropout=0.0, target_modules=targets,
+    cfg = LoraConfig(r=int(meta["rank"]), lora_alpha=float(meta["alpha"]), lora_dropout=0.0,
+                     target_modules=peft_target_modules(targets),  # the language model's, not the vision tower's
                      base_model_name_or_path=str(meta.get("base_model") if meta.get("base_model") not in (None, "tiny")
                                                  else Path(base_dir).resolve()))
     out_dir.parent.mkdir(parents=True, exist_ok=True)

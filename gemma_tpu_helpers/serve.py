@@ -826,12 +826,13 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
+    from .lora import peft_target_modules
     from .profiles import LoraSpec
 
     out_dir = Path(out_dir)
     model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32)
     cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
-                     target_modules=targets if isinstance(targets, str) else list(targets or LoraSpec.targets))
+                     target_modules=targets if isinstance(targets, str) else peft_target_modules(targets or LoraSpec.targets))
     peft_model = get_peft_model(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -849,15 +850,11 @@ def targets_without_global_k(model_dir, targets=None) -> str:
     model (HF, tunix) uses that projection for V too; see :func:`lora_reference_gap`. Merged weights have no such gap.
     """
     from .gemma4 import layer_kinds, read_text_config
+    from .lora import peft_target_modules
     from .profiles import LoraSpec
 
-    targets = list(targets or LoraSpec.targets)
-    local = [str(i) for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
-    others = [t for t in targets if t != "k_proj"]
-    parts = [rf".*\.({'|'.join(others)})"] if others else []
-    if "k_proj" in targets:
-        parts.append(rf".*\.layers\.({'|'.join(local)})\.self_attn\.k_proj")
-    return "|".join(parts)
+    local = [i for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
+    return peft_target_modules(targets or LoraSpec.targets, k_layers=local)
 
 
 def hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, candidates: list[int]) -> dict[int, float]:

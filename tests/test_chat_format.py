@@ -181,3 +181,27 @@ def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
     assert evaluate.extract_verilog(f"<|channel>thought\nmodule Draft; endmodule<channel|>```verilog\n{code}\n```<turn|>") == code
     assert evaluate.extract_verilog("<|channel>thought\nmodule Draft; endmodule") is None  # cut off while thinking
     assert evaluate.extract_verilog(code + "<turn|>") == code
+
+
+def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from gemma_tpu_helpers import lora
+
+    names = [n for n, _ in AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).named_modules()]
+    hits = [n for n in names if re.fullmatch(lora.peft_target_modules(), n)]
+    kinds = gemma4.layer_kinds(gemma4.read_text_config(tiny_dir))
+    assert len(hits) == sum(7 if k == "local" else 6 for k in kinds)  # no v_proj on the global k=v layers
+    assert all(".language_model." in n for n in hits)
+    # plain names, PEFT's usual form, would reach into the vision tower too
+    assert any("vision_tower" in n and n.endswith(".q_proj") for n in names)
+    local_k = lora.peft_target_modules(k_layers=[i for i, k in enumerate(kinds) if k == "local"])
+    assert not any(re.fullmatch(local_k, n) for n in names if n.endswith(f"layers.{kinds.index('global')}.self_attn.k_proj"))
+
+
+def test_the_replica_has_every_file_of_the_real_checkpoint(tiny_dir, tokenizer):
+    assert chat_format.checkpoint_files_table(tiny_dir)["this checkpoint has it"].all()
+    prompts = chat_format.render_formats(tokenizer, CHAT[:2])["generation prompt"]
+    assert prompts["Gemma 4 26B/31B"] == prompts["Gemma 4 E2B/E4B"] + "<|channel>thought\n<channel|>"
+    assert prompts["Gemma 3"].startswith("<bos><start_of_turn>user\nBe terse.\n\n")

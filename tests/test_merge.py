@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import merge
+from gemma_tpu_helpers import gemma4, merge
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 
@@ -117,14 +117,15 @@ def test_merge_applies_lora_and_copies_the_rest_bit_for_bit(tiny_dir, strong, me
     assert not (merged / "tiny_model.json").exists()
 
     kinds = ["local"] * LOCAL + ["global"] * GLOBAL
-    changed = copied = 0
+    changed = copied = towers = 0
     for shard in shards:
         assert (merged / shard).stat().st_size == (tiny_dir / shard).stat().st_size
         base, out = _tensors(tiny_dir / shard), _tensors(merged / shard)
         assert base.keys() == out.keys()
         for key, w in base.items():
             parts = key.split(".")
-            target = parts[-2] if key.endswith("_proj.weight") else None
+            towers += key.startswith(gemma4.MULTIMODAL_PREFIXES)  # the vision tower: copied, never merged
+            target = parts[-2] if key.endswith("_proj.weight") and key.startswith(gemma4.KEY_PREFIX) else None
             if target is None or (target == "v_proj" and kinds[int(parts[3])] == "global"):
                 assert out[key].tobytes() == w.tobytes(), key
                 copied += 1
@@ -135,7 +136,7 @@ def test_merge_applies_lora_and_copies_the_rest_bit_for_bit(tiny_dir, strong, me
             np.testing.assert_allclose(out[key], w + dw, rtol=1e-6, atol=1e-6, err_msg=key)
             assert np.abs(out[key] - w).max() > 1e-3, key  # the LoRA did change it
             changed += 1
-    assert changed == 7 * LOCAL + 6 * GLOBAL
+    assert changed == 7 * LOCAL + 6 * GLOBAL and towers > 10
     info = merge.read_merge_info(merged)
     assert info["merged_tensors"] == changed and info["copied_tensors"] == copied and info["step"] == 3
 
