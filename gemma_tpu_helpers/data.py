@@ -160,6 +160,22 @@ def spec_messages(row: dict, spec) -> list[dict]:
     return to_messages(row, system_prompt=spec.system_prompt, system=spec.system, target=spec.target)
 
 
+def load_call(spec) -> str:
+    """The ``datasets.load_dataset`` call a DataSpec makes, as text (and the row limit it applies)."""
+    args, kwargs = _load_dataset_args(spec.source, spec.config)
+    parts = [repr(a) for a in args] + [f"split={spec.split!r}"] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    limit = f", then the first {spec.max_rows:,} rows" if spec.max_rows else ""
+    return f"datasets.load_dataset({', '.join(parts)}){limit}"
+
+
+def show_target(row: dict, spec) -> str:
+    """A row's response and what a DataSpec trains on from it, one above the other (the tags that are left, if any)."""
+    target = training_target(row["response"], spec.target)
+    left = sorted(set(re.findall(r"</?(?:think|answer)>", target)))
+    return (f"--- response ({len(row['response'])} chars)\n{row['response']}\n\n"
+            f"--- trained on (target={spec.target!r}, {len(target)} chars; tags left: {left or 'none'})\n{target}")
+
+
 def stop_token_ids(tokenizer) -> list[int]:
     """The ids that end a generation: ``generation_config.json``'s ``eos_token_id`` beside the tokenizer's files
     (Gemma 4 -it: ``<eos>``, ``<turn|>``, ``<|tool_response>``), else the tokenizer's eos and end-of-turn."""
@@ -272,6 +288,14 @@ def show_example(tokenizer, messages: list[dict], chat_template: str | None = No
             start = i
     return {"text": "".join(pieces), "tokens": len(ids), "trained_tokens": int(mask.sum()),
             "prompt_tokens": int(len(ids) - mask.sum())}
+
+
+def show_row(profile, tokenizer, index: int, source: str | None = None) -> dict:
+    """Row ``index`` of the profile's data (in source order) as :func:`show_example` shows it: what is trained."""
+    rows = load_profile_rows(profile.data, source)
+    if not 0 <= index < len(rows):
+        raise DataError(f"--show-example {index}: the data has rows 0 to {len(rows) - 1}.")
+    return show_example(tokenizer, spec_messages(rows[index], profile.data))
 
 
 def compare_chat_formats(tokenizer, messages: list[dict]):

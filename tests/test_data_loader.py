@@ -181,3 +181,17 @@ def test_bad_sources(tmp_path):
     empty.write_text("")
     with pytest.raises(Exception):
         data.load_rows(str(empty))
+
+
+def test_notebook_views_of_the_load_call_and_the_target():
+    real, smoke = profiles.get_profile("v5p-8").data, profiles.get_profile("smoke").data
+    assert data.load_call(real) == ("datasets.load_dataset('zhuyaoyu/CodeV-R1-dataset', 'sft', split='train'), "
+                                    "then the first 10,000 rows")
+    assert data.load_call(smoke) == f"datasets.load_dataset({str(data.SHIPPED_REPLICA)!r}, 'sft', split='train')"
+    row = data.load_rows("shipped")[0]
+    view = data.show_target(row, real)
+    assert view.startswith("--- response") and "<answer>" in view.split("--- trained on")[0]
+    trained = view.split("--- trained on", 1)[1]
+    assert "tags left: none" in trained and "<answer>" not in trained and "<think>" not in trained
+    assert "tags left: ['</answer>', '</think>', '<answer>', '<think>']" in data.show_target(
+        row, dataclasses.replace(real, target="full"))
