@@ -210,6 +210,9 @@ _V6E_SERVE = ServeSpec(
     kv_cache_dtype="auto",
     disable_chunked_mm_input=True,
 )
+# Serving on the training slice (a smoke test of the merged model on the v5p VM): one host's 4 chips, TP4; with
+# 95 GiB per chip the bf16 weights take 14.3 GiB each (serve.hbm_per_chip).
+_V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -255,7 +258,7 @@ PROFILES: dict[str, Profile] = {
             lora=_PAPER_LORA,
             train=_PAPER_TRAIN,
             data=_REAL_DATA,
-            serve=_V6E_SERVE,
+            serve=_V5P_SERVE,
         ),
         Profile(
             name="v5p-16",
@@ -276,7 +279,7 @@ PROFILES: dict[str, Profile] = {
             # the same 8 rows per optimizer update as v5p-8: 2 rows per micro-step (one per fsdp shard) x 4
             train=dataclasses.replace(_PAPER_TRAIN, micro_batch=2, grad_accum=4),
             data=_REAL_DATA,
-            serve=_V6E_SERVE,
+            serve=_V5P_SERVE,
         ),
         Profile(
             name="v6e-8",

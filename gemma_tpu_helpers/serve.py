@@ -166,6 +166,11 @@ def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_
     ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default there).
     """
     if profile.hardware.platform == "tpu":
+        chips = profile.hardware.num_devices // profile.hardware.hosts
+        if profile.serve.tensor_parallel > chips:
+            raise ServeError(f"Profile {profile.name!r} serves with tensor_parallel={profile.serve.tensor_parallel}, "
+                             f"but one of its hosts has {chips} chips and this command runs on one host. Lower "
+                             f"serve.tensor_parallel to {chips} or fewer, or serve from a v6e-8 profile.")
         hub_id = _is_hub_id(model_dir)
         env_names = [HF_TOKEN_ENV] + ([API_KEY_ENV] if api_key else [])
         argv = ["docker", "run", "--rm", "--privileged", "--net=host", f"--shm-size={DOCKER_SHM_SIZE}",

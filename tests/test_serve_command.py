@@ -103,3 +103,18 @@ def test_hbm_arithmetic_fails_where_it_should(v6e):
         serve.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
     with pytest.raises(serve.ServeError, match="not a TPU profile"):
         serve.hbm_per_chip(profiles.get_profile("smoke"))
+
+
+def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
+    for name, prof in profiles.PROFILES.items():
+        if prof.hardware.platform != "tpu":
+            continue
+        chips = prof.hardware.num_devices // prof.hardware.hosts
+        assert prof.serve.tensor_parallel <= chips, name
+        assert serve.hbm_per_chip(prof)["fits"], name
+        assert serve.command(prof, "/data/merged")[:2] == ["docker", "run"]
+    v5p = profiles.get_profile("v5p-8")
+    assert serve.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
+    too_wide = dataclasses.replace(v5p, serve=dataclasses.replace(v5p.serve, tensor_parallel=8))
+    with pytest.raises(serve.ServeError, match="one of its hosts has 4 chips"):
+        serve.command(too_wide, "/data/merged")
