@@ -131,12 +131,12 @@ def lock_holders(path: str = LIBTPU_LOCKFILE) -> dict[int, str]:
     return found
 
 
-def check_tpu(profile) -> Check:
+def check_tpu(profile, sysfs: str = "/sys/bus/pci/devices") -> Check:
     hw = profile.hardware
     if not profiles.tpu_visible():
         return Check("tpu", "fail", no_tpu_message(profile))
     want = hw.num_devices // hw.hosts
-    n, kind = tpu_chips()
+    n, kind = tpu_chips(sysfs)
     accel = accelerator_type()
     seen = f"{n} TPU {kind or '?'} chips" + (f" (slice {accel})" if accel else "")
     if kind and kind != hw.chip:

@@ -351,6 +351,26 @@ def tokenizer_files_names(hub):
     return [n for n in hub.repos[REAL]["files"] if not n.startswith("model")]
 
 
+def test_base_dir_is_used_as_it_is_or_downloaded_into(tiny_dir, fake_hub, small_disk, first_contact, tmp_path):
+    """--base DIR: a complete checkpoint there is used untouched, offline; an empty DIR is the download target."""
+    from gemma_tpu_helpers import gemma4, hub, profiles
+
+    first_contact.setenv("HF_HUB_OFFLINE", "1")  # no Hub needed for a checkpoint that is already there
+    first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
+    stamp = {p.name: p.stat().st_mtime_ns for p in Path(tiny_dir).iterdir()}
+    for name in ("v5p-8", "smoke"):
+        assert gemma4.ensure_base(profiles.get_profile(name), tmp_path / "r", base=tiny_dir) == Path(tiny_dir)
+    assert {p.name: p.stat().st_mtime_ns for p in Path(tiny_dir).iterdir()} == stamp
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(hub.HubError, match=f"^HF_HUB_OFFLINE is set and {small_disk}/mine holds no complete"):
+        gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
+    first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", False)
+    use_endpoint(first_contact, fake_hub.url)
+    first_contact.setenv("HF_TOKEN", "hf_accepted")
+    with pytest.raises(hub.HubError, match=f"needs 62.0 GB in {small_disk}/mine, but"):
+        gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
+
+
 def test_ensure_base_resumes_an_incomplete_checkpoint(tmp_path):
     from gemma_tpu_helpers import hub
 
@@ -431,6 +451,35 @@ def test_tpu_chips_reads_pci_ids(tmp_path):
     assert preflight.tpu_chips(str(tmp_path / "none")) == (0, None)
 
 
+def fake_pci(root, chips, device_id):
+    for i in range(chips):
+        d = root / f"0000:00:{i:02d}.0"
+        d.mkdir(parents=True)
+        (d / "vendor").write_text("0x1ae0\n")
+        (d / "device").write_text(device_id + "\n")
+    return str(root)
+
+
+def test_tpu_type_and_chip_count_against_the_profile(monkeypatch, tmp_path):
+    """The TPU's presence is the one thing faked (this machine has none); the PCI ids are files as sysfs has them."""
+    from gemma_tpu_helpers import preflight, profiles
+
+    monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
+    v5p8, v5p16 = profiles.get_profile("v5p-8"), profiles.get_profile("v5p-16")
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-8")  # what the VM's metadata server would say
+    c = preflight.check_tpu(v5p8, fake_pci(tmp_path / "a", 4, "0x0062"))
+    assert c.status == "ok" and "4 TPU v5p chips (slice v5p-8)" in c.detail, c.detail
+    c = preflight.check_tpu(v5p16, fake_pci(tmp_path / "a2", 4, "0x0062"))  # 4 per host on each of 2 hosts
+    assert c.status == "warn" and "this slice is v5p-8, the profile is v5p-16" in c.detail, c.detail
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v6e-8")
+    c = preflight.check_tpu(v5p8, fake_pci(tmp_path / "b", 8, "0x006f"))
+    assert c.status == "fail" and "8 TPU v6e chips (slice v6e-8), but profile 'v5p-8' is for TPU v5p" in c.detail
+    assert "GEMMA_TPU_PROFILE" in c.detail
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-16")
+    c = preflight.check_tpu(v5p8, fake_pci(tmp_path / "c", 2, "0x0062"))
+    assert c.status == "fail" and "needs 4 per host" in c.detail, c.detail
+
+
 def test_lock_holder_is_found_by_pid(tmp_path):
     """libtpu holds a POSIX write lock on /tmp/libtpu_lockfile (seen in /proc/locks here); a child holding one on a
     file of ours is found by pid, with its command line, and so is a child holding a file open (the TPU devices)."""
@@ -452,6 +501,34 @@ def test_lock_holder_is_found_by_pid(tmp_path):
         child.wait()
     assert preflight.lock_holders(str(lock)) == {}  # the file stays; the lock went with the process
     assert preflight.lock_holders(str(tmp_path / "absent")) == {}
+
+
+def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
+    """A leftover process with the TPU's device file open and libtpu's lock: the check fails naming its pid."""
+    from gemma_tpu_helpers import preflight, profiles
+
+    accel, lock = tmp_path / "accel0", tmp_path / "libtpu_lockfile"
+    accel.write_text("")
+    lock.write_text("")
+    monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
+    monkeypatch.setattr(preflight, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(preflight, "LIBTPU_LOCKFILE", str(lock))
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no tpu-info here
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-8")  # no metadata-server call
+    assert preflight.check_hbm(profiles.get_profile("v5p-8")).status == "ok"
+    code = ("import fcntl, sys, time; d = open(sys.argv[1]); f = open(sys.argv[2], 'a'); "
+            "fcntl.lockf(f, fcntl.LOCK_EX); print('holding', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(accel), str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        c = preflight.check_hbm(profiles.get_profile("v5p-8"))
+        assert c.status == "fail" and f"the TPU is in use by pid {child.pid} (" in c.detail, c.detail
+        assert f"kill {child.pid}" in c.detail and "does not free the HBM" in c.detail
+        with pytest.raises(preflight.PreflightError, match=f"pid {child.pid}"):
+            preflight.require(profiles.get_profile("v5p-8"))
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_versions_check_reads_the_pins():
