@@ -167,7 +167,14 @@ def cmd_data_stats(args) -> int:
 
     from . import data
 
-    prepared = data.prepare(prof, AutoTokenizer.from_pretrained(tokenizer_dir), source=args.source, progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if args.show_example is not None:  # one example as it is trained: the loss span inside ⟦ ⟧
+        view = data.show_row(prof, tokenizer, args.show_example, source=args.source)
+        print(view["text"])
+        print(f"\n{view['tokens']} tokens: {view['prompt_tokens']} of prompt (no loss), "
+              f"{view['trained_tokens']} trained (inside {''.join(data.TRAINED_MARKS)})")
+        return 0
+    prepared = data.prepare(prof, tokenizer, source=args.source, progress=False)
     padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
                              prof.train.max_seq_len, prof.data.overlong)
     s = prepared.train.stats
@@ -306,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_arg(p)
     p.add_argument("--source", default=None, help="data source (default: the profile's)")
     p.add_argument("--base", default=None, help="checkpoint dir whose tokenizer to use (default: the profile's base)")
+    p.add_argument("--show-example", type=int, default=None, metavar="N",
+                   help="print example N as it is trained (the loss span marked) instead of the statistics")
     p.set_defaults(func=cmd_data_stats)
 
     p = sub.add_parser("train", help="06: LoRA training with Orbax checkpoints; resumes automatically")

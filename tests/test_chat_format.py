@@ -205,3 +205,14 @@ def test_the_replica_has_every_file_of_the_real_checkpoint(tiny_dir, tokenizer):
     prompts = chat_format.render_formats(tokenizer, CHAT[:2])["generation prompt"]
     assert prompts["Gemma 4 26B/31B"] == prompts["Gemma 4 E2B/E4B"] + "<|channel>thought\n<channel|>"
     assert prompts["Gemma 3"].startswith("<bos><start_of_turn>user\nBe terse.\n\n")
+
+
+def test_data_stats_shows_an_example_as_it_is_trained(tiny_dir):
+    from conftest import run_cli
+
+    out = run_cli("data-stats", "--profile", "smoke", "--base", tiny_dir, "--show-example", "0")
+    assert out.returncode == 0, out.stderr
+    assert "<|turn>model\n<|channel>thought\n<channel|>\u27e6" in out.stdout and out.stdout.count("<turn|>\u27e7") == 1
+    assert re.search(r"\d+ tokens: \d+ of prompt \(no loss\), \d+ trained", out.stdout)
+    bad = run_cli("data-stats", "--profile", "smoke", "--base", tiny_dir, "--show-example", "100000")
+    assert bad.returncode == 2 and "the data has rows 0 to" in bad.stderr and "Traceback" not in bad.stderr
