@@ -116,7 +116,7 @@ def free_bytes(path: str | os.PathLike) -> tuple[Path, int]:
 
 
 def gb(n: int | float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e9:.1f} GB" if n >= 10**8 else f"{n / 1e6:.0f} MB"
 
 
 def disk_message(what: str, target: Path, need: int, free: int, on: Path) -> str:
