@@ -79,7 +79,7 @@ def explain(exc: BaseException, repo_id: str, target: str | os.PathLike) -> str 
         return f"{repo_id} has no such revision on the Hub: check the revision name."
     if isinstance(exc, errors.OfflineModeIsEnabled) or (isinstance(exc, errors.LocalEntryNotFoundError)
                                                          and _offline()):
-        return (f"HF_HUB_OFFLINE is set and {target} holds no complete checkpoint of {repo_id}: unset "
+        return (f"HF_HUB_OFFLINE is set and {target} holds no downloaded copy of {repo_id}: unset "
                 f"HF_HUB_OFFLINE to download it, {_ways_out(target)}.")
     if isinstance(exc, errors.HfHubHTTPError):
         status = exc.response.status_code

@@ -362,7 +362,7 @@ def test_base_dir_is_used_as_it_is_or_downloaded_into(tiny_dir, fake_hub, small_
         assert gemma4.ensure_base(profiles.get_profile(name), tmp_path / "r", base=tiny_dir) == Path(tiny_dir)
     assert {p.name: p.stat().st_mtime_ns for p in Path(tiny_dir).iterdir()} == stamp
     assert not (tmp_path / "r").exists()
-    with pytest.raises(hub.HubError, match=f"^HF_HUB_OFFLINE is set and {small_disk}/mine holds no complete"):
+    with pytest.raises(hub.HubError, match=f"^HF_HUB_OFFLINE is set and {small_disk}/mine holds no downloaded"):
         gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
     first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", False)
     use_endpoint(first_contact, fake_hub.url)
