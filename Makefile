@@ -13,7 +13,7 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all venv serve-venv iverilog test test-slow demo bench clean-runs
+.PHONY: all venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
 
 all: demo
 
@@ -38,7 +38,12 @@ serve-venv: $(SERVE_VENV)/.installed
 iverilog:
 	@tools/build_iverilog.sh $(IVERILOG_PREFIX)
 
-test: venv serve-venv iverilog
+# Headless Chromium (Debian's package) for tests/test_site.py, which opens the course site in a real browser.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
+
+test: venv serve-venv iverilog chromium
 	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
 	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
 
@@ -46,8 +51,15 @@ test: venv serve-venv iverilog
 test-slow: venv serve-venv iverilog
 	$(PY) -m pytest tests/ -q -m slow
 
+# The course site is built even when a notebook failed (its page shows the error); the failure still fails make.
 demo: venv serve-venv iverilog
-	$(PY) -m gemma_tpu_helpers demo --profile $(PROFILE)
+	$(PY) -m gemma_tpu_helpers demo --profile $(PROFILE) || { $(SITE); exit 1; }
+	$(SITE)
+
+# runs/$(PROFILE)/site: every executed notebook as HTML plus an index; opens from the file system, no server.
+SITE = $(PY) -m gemma_tpu_helpers site --profile $(PROFILE)
+site: venv
+	$(SITE)
 
 # Benchmarks print figures (no pass/fail on time): the streamed merge vs the paper's load-everything merge vs cp.
 bench: venv

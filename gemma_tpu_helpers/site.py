@@ -186,6 +186,9 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
             write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
         generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
+        for f in tmp.iterdir():  # mkstemp / mkdtemp make them private; a site is for sharing
+            f.chmod(0o644)
+        tmp.chmod(0o755)
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if out.exists():
