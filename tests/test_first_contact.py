@@ -333,6 +333,23 @@ def test_disk_check_counts_what_is_already_there(tmp_path):
         hub.check_disk("x", tmp_path, 10**15)
 
 
+def test_disk_message_offers_dev_shm_when_it_fits(small_disk):
+    """The paper's way out (RAM as disk) is named only when /dev/shm can hold the download."""
+    import shutil
+
+    from gemma_tpu_helpers import hub
+
+    need = 20 * 10**6  # more than the 16 MB tmpfs holds
+    if shutil.disk_usage("/dev/shm").free < need:
+        pytest.skip("/dev/shm is too small here")
+    with pytest.raises(hub.HubError, match=r"needs 20 MB in .* /dev/shm has .* free \(RAM: fast, lost at reboot; "
+                                           r"the paper set TMPDIR=/dev/shm .*--base /dev/shm/base\.$"):
+        hub.check_disk("the download", small_disk / "base", need)
+    with pytest.raises(hub.HubError) as e:
+        hub.check_disk("the download", small_disk / "base", shutil.disk_usage("/dev/shm").free + 10**9)
+    assert "/dev/shm" not in str(e.value)
+
+
 def test_tokenizer_only_fetch_downloads_no_weights(fake_hub, small_disk, tmp_path):
     """data-stats on the 31B profile: the tokenizer files alone come down (into a 16 MB disk), then it tokenizes."""
     env = env_for(tmp_path, HF_ENDPOINT=fake_hub.url, HF_TOKEN="hf_accepted", GEMMA_TPU_RUNS=str(small_disk))
