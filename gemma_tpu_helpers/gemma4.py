@@ -32,6 +32,7 @@ GEMMA4_31B_TEXT_CONFIG: dict = {
     "enable_moe_block": False,
     "use_double_wide_mlp": False,
     "tie_word_embeddings": True,
+    "use_bidirectional_attention": "vision",  # image tokens attend both ways; text stays causal
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 262144,
     "rope_parameters": {

@@ -83,6 +83,10 @@ def test_vision_tower_and_multimodal_ids_as_in_the_31b(tiny_dir, tokenizer):
     cfg = json.loads((tiny_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Gemma4ForConditionalGeneration"] and cfg["vision_config"]
     assert cfg["audio_config"] is None  # the 31B has no audio tower
+    big = gemma4.GEMMA4_31B_TEXT_CONFIG
+    for field in ("rope_parameters", "use_bidirectional_attention", "attention_k_eq_v", "final_logit_softcapping",
+                  "hidden_size_per_layer_input", "num_kv_shared_layers", "tie_word_embeddings"):
+        assert cfg["text_config"][field] == big[field], field
     for name, _, tok in chat_format.MULTIMODAL_TOKENS:
         assert tokenizer.convert_ids_to_tokens(cfg[name]) == tok, name
     keys = json.loads((tiny_dir / "model.safetensors.index.json").read_text())["weight_map"]
