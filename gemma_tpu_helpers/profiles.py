@@ -33,6 +33,11 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
                        "v5p-16": 33.60}  # v5p-16: 8 chips at the v5p-8's per-chip rate
 
 
+# Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
+CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12}
+CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9}
+
+
 @dataclasses.dataclass(frozen=True)
 class Hardware:
     platform: str  # "cpu" or "tpu"
@@ -43,6 +48,8 @@ class Hardware:
     hbm_gib_per_chip: float | None = None
     price_usd_per_hour: float | None = None
     hosts: int = 1  # TPU VM workers; each holds num_devices / hosts chips
+    peak_bf16_flops_per_chip: float | None = None  # CHIP_PEAK_BF16_FLOPS[chip]
+    hbm_bytes_per_s_per_chip: float | None = None  # CHIP_HBM_BYTES_PER_S[chip]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +260,8 @@ PROFILES: dict[str, Profile] = {
                 chip="v5p",
                 hbm_gib_per_chip=95.0,
                 price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-8"],
+                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v5p"],
+                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v5p"],
             ),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
@@ -273,6 +282,8 @@ PROFILES: dict[str, Profile] = {
                 chip="v5p",
                 hbm_gib_per_chip=95.0,
                 price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-16"],
+                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v5p"],
+                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v5p"],
             ),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
@@ -292,6 +303,8 @@ PROFILES: dict[str, Profile] = {
                 chip="v6e",
                 hbm_gib_per_chip=32.0,
                 price_usd_per_hour=PRICES_USD_PER_HOUR["v6e-8"],
+                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v6e"],
+                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v6e"],
             ),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
