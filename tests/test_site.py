@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from gemma_tpu_helpers import course, site
 
 PLOT = """import matplotlib
@@ -142,3 +142,18 @@ def test_site_command_builds_the_profile_s_site(built, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "3 pages" in r.stdout and (runs / "smoke" / "site" / "index.html").is_file()
     assert run_cli("site", "--profile", "smoke", "--runs", tmp_path / "empty").returncode == 2
+
+
+def test_license_and_citation_for_reuse():
+    import tomllib
+
+    import yaml
+
+
+    assert "Apache License\n                           Version 2.0" in (REPO / "LICENSE").read_text()
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]["text"] == "Apache-2.0"
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    paper = cff["preferred-citation"]
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "Apache-2.0"
+    assert paper["title"] == "Fine-Tuning and Serving Gemma 4 31B on Google Cloud TPU" and paper["year"] == 2026
+    assert paper["identifiers"][0]["value"] == "arXiv:2605.25645" and paper["authors"][0]["family-names"] == "Kishnani"
