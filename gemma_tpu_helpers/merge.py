@@ -11,8 +11,9 @@ on the accelerator, and wrote one ``model.safetensors``. Here:
 - The base is **streamed one shard at a time**: each output shard gets the input shard's header (the merged tensors
   keep their dtype and shape, so every offset stays valid); untouched tensors are copied byte for byte, and each
   targeted tensor is read alone, gets ``ΔW = (alpha/rank)·(A·B)ᵀ`` computed in fp32, and is rounded once to the
-  base dtype, in row blocks of ~16 MB. Peak memory is the LoRA arrays plus one block, not a shard, let alone the
-  model. Shard names and
+  base dtype, in row blocks of ~1M elements, each one XLA computation on the host CPU (the same arithmetic as the
+  numpy reference, ``kernel="numpy"``). Peak memory is the LoRA arrays plus a few blocks, not a shard, let alone
+  the model. Shard names and
   ``model.safetensors.index.json`` are kept; config, generation config, tokenizer and chat template are copied.
 - Everything is written to a temporary directory next to ``out_dir`` and renamed at the end, so a crash (a full
   disk, a kill) never leaves a directory that looks complete. ``merge_info.json`` records what was merged.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -58,6 +60,10 @@ MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged di
 PARAMS_ITEM = "model_params"
 SKIP_FILES = {"tiny_model.json"}  # tiny.py's cache stamp: the merged dir is not a tiny.py cache
 COPY_CHUNK = 64 << 20
+# Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
+# to stay in the caches and keep the memory bounded whatever the tensor's size.
+MERGE_BLOCK_ELEMENTS = 1 << 20
+MERGE_KERNELS = ("xla", "numpy")  # how targeted tensors are merged: XLA on the host CPU, or the numpy reference
 
 
 class MergeError(ValueError):
@@ -444,13 +450,14 @@ class _Writer:
         self._check()
 
 
-def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict[str, Delta]) -> dict[str, float]:
+def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict[str, Delta], kernel: str = "xla") -> dict[str, float]:
     """Write ``dst_path`` = ``src_path`` with ``deltas`` added; returns {tensor: max |ΔW| applied}.
 
     The header is copied unchanged (same dtypes and shapes, so the same offsets). The data is written in file order:
     the byte ranges between merged tensors by a kernel copy (bit for bit, no Python buffers), each merged tensor read
-    alone, in row blocks, ``W + ΔW`` computed in fp32 and rounded once to the base dtype. Peak memory: a few ~16 MB
-    blocks. Writing runs on a background thread, overlapping the math.
+    alone, in row blocks, ``W + ΔW`` computed in fp32 and rounded once to the base dtype (``kernel``: see
+    :func:`_write_merged_tensor`). Peak memory: a few blocks of ~4 MB. Writing runs on a background thread,
+    overlapping the math.
     """
     header, start = read_header(src_path)
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
@@ -468,7 +475,7 @@ def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict[str, Delta])
                     raise MergeError(f"{name}: base shape {tuple(entry['shape'])} but the LoRA gives {d.shape}: the "
                                      f"base is another model than the one trained on.")
                 out.copy(start + cursor, b0 - cursor)
-                applied[name] = _write_merged_tensor(src, out, start + b0, entry, d)
+                applied[name] = _write_merged_tensor(src, out, start + b0, entry, d, kernel)
                 cursor = b1
             out.copy(start + cursor, end - cursor)
         finally:
@@ -476,27 +483,166 @@ def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict[str, Delta])
     return applied
 
 
-def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d: Delta, chunk_bytes: int = 16 << 20) -> float:
-    """Read one base tensor, add its ΔW in fp32, write it in the base dtype; in row blocks of ~``chunk_bytes`` fp32,
-    so the temporaries stay small whatever the tensor's size. Returns max |ΔW|."""
+def _block_rows(in_dim: int) -> int:
+    """Rows per merge block: a power of two near ``MERGE_BLOCK_ELEMENTS / in_dim``. The out dims of the 31B and
+    of the bench model are multiples of it, so each input width compiles one XLA block kernel."""
+    limit = max(1, MERGE_BLOCK_ELEMENTS // in_dim)
+    return 1 << (limit.bit_length() - 1)
+
+
+def merge_block_numpy(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: np.float32) -> tuple[np.ndarray, float]:
+    """The reference merge of one row block: ``w + scale·(a·b)ᵀ`` in fp32 (numpy/BLAS), rounded once to ``w``'s
+    dtype; ``a`` (in, r) and ``b`` (r, rows) fp32. Returns (merged block, max |ΔW|)."""
+    dw = (a @ b).T  # rows of (A2·B2)ᵀ
+    dw *= scale
+    merged = np.add(w, dw, dtype=np.float32)
+    return merged.astype(w.dtype), float(np.abs(dw).max())
+
+
+_BITS = {"bfloat16": np.uint16, "float32": np.uint32}  # the dtypes of the XLA kernel (the course's checkpoints)
+
+
+@functools.cache
+def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
+    """The jitted merge of one row block on the host CPU, for a bf16 or fp32 base: ``(w_bits, bᵀ, aᵀ, scale) ->
+    (merged_bits, max |ΔW|, exact)``, the same arithmetic as :func:`merge_block_numpy`: ΔW = fl(scale·(bᵀ·aᵀ)) in
+    fp32, one fp32 add, one round-to-nearest-even (done on the bits; NaN becomes the quiet NaN ml_dtypes gives).
+    Only the dot's summation order may differ from numpy's BLAS.
+
+    XLA:CPU contracts ``w + scale·d`` into one fused multiply-add (one rounding instead of two). That is exact only
+    for a power-of-two scale (``fuse_scale``: one XLA call per block); any other scale gets ΔW from a first call and
+    the add in a second, so the product is rounded first, as in numpy.
+
+    XLA:CPU flushes subnormal floats to zero (FTZ/DAZ). ``exact`` is False for a block where that could change the
+    result (a subnormal base element, or a nonzero base element whose fp32 sum came out zero); the caller then
+    merges that block with numpy. Left uncovered: ΔW elements that are themselves subnormal (|ΔW| < 1.2e-38).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    bf16 = dtype_name == "bfloat16"
+
+    def scaled_delta(bt, at, scale):
+        return scale * jnp.dot(bt, at, precision=lax.Precision.HIGHEST)
+
+    def add_and_round(w_bits, dw):
+        if bf16:
+            w = lax.bitcast_convert_type(w_bits.astype(jnp.uint32) << 16, jnp.float32)
+            mag, exp_bits = w_bits & 0x7FFF, w_bits & 0x7F80
+        else:
+            w = lax.bitcast_convert_type(w_bits, jnp.float32)
+            mag, exp_bits = w_bits & 0x7FFFFFFF, w_bits & 0x7F800000
+        m = w + dw
+        u = lax.bitcast_convert_type(m, jnp.uint32)
+        if bf16:
+            rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            out = jnp.where(jnp.isnan(m), ((u >> 16) & 0x8000) | 0x7FC0, rounded).astype(jnp.uint16)
+        else:
+            out = u
+        flushed = ((exp_bits == 0) & (mag != 0)) | (((u & 0x7FFFFFFF) == 0) & (mag != 0))
+        return out, jnp.max(jnp.abs(dw)), ~jnp.any(flushed)
+
+    if fuse_scale:
+        return jax.jit(lambda w_bits, bt, at, scale: add_and_round(w_bits, scaled_delta(bt, at, scale)))
+    delta_fn, add_fn = jax.jit(scaled_delta), jax.jit(add_and_round)
+    return lambda w_bits, bt, at, scale: add_fn(w_bits, delta_fn(bt, at, scale))
+
+
+def _read_block(src, nbytes: int, align: int = 64) -> np.ndarray:
+    """The next ``nbytes`` of ``src`` in a new ``align``-byte-aligned uint8 array (XLA can use it without a copy)."""
+    buf = np.empty(nbytes + align, np.uint8)
+    start = (-buf.ctypes.data) % align
+    block = buf[start:start + nbytes]
+    if src.readinto(memoryview(block)) != nbytes:
+        raise MergeError(f"{src.name} ended early.")
+    return block
+
+
+def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d: Delta, kernel: str = "xla") -> float:
+    """Read one base tensor, add its ΔW in fp32, write it in the base dtype, in row blocks of about
+    ``MERGE_BLOCK_ELEMENTS`` elements, so the temporaries stay small whatever the tensor's size. Returns max |ΔW|.
+
+    ``kernel="xla"`` (bf16/fp32 bases): each block is one jitted XLA computation on the host CPU (both cores, the
+    casts fused with the add); block ``i + 1`` is read while block ``i`` computes. ``"numpy"``: today's reference
+    arithmetic (:func:`merge_block_numpy`), also used for other dtypes and for blocks the XLA kernel flags.
+    """
+    if kernel not in MERGE_KERNELS:
+        raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
     dtype = _np_dtype(entry["dtype"])
     out_dim, in_dim = entry["shape"]
-    rows = max(1, chunk_bytes // (4 * in_dim))
+    rows = _block_rows(in_dim)
     a = d.a.astype(np.float32)  # (in, r)
     b = d.b.astype(np.float32)  # (r, out)
     scale = np.float32(d.scale)
+    fast = kernel == "xla" and dtype.name in _BITS
+    if fast:
+        import jax
+
+        cpu = jax.devices("cpu")[0]
+        fn = _xla_block_kernel(dtype.name, fuse_scale=bool(np.frexp(scale)[0] == 0.5))  # a power of two
+        at = jax.device_put(np.ascontiguousarray(a.T), cpu)
+        bt = np.ascontiguousarray(b.T)  # (out, r): its row blocks are contiguous
+        scale_dev = jax.device_put(scale, cpu)
     biggest = 0.0
+    pending: list = []  # (w, r0, r1, kernel outputs) of the block in flight
+
+    def finish(w, r0, r1, res):
+        nonlocal biggest
+        bits, dmax, exact = res
+        if bool(exact):
+            out.write(np.asarray(bits))
+            biggest = max(biggest, float(dmax))
+        else:
+            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
+            out.write(merged)
+            biggest = max(biggest, dmax)
+
     src.seek(offset)
     for r0 in range(0, out_dim, rows):
         r1 = min(out_dim, r0 + rows)
-        w = np.frombuffer(src.read((r1 - r0) * in_dim * dtype.itemsize), dtype=dtype).reshape(r1 - r0, in_dim)
-        dw = (a @ b[:, r0:r1]).T  # rows r0:r1 of (A2·B2)ᵀ
-        dw *= scale
-        biggest = max(biggest, float(np.abs(dw).max()))
-        merged = np.add(w, dw, dtype=np.float32)
-        out.write(merged.astype(dtype).tobytes())
-        del merged, dw, w
+        w = _read_block(src, (r1 - r0) * in_dim * dtype.itemsize).view(dtype).reshape(r1 - r0, in_dim)
+        if not fast:
+            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
+            out.write(merged)
+            biggest = max(biggest, dmax)
+            continue
+        # a fresh aligned buffer per block: XLA reads it in place (may_alias), no copy
+        res = fn(jax.device_put(w.view(_BITS[dtype.name]), cpu, may_alias=True), jax.device_put(bt[r0:r1], cpu), at,
+                 scale_dev)
+        if pending:
+            finish(*pending.pop())
+        pending.append((w, r0, r1, res))
+    if pending:
+        finish(*pending.pop())
     return biggest
+
+
+def ulp_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Elementwise distance in units in the last place between two float arrays of one dtype (bf16, fp16, fp32):
+    how many representable values lie between them (0 where the bits are equal; +0 and -0 are 0 apart)."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        raise ValueError(f"ulp_distance needs equal dtypes and shapes, got {x.dtype}{x.shape} and {y.dtype}{y.shape}")
+    bits = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    sign = np.int64(1) << (8 * x.dtype.itemsize - 1)
+
+    def ordered(v):
+        u = np.ascontiguousarray(v).view(bits).astype(np.int64)
+        return np.where(u & sign, -(u & (sign - 1)), u)
+
+    return np.abs(ordered(x) - ordered(y))
+
+
+def _return_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc's malloc_trim; a no-op elsewhere), so that buffers freed by the
+    restore and by finished blocks do not count towards the process's peak RSS."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _copy_extras(base_dir: Path, dst: Path, shard_names) -> list[str]:
@@ -562,8 +708,11 @@ class MergeResult:
 
 
 def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None,
-               overwrite: bool = False, progress: bool = True) -> MergeResult:
+               overwrite: bool = False, progress: bool = True, kernel: str = "xla") -> MergeResult:
     """Merge the LoRA of ``checkpoint_dir`` (latest step, or ``step``) into ``base_dir``; write ``out_dir``.
+
+    ``kernel``: ``"xla"`` computes each targeted tensor with XLA on the host CPU (the default), ``"numpy"`` with the
+    numpy reference arithmetic (see :func:`_write_merged_tensor`).
 
     Raises :class:`MergeError` (bad checkpoint, base, or a LoRA that does not fit the base) before anything is
     written, :class:`OutputExistsError` for a non-empty ``out_dir`` without ``overwrite``. On any failure while
@@ -577,6 +726,8 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     if not is_main():  # a host-side step: every process would write the same out_dir
         raise MergeError("merge_lora runs on one host only: call it from process 0 (launch runs 'merge' on worker 0), "
                          "after training; it reads the multi-process checkpoint by itself.")
+    if kernel not in MERGE_KERNELS:
+        raise MergeError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}.")
     started = time.perf_counter()
     base_dir, checkpoint_dir, out_dir = Path(base_dir), Path(checkpoint_dir), Path(out_dir)
     _prepare_out(out_dir, overwrite)
@@ -584,6 +735,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     text = read_text_config(base_dir)
     meta = read_lora_config(checkpoint_dir)
     step, arrays = restore_lora(checkpoint_dir, step)
+    _return_freed_memory()  # TensorStore's read buffers: the peak RSS is then the LoRA + a few blocks
     deltas = plan(arrays, meta, text)
     by_name: dict[str, Delta] = {}
     for d in deltas:
@@ -609,12 +761,13 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         for shard in bar:
             bar.set_postfix_str(shard)
             todo = {n: by_name[n] for n in shards[shard] if n in by_name}
-            got = write_merged_shard(base_dir / shard, tmp / shard, todo)
+            got = write_merged_shard(base_dir / shard, tmp / shard, todo, kernel)
             twice = set(got) & set(applied)
             if twice or set(got) != set(todo):
                 raise MergeError(f"{shard}: applied {sorted(got)} but expected {sorted(todo)}"
                                  + (f"; {sorted(twice)} twice" if twice else ""))
             applied.update(got)
+            _return_freed_memory()
             header, _ = read_header(tmp / shard)
             total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
         if set(applied) != set(by_name):
@@ -628,7 +781,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
                 "scale": float(meta["alpha"]) / int(meta["rank"]), "lora_sha256": _lora_digest(arrays),
                 "base_config_sha256": cfg_hash, "merged_tensors": len(applied),
                 "copied_tensors": len(entries) - len(applied), "shards": sorted(shards), "total_size": total,
-                "copied_files": copied, "max_abs_delta": max(applied.values(), default=0.0),
+                "copied_files": copied, "max_abs_delta": max(applied.values(), default=0.0), "kernel": kernel,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / MERGE_INFO).write_text(json.dumps(info, indent=1) + "\n")
         _install(tmp, out_dir)

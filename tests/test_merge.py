@@ -141,6 +141,110 @@ def test_merge_applies_lora_and_copies_the_rest_bit_for_bit(tiny_dir, strong, me
     assert info["merged_tensors"] == changed and info["copied_tensors"] == copied and info["step"] == 3
 
 
+def _one_tensor_shard(path: Path, w: np.ndarray, name: str = "w") -> None:
+    """A safetensors file holding ``w`` (bf16 or fp32) under ``name``, plus an untargeted neighbour on each side."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    save_file({"a_before": np.arange(7, dtype=np.float32), name: w,
+               "z_after": np.arange(5, dtype=np.float32).astype(ml_dtypes.bfloat16)}, str(path))
+
+
+def _kernels_agree(tmp_path, w, scale, rank=16, seed=0):
+    """Merge one tensor with the XLA kernel and with the numpy reference; returns (xla, numpy, ulps, max |ΔW| each)."""
+    rng = np.random.default_rng(seed)
+    out_dim, in_dim = w.shape
+    a = (rng.standard_normal((in_dim, rank)) * 0.05).astype(np.float32)
+    b = (rng.standard_normal((rank, out_dim)) * 0.05).astype(np.float32)
+    delta = merge.Delta("w", "layers/0/mlp/up_proj", "up_proj", a, b, scale)
+    src = tmp_path / "src.safetensors"
+    _one_tensor_shard(src, w)
+    got, applied = {}, {}
+    for kernel in merge.MERGE_KERNELS:
+        applied[kernel] = merge.write_merged_shard(src, tmp_path / f"{kernel}.safetensors", {"w": delta}, kernel)["w"]
+        got[kernel] = _tensors(tmp_path / f"{kernel}.safetensors")
+    base = _tensors(src)
+    for k in ("a_before", "z_after"):  # untargeted: bit for bit with both kernels
+        assert got["xla"][k].tobytes() == got["numpy"][k].tobytes() == base[k].tobytes()
+    x, n = got["xla"]["w"], got["numpy"]["w"]
+    return x, n, merge.ulp_distance(x, n), applied
+
+
+def _assert_same_up_to_dot_order(w, x, n, ulps, what):
+    """x equals n but in rare elements, and there only where W + ΔW nearly cancels (a result far below |W|, whose
+    ulps are tiny: one fp32 ulp of ΔW from another summation order is then several ulps of the result)."""
+    differ = ulps > 0
+    print(f"{what}: {int(differ.sum())} of {ulps.size} elements differ, max {int(ulps.max())} ulp; "
+          f"{int((ulps > 1).sum())} by more than 1 ulp")
+    assert differ.mean() < 1e-3
+    big = ulps > 1
+    assert (np.abs(n.astype(np.float32)[big]) < np.abs(w.astype(np.float32)[big]) / 16).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_xla_kernel_equals_the_numpy_reference(tmp_path, monkeypatch, dtype):
+    """Targeted tensors: the XLA block kernel gives today's fp32-then-round result (a non-power-of-two scale, several
+    blocks and a short last one); only the dot's summation order may differ, by at most 1 ulp in rare elements."""
+    import ml_dtypes
+
+    monkeypatch.setattr(merge, "MERGE_BLOCK_ELEMENTS", 4096)  # 64-row blocks of 64 columns: 5 blocks, the last short
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((300, 64)) * 0.02).astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
+    x, n, ulps, applied = _kernels_agree(tmp_path, w, scale=0.3)
+    assert merge._block_rows(64) == 64 and x.dtype == n.dtype == w.dtype
+    _assert_same_up_to_dot_order(w, x, n, ulps, dtype)
+    assert applied["xla"] == pytest.approx(applied["numpy"], rel=1e-6) and applied["xla"] > 0
+    assert np.abs(x.astype(np.float32) - w.astype(np.float32)).max() > 1e-3  # the LoRA did change it
+
+
+def test_xla_kernel_keeps_special_values_like_numpy(tmp_path):
+    """NaN, ±inf, ±0, the largest finite and subnormal bf16 values come out exactly as with numpy: XLA:CPU flushes
+    subnormals, so such blocks go to the numpy reference (one block here holds them, the other does not)."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((8, 2 * merge.MERGE_BLOCK_ELEMENTS // 8)) * 0.02).astype(bf16)
+    special = np.array([0x7FC0, 0xFFC0, 0x7F81, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x7F7F, 0x0001, 0x8040],
+                       np.uint16).view(bf16)
+    w[0, :special.size] = special
+    x, n, ulps, _ = _kernels_agree(tmp_path, w, scale=1.0)
+    head = slice(0, special.size)
+    assert x[0, head].view(np.uint16).tolist() == n[0, head].view(np.uint16).tolist()
+    assert np.isnan(x[0, :3].astype(np.float32)).all()
+    _assert_same_up_to_dot_order(w[1:], x[1:], n[1:], ulps[1:], "bf16 with special values")
+
+
+def test_merge_kernels_agree_on_the_tiny_model(tiny_dir, strong, merged, tmp_path):
+    """The whole tiny merge with the numpy reference: every untargeted tensor identical, targeted within 1 ulp."""
+    ref = merge.merge_lora(tiny_dir, strong, tmp_path / "numpy", progress=False, kernel="numpy").out_dir
+    assert merge.read_merge_info(merged)["kernel"] == "xla" and merge.read_merge_info(ref)["kernel"] == "numpy"
+    differ = total = 0
+    for shard in sorted(p.name for p in merged.glob("*.safetensors")):
+        a, b = _tensors(merged / shard), _tensors(ref / shard)
+        for key in a:
+            ulps = merge.ulp_distance(a[key], b[key])
+            if not key.endswith("_proj.weight"):
+                assert ulps.max() == 0, key
+            differ += int((ulps > 0).sum())
+            total += ulps.size
+    print(f"tiny model: {differ} of {total} elements differ between the XLA and numpy kernels")
+    assert differ / total < 1e-3
+    with pytest.raises(merge.MergeError, match="kernel must be one of"):
+        merge.merge_lora(tiny_dir, strong, tmp_path / "bad", kernel="torch")
+
+
+def test_ulp_distance():
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    x = np.array([0x3F80, 0x3F80, 0x8000, 0x0001, 0xBF80], np.uint16).view(bf16)
+    y = np.array([0x3F80, 0x3F82, 0x0000, 0x8001, 0xBF81], np.uint16).view(bf16)
+    assert merge.ulp_distance(x, y).tolist() == [0, 2, 0, 2, 1]
+    with pytest.raises(ValueError):
+        merge.ulp_distance(x, y.astype(np.float32))
+
+
 def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh):
     from gemma_tpu_helpers import parity
 
@@ -274,10 +378,10 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
     real = merge.write_merged_shard
     calls = []
 
-    def fill_disk(src, dst, deltas):
+    def fill_disk(src, dst, deltas, kernel):
         calls.append(src)
         if len(calls) < 3:
-            return real(src, dst, deltas)
+            return real(src, dst, deltas, kernel)
         Path(dst).write_bytes(b"\0" * 1000)  # a partial shard, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device", str(dst))
 
