@@ -577,7 +577,8 @@ def records(results) -> list[dict]:
 
 
 def results_table(results, ks: Sequence[int] = (1, 5)):
-    """Per task: samples, passes, pass@k (NaN where n < k) and the count of each failure category."""
+    """Per task: samples, passes, pass@k (NaN where n < k), the count of each failure category and ``official``,
+    the samples' VerilogEval letters in order, in groups of five as its analyzer prints them (e.g. ``..S.R .T``)."""
     import pandas as pd
 
     rows = []
@@ -588,6 +589,9 @@ def results_table(results, ks: Sequence[int] = (1, 5)):
             row[f"pass@{k}"] = pass_at_k(n, c, k) if k <= n else float("nan")
         counts = g["category"].value_counts()
         row.update({cat: int(counts.get(cat, 0)) for cat in CATEGORIES if cat != "pass"})
+        if "official" in g:
+            letters = "".join(g.sort_values("sample_index")["official"])
+            row["official"] = " ".join(letters[i:i + 5] for i in range(0, len(letters), 5))
         rows.append(row)
     return pd.DataFrame(rows)
 

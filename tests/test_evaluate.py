@@ -309,6 +309,7 @@ def test_mixed_samples_pass_at_k_and_tables():
     assert table.loc[MAJ.task_id, "n"] == 4 and table.loc[MAJ.task_id, "passed"] == 2
     assert table.loc[MAJ.task_id, "mismatch"] == 2 and table.loc[prob2.task_id, "no_code"] == 4
     assert table.loc[MAJ.task_id, "pass@2"] == pytest.approx(5 / 6)
+    assert table.loc[MAJ.task_id, "official"] == ".R.R" and table.loc[prob2.task_id, "official"] == "mmmm"
 
     import matplotlib
 
@@ -594,6 +595,10 @@ def test_official_letters_beside_our_categories():
         r = ev.simulate(code, MAJ, timeout=2)
         assert (r.category, r.official) == (category, letter), code
         assert r.as_dict()["official"] == letter
+    # per task, in sample order and in groups of five, as VerilogEval's analyzer prints a row
+    rows = [{"task_id": MAJ.task_id, "completion": fenced(c) if c else "none"} for c, _, _ in cases]
+    results, _ = ev.score_completions([MAJ], rows, ks=(1,), timeout=2, progress=False)
+    assert ev.results_table(results, (1,)).loc[0, "official"] == ".SmRT Rm"
 
 
 # ---------------------------------------------------------------------------
