@@ -13,7 +13,7 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
+.PHONY: all venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
 
 all: demo
 
@@ -32,6 +32,9 @@ $(SERVE_VENV)/.installed: requirements-serve.txt
 	touch $@
 
 venv: $(VENV)/.installed
+# TPU VM (stock image: Python 3.10, too old for google-tunix 0.1.7) or any machine: .venv on a uv-managed Python 3.12.
+tpu-venv:
+	tools/tpu_venv.sh $(VENV) requirements-tpu.txt
 serve-venv: $(SERVE_VENV)/.installed
 
 # Icarus Verilog 12.0 from Debian's source tarball: about 5 minutes the first time on a machine, then nothing.

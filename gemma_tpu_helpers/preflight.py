@@ -265,7 +265,8 @@ def check_versions(profile) -> Check:
     fix = "reinstall the TPU stack: .venv/bin/pip install -r requirements-tpu.txt"
     if py < profiles.PYTHON_MIN:
         return Check("versions", "fail", f"{detail}: the pinned stack needs Python "
-                                         f">= {'.'.join(map(str, profiles.PYTHON_MIN))}; create the venv with it.")
+                                         f">= {'.'.join(map(str, profiles.PYTHON_MIN))}; tools/tpu_venv.sh builds .venv on a "
+                                         f"uv-managed Python 3.12 (a stock TPU VM ships 3.10).")
     if jax is None or jaxlib != jax:
         return Check("versions", "fail", f"{detail}: jax and jaxlib must be installed at one version; {fix}")
     pin = pinned_jax()
