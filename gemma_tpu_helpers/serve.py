@@ -890,7 +890,7 @@ def lora_reference_gap(server: Client, name: str, base_dir, adapter_dir, token_i
 SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
 # The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
 # no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.
-PARITY_TEXT = "module counter(input clk, input rst, output reg [3:0] q);"
+PARITY_TEXT = "always @(posedge clk) begin\n  if (rst) q <= 0;"  # 5+ distinct tokens in 20 on the replica
 
 
 def add_arguments(p) -> None:
