@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import numbers
 import re
 from typing import Any, Callable
 
@@ -76,13 +77,14 @@ class Feedback:
 
 
 def _int(answer, what: str = "an integer") -> int:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or int(answer) != answer:
+    """An int (numpy integers and whole floats too)."""
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or int(answer) != answer:
         raise _Wrong(f"give {what}, not {answer!r}")
     return int(answer)
 
 
 def _number(answer) -> float:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or not math.isfinite(answer):
         raise _Wrong(f"give a finite number, not {answer!r}")
     return float(answer)
 
@@ -196,7 +198,7 @@ def _judge_02_regex(answer):
 
 
 def _solution_02_regex() -> str:
-    from .lora import HF_TARGETS, regex_for
+    from .lora import HF_TARGETS, regex_for  # lora imports only `re` at import time
 
     return regex_for(HF_TARGETS)
 
@@ -676,7 +678,7 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         "of Gemma 4 31B, and on nothing else. qwix full-matches it against tunix module paths such as "
         "`layers/0/attn/q_einsum`.",
         "a regex string", "List the module names of a local layer *and* of a global layer (lora.target_table).",
-        _solution_02_regex, _judge_02_regex,
+        _solution_02_regex(), _judge_02_regex,
         wrong=(".*q_proj|.*v_proj",
                ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj", ".*")),
     Exercise(
@@ -832,8 +834,7 @@ def check(key: str, answer) -> Feedback:
 
 def solution(key: str):
     """The solution of exercise ``key`` (a value, or a function); for teachers and the tests."""
-    sol = _get(key).solution
-    return sol() if callable(sol) and sol.__name__.startswith("_solution") else sol
+    return _get(key).solution
 
 
 def _show(value) -> str:
