@@ -230,16 +230,31 @@ def _check_server(profile, run_dir: Path) -> Item:
     return Item("vLLM server", OK, f"started, healthy and serving {models} in {time.perf_counter() - t0:.0f} s")
 
 
+def _preflight(profile, run_dir: Path) -> list[Item]:
+    """A TPU profile: the TPU pre-flight (chips, who holds them, HBM, disk, RAM, versions), read without JAX."""
+    from . import preflight
+
+    status = {"ok": OK, "warn": WARN, "fail": FAIL, "skip": SKIP}
+    return [Item(c.name, status.get(c.status, c.status), c.detail) for c in preflight.checks(profile, run_dir)]
+
+
 def readiness(profile_name: str | None = None, serve: bool = False, runs: str | None = None) -> list[Item]:
-    """Every readiness check for ``profile_name`` (configures JAX for it first)."""
+    """Every readiness check for ``profile_name`` (configures JAX for it first; a TPU profile's devices are read by
+    the pre-flight, without importing JAX)."""
     prof = profiles.configure_jax(profile_name)
     run_dir = prof.run_dir(runs)
-    items = [_check_training_venv(), _check_serve_venv(), _check_iverilog(), *_check_devices(prof), _check_ram(),
-             _check_disk(run_dir), _check_model(prof, run_dir), _check_executed(run_dir), _check_chromium()]
-    if serve and items[6].status == OK:
+    if prof.hardware.platform == "tpu":
+        machine = _preflight(prof, run_dir)
+    else:
+        machine = [_check_serve_venv(), *_check_devices(prof), _check_ram(), _check_disk(run_dir)]
+    model = _check_model(prof, run_dir)
+    items = [_check_training_venv(), _check_iverilog(), *machine, model, _check_executed(run_dir), _check_chromium()]
+    if serve and model.status == OK:
         items.append(_check_server(prof, run_dir))
     elif serve:
         items.append(Item("vLLM server", SKIP, "no model to serve yet", "build the model first (see above)"))
+    elif prof.hardware.platform == "tpu":
+        items.append(Item("vLLM server", SKIP, "on a TPU VM vLLM runs in docker (notebook 08 prints the command)"))
     else:
         items.append(Item("vLLM server", SKIP, "not started (takes 60-100 s on a CPU)",
                           "python -m gemma_tpu_helpers setup --check --serve"))
