@@ -6,8 +6,8 @@
 # Debian 12 and Ubuntu 22.04 ship iverilog 11, PyPI has none. The source is Debian's iverilog_12.0.orig.tar.gz
 # (the upstream v12_0 tag), from the machine's own Debian mirror (read from /etc/apt/sources.list*) or
 # deb.debian.org, checked against a pinned SHA-256. Build dependencies come from apt. The build takes about
-# 6.5 minutes on 2 cores (measured; 25 minutes on a heavily loaded machine). PREFIX lives outside the clone, so CI and fresh clones reuse it; gemma_tpu_helpers.evaluate
-# looks there first (see evaluate.iverilog_prefix).
+# 6.5 minutes on 2 cores (measured; 25 minutes on a heavily loaded machine). PREFIX lives outside the clone, so CI
+# and fresh clones reuse it; gemma_tpu_helpers.evaluate looks there first (see evaluate.iverilog_prefix).
 set -euo pipefail
 
 VERSION=12.0
