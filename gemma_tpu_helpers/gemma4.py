@@ -186,7 +186,31 @@ def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str =
             + f". Valid tp sizes for this config: {valid_tp_sizes(text)}."
         )
     cfg = to_tunix_config(text, dtype=dtype, remat=remat)
-    return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh)
+    with _towers_skipped_quietly():
+        return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh)
+
+
+class _TowerSkipFilter:
+    """Drops tunix's 'Skipped loading N keys ...' warning when every skipped key is a vision/audio tower's (the
+    expected case for an -it checkpoint: the text model has no towers); any other skipped key still warns."""
+
+    def filter(self, record) -> bool:
+        msg = record.getMessage()
+        if not msg.startswith("Skipped loading") or "Missing keys: [" not in msg:
+            return True
+        keys = [k.strip() for k in msg.split("Missing keys: [", 1)[1].rstrip("]").split(",")]
+        return not all(k.startswith(MULTIMODAL_PREFIXES) for k in keys if k)
+
+
+class _towers_skipped_quietly:
+    def __enter__(self):
+        import logging
+
+        self._logger, self._filter = logging.getLogger("absl"), _TowerSkipFilter()
+        self._logger.addFilter(self._filter)
+
+    def __exit__(self, *exc):
+        self._logger.removeFilter(self._filter)
 
 
 def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | None = None) -> Path:

@@ -220,3 +220,16 @@ def test_data_stats_shows_an_example_as_it_is_trained(tiny_dir):
     assert re.search(r"\d+ tokens: \d+ of prompt \(no loss\), \d+ trained", out.stdout)
     bad = run_cli("data-stats", "--profile", "smoke", "--base", tiny_dir, "--show-example", "100000")
     assert bad.returncode == 2 and "the data has rows 0 to" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_skipped_tower_keys_do_not_flood_the_log_but_other_skips_warn():
+    import logging
+
+    f = gemma4._TowerSkipFilter()
+
+    def record(msg):
+        return logging.LogRecord("absl", logging.WARNING, __file__, 1, msg, None, None)
+
+    towers = "Skipped loading 2 keys because ... Missing keys: [model.vision_tower.a.weight, model.embed_vision.b.weight]"
+    other = "Skipped loading 2 keys because ... Missing keys: [model.vision_tower.a.weight, model.language_model.x.weight]"
+    assert not f.filter(record(towers)) and f.filter(record(other)) and f.filter(record("something else"))
