@@ -402,6 +402,9 @@ PAPER_COST_PER_M = {("v6e-8", "short"): 4.27, ("2xH100", "short"): 4.13, ("v6e-8
                     ("2xH100", "long"): 8.44}
 # Table 5 and Table 6: the LoRA training run, 3.34 h on v5p-8 vs 5.39 h on 2xH100 ($56.11 vs $119.23).
 PAPER_TRAINING_HOURS = {"v5p-8": 3.34, "2xH100": 5.39}
+# The run those hours measure: the first 10,000 CodeV-R1 rows, 1,249 optimizer steps of 8 rows padded to 3072.
+PAPER_TRAINING_ROWS = 10_000
+PAPER_TRAINING_STEPS = 1249
 
 
 def paper_reference():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -107,6 +108,7 @@ def memory_table(estimate: dict):
 
 FIT_LAYERS = (6, 12)  # one and two sliding/global periods
 _FIGURES = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes")
+_COSTS = ("flops", "bytes_accessed")  # XLA's cost analysis, linear in the layers too (they are unrolled)
 
 
 class PlanError(ValueError):
@@ -230,7 +232,17 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     compiled = step.fn.trace(*args).lower().compile()
     seconds = time.perf_counter() - t0
     figures = remat.memory_figures(compiled)
-    return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES}}
+    return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
+            **cost_figures(compiled)}
+
+
+def cost_figures(compiled) -> dict:
+    """XLA's cost analysis of a compiled step, per chip (the partitioned program one chip runs): FLOPs, HBM bytes
+    accessed, and XLA's own lower bound on the step's seconds."""
+    ca = compiled.cost_analysis()
+    ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+    return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0)),
+            "optimal_seconds": float(ca.get("optimal_seconds", 0.0))}
 
 
 def extrapolate(points: list[dict], layers: int) -> dict:
@@ -240,7 +252,7 @@ def extrapolate(points: list[dict], layers: int) -> dict:
 
     ls = np.array([p["layers"] for p in points], dtype=float)
     out = {"layers": layers}
-    for k in _FIGURES:
+    for k in _FIGURES + tuple(c for c in _COSTS if all(c in p for p in points)):
         ys = np.array([p[k] for p in points], dtype=float)
         per_layer, fixed = np.polyfit(ls, ys, 1)
         out[k] = int(round(fixed + per_layer * layers))
@@ -435,6 +447,194 @@ def extrapolation_error(plan: dict, checks: list[dict]):
     return pd.DataFrame(rows)
 
 
+# ---------------------------------------------------------------------------------------------- time and cost
+
+# Rematerialisation recomputes each layer's forward once in the backward pass (tunix BLOCK / DECODER); the dots
+# policies keep every matmul output, so they recompute only elementwise work.
+_RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1, "dots": 0, "dots_no_batch": 0}
+
+
+def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, targets, policy: str) -> dict:
+    """FLOPs of one LoRA micro-step (all chips together), counted from the config: matmuls only (2 per
+    multiply-add), attention dense over the full causal square (what the compiled step computes: the sliding
+    window is a mask), the frozen weights' backward through the activations only, LoRA's full backward, and the
+    forward that ``policy`` recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the
+    recompute (what the hardware runs)."""
+    from .gemma4 import layer_kinds
+
+    t = set(targets)
+    c, tokens = text_config, batch * seq_len
+    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    frozen = attention = lora = 0.0
+    for kind in layer_kinds(c):
+        k, h = _attn_dims(c, kind)
+        kv_out = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * k * h
+        frozen += 2 * tokens * (2 * d * n * h + d * kv_out + 3 * d * f)
+        attention += 2 * 2 * batch * seq_len * seq_len * n * h  # q·kᵀ and p·v
+        modules = [(d, n * h, "q_proj"), (n * h, d, "o_proj"), (d, f, "gate_proj"), (d, f, "up_proj"),
+                   (f, d, "down_proj")]
+        if t & {"k_proj", "v_proj"}:
+            modules.append((d, kv_out, "kv"))  # k and v share one A (kv_einsum); a k=v layer has k only
+        lora += sum(2 * tokens * rank * (i + o) for i, o, name in modules if name in t or name == "kv")
+    logits = 2 * tokens * d * c["vocab_size"]
+    forward = frozen + attention + lora + logits
+    # backward: frozen weights and logits through the activations only (1x), attention 2x (dq, dk, dv, dp),
+    # LoRA 2x (activations and its own A, B)
+    backward = frozen + logits + 2 * attention + 2 * lora
+    recompute = _RECOMPUTED_FORWARDS.get(policy, 0) * (frozen + attention + lora)
+    return {"forward": forward, "backward": backward, "recompute": recompute, "model": forward + backward,
+            "total": forward + backward + recompute, "attention_share": 3 * attention / (forward + backward)}
+
+
+def epoch_rows(profile: Profile, seed: int = 0) -> dict:
+    """Rows of one epoch at the profile's ``max_seq_len``, packed vs padded, for CodeV-R1-like example lengths
+    (``data.codev_like_lengths``: CodeV-R1's mean 922 and p99 2553 tokens) of the profile's ``max_rows`` (the
+    paper's 10,000) examples, all of them trained on (as the paper's 1,249 steps were)."""
+    from . import bench, data
+
+    n = profile.data.max_rows or bench.PAPER_TRAINING_ROWS
+    lengths = data.codev_like_lengths(n=n, seed=seed)
+    use = data.token_use_for_lengths(lengths, profile.train.max_seq_len)
+    return {"examples": int(n), **use}
+
+
+def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, paper_steps: int | None = None,
+                paper_profile: str = "v5p-8", text_config: dict | None = None) -> dict:
+    """The training run a compiled step implies: roofline seconds per optimizer step (XLA's per-chip FLOPs at the
+    chip's peak bf16 FLOP/s, or its bytes at the HBM bandwidth, whichever is longer), steps per epoch packed vs
+    padded, hours and dollars per epoch at that roofline, the MFU the paper's measured run implies, and the same
+    epoch at that MFU. ``plan`` is an :func:`aot_plan` result with the cost figures (compiled or extrapolated), of
+    ``text_config`` (default: the 31B) cut to the plan's layers."""
+    from . import bench
+    from . import profiles as profiles_lib
+
+    hw, tr = profile.hardware, profile.train
+    if "flops" not in plan:
+        raise PlanError(f"The plan for {plan['profile']} has no cost analysis (compiled before it was recorded); "
+                        f"recompile it.")
+    if not hw.peak_bf16_flops_per_chip or not hw.hbm_bytes_per_s_per_chip:
+        raise PlanError(f"Profile {profile.name!r} names no chip peaks (profiles.CHIP_PEAK_BF16_FLOPS).")
+    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+
+    chips, rows_per_step = hw.num_devices, tr.micro_batch * tr.grad_accum
+    compute_s = plan["flops"] / hw.peak_bf16_flops_per_chip
+    memory_s = plan["bytes_accessed"] / hw.hbm_bytes_per_s_per_chip
+    micro_s = max(compute_s, memory_s)
+    step_s = micro_s * tr.grad_accum
+    text = with_layers(text_config or GEMMA4_31B_TEXT_CONFIG, plan["layers"])
+    analytic = analytic_step_flops(text, plan["batch"], plan["seq_len"], plan["lora_rank"], profile.lora.targets,
+                                   plan["remat"])
+    xla_total = plan["flops"] * chips
+    rows = epoch_rows(profile)
+    steps = {k: math.ceil(rows[f"{k}_rows"] / rows_per_step) for k in ("packed", "padded")}
+    price = hw.price_usd_per_hour
+    out = {
+        "profile": profile.name, "chips": chips, "layers": plan["layers"], "remat": plan["remat"],
+        "seq_len": plan["seq_len"], "rows_per_step": rows_per_step,
+        "flops_per_chip": plan["flops"], "bytes_per_chip": plan["bytes_accessed"],
+        "compute_s": compute_s, "memory_s": memory_s, "bound": "compute" if compute_s >= memory_s else "memory",
+        "micro_step_s": micro_s, "step_s": step_s, "xla_optimal_s": plan.get("optimal_seconds"),
+        "analytic_total_flops": analytic["total"], "analytic_model_flops": analytic["model"],
+        "xla_over_analytic": xla_total / analytic["total"], "attention_share": analytic["attention_share"],
+        "rows": rows, "steps": steps, "price_usd_per_hour": price,
+        "roofline_hours": {k: v * step_s / 3600 for k, v in steps.items()},
+    }
+    out["roofline_usd"] = {k: h * price for k, h in out["roofline_hours"].items()}
+    paper_hours = paper_hours if paper_hours is not None else bench.PAPER_TRAINING_HOURS[paper_profile]
+    paper_steps = paper_steps if paper_steps is not None else bench.PAPER_TRAINING_STEPS
+    paper = profiles_lib.get_profile(paper_profile)
+    # the paper's run: paper_steps updates of its rows per step (8, padded to the same seq_len), at this step's
+    # model FLOPs per row
+    paper_rows = paper.train.micro_batch * paper.train.grad_accum
+    paper_mfu = paper_steps * paper_rows * analytic["model"] / plan["batch"] / (
+        paper_hours * 3600 * paper.hardware.num_devices * paper.hardware.peak_bf16_flops_per_chip)
+    out.update({"paper_hours": paper_hours, "paper_steps": paper_steps, "paper_mfu": paper_mfu,
+                "paper_hfu": paper_mfu * analytic["total"] / analytic["model"],
+                "roofline_mfu": analytic["model"] / (chips * hw.peak_bf16_flops_per_chip * micro_s)})
+    at_paper_s = analytic["model"] / plan["batch"] * rows_per_step / (paper_mfu * chips * hw.peak_bf16_flops_per_chip)
+    out["paper_mfu_step_s"] = at_paper_s
+    out["paper_mfu_hours"] = {k: v * at_paper_s / 3600 for k, v in steps.items()}
+    out["paper_mfu_usd"] = {k: h * price for k, h in out["paper_mfu_hours"].items()}
+    return out
+
+
+# The training profiles a run is predicted for (notebooks 04 and 06), at the course's seq 3072 and BLOCK remat.
+PREDICTION_SETTINGS = (("v5p-8", "block"), ("v5p-16", "block"), ("v6e-8", "block"))
+
+
+def course_predictions(run_dir: str | os.PathLike, compute: bool = False, settings=PREDICTION_SETTINGS) -> list[dict]:
+    """:func:`predict_run` for each setting whose plan (:func:`course_plans`: cached, compiled when ``compute``, or
+    the shipped reference) has XLA's cost analysis; the others are left out (compile them with ``plan --aot``)."""
+    from . import profiles
+
+    out = []
+    for p in course_plans(run_dir, compute=compute, settings=settings):
+        if "flops" in p and p["layers"] >= p.get("model_layers", p["layers"]):
+            out.append({**predict_run(p, profiles.get_profile(p["profile"])), "source": p["source"]})
+    return out
+
+
+def prediction_table(predictions: list[dict]):
+    """One row per profile: roofline step time, steps, hours and dollars per epoch packed and padded, the paper's
+    MFU and the epoch at that MFU, and the FLOP cross-check."""
+    import pandas as pd
+
+    rows = []
+    for p in predictions:
+        rows.append({
+            "profile": p["profile"], "chips": p["chips"], "TFLOP/chip/micro-step": round(p["flops_per_chip"] / 1e12, 1),
+            "bound": p["bound"], "roofline s/step": round(p["step_s"], 2),
+            "steps packed": p["steps"]["packed"], "steps padded": p["steps"]["padded"],
+            "roofline h packed": round(p["roofline_hours"]["packed"], 2),
+            "roofline $ packed": round(p["roofline_usd"]["packed"], 2),
+            "roofline h padded": round(p["roofline_hours"]["padded"], 2),
+            "paper MFU %": round(100 * p["paper_mfu"], 1),
+            "h padded @ paper MFU": round(p["paper_mfu_hours"]["padded"], 2),
+            "$ padded @ paper MFU": round(p["paper_mfu_usd"]["padded"], 2),
+            "h packed @ paper MFU": round(p["paper_mfu_hours"]["packed"], 2),
+            "$ packed @ paper MFU": round(p["paper_mfu_usd"]["packed"], 2),
+            "XLA / analytic FLOPs": round(p["xla_over_analytic"], 3),
+        })
+    return pd.DataFrame(rows)
+
+
+def packing_savings(pred: dict) -> str:
+    """What packing saves on the real run, at the paper's MFU: hours and dollars, padded vs packed."""
+    h, usd, st = pred["paper_mfu_hours"], pred["paper_mfu_usd"], pred["steps"]
+    return (f"{pred['profile']} at the paper's MFU ({100 * pred['paper_mfu']:.1f}%, {pred['paper_mfu_step_s']:.2f} s per "
+            f"step of {pred['rows_per_step']} rows): padded {st['padded']:,} steps = {h['padded']:.2f} h = "
+            f"${usd['padded']:.2f}; packed {st['packed']:,} steps = {h['packed']:.2f} h = ${usd['packed']:.2f}; "
+            f"packing saves {h['padded'] - h['packed']:.2f} h and ${usd['padded'] - usd['packed']:.2f} "
+            f"({100 * (1 - h['packed'] / h['padded']):.0f}%)")
+
+
+def format_prediction(pred: dict) -> str:
+    """The lines ``plan --aot`` prints for :func:`predict_run`."""
+    h, usd, st = pred["roofline_hours"], pred["roofline_usd"], pred["steps"]
+    ph, pu = pred["paper_mfu_hours"], pred["paper_mfu_usd"]
+    r = pred["rows"]
+    return "\n".join([
+        f"predicted run: {pred['profile']} ({pred['chips']} chips), remat={pred['remat']}, seq {pred['seq_len']}, "
+        f"{pred['rows_per_step']} rows per optimizer step",
+        f"  per chip per micro-step (XLA cost analysis, {pred['layers']} layers): {pred['flops_per_chip'] / 1e12:.2f} "
+        f"TFLOP -> {pred['compute_s']:.3f} s at peak; {pred['bytes_per_chip'] / 1e9:.1f} GB -> {pred['memory_s']:.3f} s "
+        f"at HBM bandwidth: {pred['bound']}-bound",
+        f"  roofline: {pred['step_s']:.2f} s per optimizer step (model FLOPs would run at "
+        f"{100 * pred['roofline_mfu']:.0f}% of peak there: MFU leaves out the recompute)",
+        f"  FLOP cross-check: XLA {pred['flops_per_chip'] * pred['chips'] / 1e12:.1f} TFLOP per micro-step vs "
+        f"analytic {pred['analytic_total_flops'] / 1e12:.1f} (forward + backward + remat recompute): "
+        f"x{pred['xla_over_analytic']:.3f}",
+        f"  epoch of {r['examples']:,} CodeV-R1-like examples: packed {r['packed_rows']:,} rows = {st['packed']:,} "
+        f"steps, padded {r['padded_rows']:,} rows = {st['padded']:,} steps",
+        f"  at the roofline: packed {h['packed']:.2f} h ${usd['packed']:.2f}, padded {h['padded']:.2f} h "
+        f"${usd['padded']:.2f} (at ${pred['price_usd_per_hour']:.2f}/h)",
+        f"  the paper's {pred['paper_hours']} h for {pred['paper_steps']:,} padded steps on v5p-8 implies MFU "
+        f"{100 * pred['paper_mfu']:.1f}% (hardware FLOPs with the recompute: {100 * pred['paper_hfu']:.1f}%)",
+        f"  what packing saves at the paper's MFU: padded {ph['padded']:.2f} h ${pu['padded']:.2f} -> packed "
+        f"{ph['packed']:.2f} h ${pu['packed']:.2f} ({pred['paper_mfu_step_s']:.2f} s per step)",
+    ])
+
+
 def format_plan(plan: dict) -> str:
     g = lambda k: plan[k] / GIB  # noqa: E731
     lines = [
@@ -461,7 +661,7 @@ def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq
 
     from . import profiles
     from . import remat as remat_lib
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+    from .gemma4 import profile_text_config
 
     if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -469,12 +669,7 @@ def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq
         profile = profiles.get_profile(profile_name)
         if remat is not None:
             remat_lib.check_policy(remat)
-        if profile.model.source == "tiny":
-            from .tiny import tiny_text_config
-
-            text = tiny_text_config(profile.model.tiny_layers)
-        else:
-            text = GEMMA4_31B_TEXT_CONFIG
+        text = profile_text_config(profile)
         est = memory_estimate(profile, text)
         print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
               f"({est['trainable_pct']:.2f}% trainable)")
@@ -489,4 +684,6 @@ def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_plan(plan))
+    if plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
+        print(format_prediction(predict_run(plan, profile)))
     return 0 if plan["fits"] else 1

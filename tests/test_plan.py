@@ -74,6 +74,108 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     print(f"tiny on v5p: temp none {none['temp_bytes'] / 2**20:.1f} MiB, decoder {dec['temp_bytes'] / 2**20:.1f} MiB")
     assert dec["temp_bytes"] < none["temp_bytes"]  # tiny activations: 10.5 vs 11.5 MiB here
 
+    # XLA's cost analysis is per chip: times 4 chips it is the analytic count (matmuls; XLA adds the elementwise
+    # work), and DECODER remat shows as one more forward of the layers
+    targets = profiles.get_profile("smoke").lora.targets
+    for point, policy in ((none, "none"), (dec, "decoder")):
+        analytic = plan.analytic_step_flops(two, 1, 1024, 8, targets, policy)
+        ratio = point["flops"] * 4 / analytic["total"]
+        print(f"tiny {policy}: XLA {point['flops'] * 4 / 1e9:.2f} GFLOP vs analytic {analytic['total'] / 1e9:.2f}")
+        assert 1.0 <= ratio < 1.10 and point["bytes_accessed"] > base * 2 / 4
+    compiled_plan = {**plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), "lora_rank": 8}  # compiled at rank 8
+    pred = plan.predict_run(compiled_plan, v5p, text_config=TINY)
+    assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / plan.analytic_step_flops(
+        two, 1, 1024, 8, v5p.lora.targets, "decoder")["total"])
+    assert pred["micro_step_s"] == max(dec["flops"] / 459e12, dec["bytes_accessed"] / 2765e9)
+
+
+def _fake_plan(profile_name: str, layers: int = 60, seq: int = 3072, policy: str = "block") -> dict:
+    """A 31B plan whose cost figures are the analytic count itself (no compile): per chip, 1 TB accessed."""
+    prof = profiles.get_profile(profile_name)
+    flops = plan.analytic_step_flops(plan.with_layers(gemma4.GEMMA4_31B_TEXT_CONFIG, layers), prof.train.micro_batch,
+                                     seq, prof.lora.rank, prof.lora.targets, policy)["total"]
+    return {"profile": profile_name, "layers": layers, "batch": prof.train.micro_batch, "seq_len": seq,
+            "lora_rank": prof.lora.rank, "remat": policy, "flops": flops / prof.hardware.num_devices,
+            "bytes_accessed": 1e12, "optimal_seconds": 0.0}
+
+
+def test_analytic_flops_of_the_31b():
+    """Forward about 2 FLOPs per parameter per token plus dense attention; the frozen backward goes through the
+    activations only, so a LoRA step is ~2.1x its forward (not 3x), and BLOCK remat adds one more forward."""
+    c, targets = gemma4.GEMMA4_31B_TEXT_CONFIG, profiles.get_profile("v5p-8").lora.targets
+    none = plan.analytic_step_flops(c, 1, 3072, 64, targets, "none")
+    block = plan.analytic_step_flops(c, 1, 3072, 64, targets, "block")
+    params = plan.param_count(c)
+    assert 2 * params * 3072 < none["forward"] < 1.2 * 2 * params * 3072
+    assert 2.0 < none["model"] / none["forward"] < 2.3 and none["recompute"] == 0
+    assert block["model"] == none["model"] and block["total"] - block["model"] == pytest.approx(
+        block["forward"] - 2 * 3072 * c["hidden_size"] * c["vocab_size"])  # all of the forward but the logits
+
+
+@pytest.mark.parametrize("name", ["v5p-8", "v5p-16", "v6e-8"])
+def test_predict_run_arithmetic(name):
+    prof = profiles.get_profile(name)
+    pred = plan.predict_run(_fake_plan(name), prof)
+    hw = prof.hardware
+    assert pred["xla_over_analytic"] == pytest.approx(1.0)
+    assert pred["micro_step_s"] == max(pred["flops_per_chip"] / hw.peak_bf16_flops_per_chip,
+                                       1e12 / hw.hbm_bytes_per_s_per_chip)
+    assert pred["step_s"] == pytest.approx(pred["micro_step_s"] * prof.train.grad_accum)
+    # the paper's 10,000 rows padded one per row: ~1,249 steps of 8, as it ran; packing needs about a third
+    assert pred["rows"]["examples"] == 10_000 and abs(pred["steps"]["padded"] - 1249) <= 12
+    assert pred["steps"]["packed"] < pred["steps"]["padded"] / 3
+    for k in ("packed", "padded"):
+        assert pred["roofline_hours"][k] == pytest.approx(pred["steps"][k] * pred["step_s"] / 3600)
+        assert pred["roofline_usd"][k] == pytest.approx(pred["roofline_hours"][k] * hw.price_usd_per_hour)
+    # MFU: the paper's model FLOPs over its 3.34 h of 4 v5p chips; on the v5p-8 that MFU gives back 3.34 h
+    model = plan.analytic_step_flops(gemma4.GEMMA4_31B_TEXT_CONFIG, 1, 3072, 64, prof.lora.targets, "block")["model"]
+    assert pred["paper_mfu"] == pytest.approx(1249 * 8 * model / (3.34 * 3600 * 4 * 459e12))
+    assert 0.05 < pred["paper_mfu"] < 1 and 0 < pred["roofline_mfu"] < 1
+    if name == "v5p-8":
+        assert pred["paper_mfu_step_s"] * 1249 / 3600 == pytest.approx(3.34)
+    text = plan.format_prediction(pred)
+    assert "implies MFU" in text and "what packing saves" in text and f"${hw.price_usd_per_hour:.2f}/h" in text
+
+
+def test_course_predictions_from_a_cached_plan(tmp_path):
+    """A cached v5p-8 plan with cost figures (6 and 12 layers, extrapolated to 60) gives the table's row and the
+    'what packing saves' line; a plan without them (the older references) is left out, not guessed."""
+    import json
+
+    v5p = profiles.get_profile("v5p-8")
+    per_layer = _fake_plan("v5p-8", layers=12)["flops"] - _fake_plan("v5p-8", layers=6)["flops"]
+    points = [{**{k: 10**9 * n for k in plan._FIGURES}, "layers": n, "compile_s": 1.0,
+               "flops": _fake_plan("v5p-8", layers=n)["flops"], "bytes_accessed": 1e10 * n} for n in (6, 12)]
+    cached = plan.assemble_plan(v5p, "block", 3072, points, 60)
+    assert cached["flops"] == pytest.approx(_fake_plan("v5p-8")["flops"], rel=1e-9) and per_layer > 0
+    key = plan.plan_key("v5p-8", "block", 3072, None)
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(cached))
+    preds = plan.course_predictions(tmp_path, settings=(("v5p-8", "block"),))
+    assert [p["profile"] for p in preds] == ["v5p-8"] and preds[0]["source"].startswith("cached")
+    table = plan.prediction_table(preds)
+    assert table.loc[0, "steps padded"] > 3 * table.loc[0, "steps packed"]
+    assert table.loc[0, "h padded @ paper MFU"] == pytest.approx(3.34, abs=0.05)  # ~1,249 steps at the paper's pace
+    line = plan.packing_savings(preds[0])
+    assert "packing saves" in line and "$" in line
+    old = {k: v for k, v in cached.items() if k not in ("flops", "bytes_accessed")}
+    (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(old))
+    assert plan.course_predictions(tmp_path, settings=(("v5p-8", "block"),)) == []
+
+
+def test_predict_run_needs_the_cost_analysis():
+    old = {k: v for k, v in _fake_plan("v5p-8").items() if k not in ("flops", "bytes_accessed")}
+    with pytest.raises(plan.PlanError, match="no cost analysis"):
+        plan.predict_run(old, profiles.get_profile("v5p-8"))
+
+
+def test_extrapolation_fits_the_costs_too():
+    mk = lambda n: {"layers": n, "flops": 10.0 + 3 * n, "bytes_accessed": 5.0 + n,  # noqa: E731
+                    **{k: 1000 + n * 10 for k in plan._FIGURES}}
+    out = plan.extrapolate([mk(6), mk(12)], 60)
+    assert out["flops"] == 190 and out["bytes_accessed"] == 65 and out["flops_per_layer"] == 3
+    assert "flops" not in plan.extrapolate([{k: v for k, v in mk(6).items() if k != "flops"}, mk(12)], 60)
+
 
 @needs_libtpu
 @pytest.mark.slow
