@@ -24,7 +24,7 @@ def cmd_setup(args) -> int:
 
         return workshop.main_check(args)
     prof = profiles.configure_jax(args.profile)
-    from . import course, gemma4, plan, tiny
+    from . import course, gemma4, plan
 
     print(f"profile: {prof.name} - {prof.description}")
     failed = []
@@ -36,7 +36,7 @@ def cmd_setup(args) -> int:
         print(f"  {k:18s} {v}")
     if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
         print("devices:", json.dumps(course.devices()))
-    text = tiny.tiny_text_config(prof.model.tiny_layers) if prof.model.source == "tiny" else gemma4.GEMMA4_31B_TEXT_CONFIG
+    text = gemma4.profile_text_config(prof)
     est = plan.memory_estimate(prof, text)
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
@@ -52,7 +52,8 @@ def cmd_tiny_model(args) -> int:
     from . import tiny
 
     try:
-        out = tiny.write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, overwrite=args.overwrite)
+        out = tiny.write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, overwrite=args.overwrite,
+                                    variant=args.variant)
     except (ValueError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -98,7 +99,7 @@ def cmd_mesh(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"mesh {dict(mesh.shape)}:\n{mesh_lib.describe(mesh).to_string()}")
-    text = gemma4.GEMMA4_31B_TEXT_CONFIG if prof.model.source != "tiny" else gemma4.read_text_config(gemma4.ensure_base(prof))
+    text = gemma4.profile_text_config(prof) if prof.model.source != "tiny" else gemma4.read_text_config(gemma4.ensure_base(prof))
     print(mesh_lib.tp_table(text).to_string(index=False))
     if args.probe:
         print(mesh_lib.compare_trainer_contexts(gemma4.ensure_check_model(prof), mesh).to_string(index=False))
@@ -271,8 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tiny-model", help="00: write the tiny random Gemma 4 checkpoint + tokenizer")
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=6,
-                   help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global) for 31b and "
+                        "e4b, of 5 (4 + 1) for e2b (default 6 / 10 / 12 for 31b / e2b / e4b)")
+    p.add_argument("--variant", choices=("31b", "e2b", "e4b"), default="31b",
+                   help="which real Gemma 4 -it checkpoint to replicate (e2b/e4b: per-layer embeddings, KV-shared "
+                        "layers, audio tower, the E chat template)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint in OUT_DIR")
     p.set_defaults(func=cmd_tiny_model)
 

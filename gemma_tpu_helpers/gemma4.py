@@ -44,7 +44,33 @@ GEMMA4_31B_TEXT_CONFIG: dict = {
     "bos_token_id": 2,
 }
 
-PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period
+# The text configs of google/gemma-4-E2B-it and -E4B-it (published config.json; tunix's gemma4_e2b / gemma4_e4b agree):
+# per-layer input embeddings (a vocab x layers x 256 table), the last layers reuse an earlier layer's K/V
+# (num_kv_shared_layers), E2B doubles the MLP on those shared layers, no k=v, one or two KV heads. E2B's sliding/global
+# period is 4:1, E4B's 5:1.
+_E_COMMON = {
+    k: v for k, v in GEMMA4_31B_TEXT_CONFIG.items()
+    if k not in ("hidden_size", "intermediate_size", "num_hidden_layers", "layer_types", "num_key_value_heads",
+                 "num_global_key_value_heads", "attention_k_eq_v", "sliding_window", "hidden_size_per_layer_input",
+                 "num_kv_shared_layers", "use_double_wide_mlp", "num_attention_heads", "max_position_embeddings")
+}
+GEMMA4_E2B_TEXT_CONFIG: dict = dict(
+    _E_COMMON, hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, num_attention_heads=8,
+    num_key_value_heads=1, num_global_key_value_heads=None, attention_k_eq_v=False, sliding_window=512,
+    layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7, hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=262144, num_kv_shared_layers=20, use_double_wide_mlp=True,
+    max_position_embeddings=131072,
+)
+GEMMA4_E4B_TEXT_CONFIG: dict = dict(
+    _E_COMMON, hidden_size=2560, intermediate_size=10240, num_hidden_layers=42, num_attention_heads=8,
+    num_key_value_heads=2, num_global_key_value_heads=None, attention_k_eq_v=False, sliding_window=512,
+    layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 7, hidden_size_per_layer_input=256,
+    vocab_size_per_layer_input=262144, num_kv_shared_layers=18, use_double_wide_mlp=False,
+    max_position_embeddings=131072,
+)
+TEXT_CONFIGS = {"31b": GEMMA4_31B_TEXT_CONFIG, "e2b": GEMMA4_E2B_TEXT_CONFIG, "e4b": GEMMA4_E4B_TEXT_CONFIG}
+
+PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period (31B, E4B)
 KEY_PREFIX = "model.language_model."
 # The -it checkpoints also hold the vision (31B, E2B/E4B) and audio (E2B/E4B) towers beside the language model. The
 # text path loads none of them; the merge copies them as they are.
@@ -76,16 +102,55 @@ def layer_kinds(text_config: dict) -> list[str]:
     return ["global" if t == "full_attention" else "local" for t in text_config["layer_types"]]
 
 
+def kv_shared_layers(text_config: dict) -> dict[int, int]:
+    """Layer -> the earlier layer whose K/V it reads, for the KV-shared layers (E2B/E4B; empty for the 31B).
+
+    transformers: a shared layer has no k_proj/v_proj/k_norm/v_norm and reads the last unshared layer of its own type.
+    """
+    types = text_config["layer_types"]
+    first = text_config["num_hidden_layers"] - (text_config.get("num_kv_shared_layers") or 0)
+    if first == len(types):
+        return {}
+    prev = types[:first]
+    out = {}
+    for i in range(first, len(types)):
+        if types[i] not in prev:
+            raise CheckpointError(f"layer {i} ({types[i]}) is KV-shared but no unshared layer before {first} has "
+                                  f"that type to share from.")
+        out[i] = first - 1 - prev[::-1].index(types[i])
+    return out
+
+
+def _tunix_kv_sharing(c: dict, pattern) -> dict:
+    """ModelConfig fields for KV sharing. tunix shares with layer first-1 (global) and first-2 (local) and keeps the
+    count as a fraction, so check that this gives transformers' layers exactly."""
+    from tunix.models.gemma4 import model as gm
+
+    n, shared = c["num_hidden_layers"], c.get("num_kv_shared_layers") or 0
+    if not shared:
+        return {}
+    frac = shared / n
+    theirs = gm.create_kv_cache_sharing_patterns(n, frac, True, True, pattern)
+    ours = [kv_shared_layers(c).get(i, i) for i in range(n)]
+    if theirs != ours:
+        raise CheckpointError(f"tunix would share K/V as {theirs}, transformers as {ours}: tunix needs the last two "
+                              f"unshared layers to be one sliding then one full-attention layer.")
+    fields = {"frac_shared_layers": frac}
+    if c.get("use_double_wide_mlp"):
+        fields["override_kv_shared_ffw_hidden"] = 2 * c["intermediate_size"]
+    return fields
+
+
 def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "none"):
     """The tunix ``gemma4.ModelConfig`` for a HF Gemma 4 text config (the only mapping in this package)."""
     import jax.numpy as jnp
     from tunix.models.gemma4 import model as gm
 
     c = text_config
-    if c.get("enable_moe_block") or c.get("use_double_wide_mlp"):
-        raise CheckpointError("MoE and double-wide-MLP Gemma 4 variants are not covered by this course (31B is dense).")
-    if c.get("num_kv_shared_layers", 0):
-        raise CheckpointError("KV-shared layers (Gemma 4 E2B/E4B) are not covered by this course.")
+    if c.get("enable_moe_block"):
+        raise CheckpointError("MoE Gemma 4 variants (26B-A4B) are not covered by this course (31B, E2B, E4B are dense).")
+    if c.get("use_double_wide_mlp") and not c.get("num_kv_shared_layers"):
+        raise CheckpointError("use_double_wide_mlp widens the KV-shared layers' MLP, but num_kv_shared_layers is 0.")
     rope = c["rope_parameters"]
     pattern = tuple(
         gm.AttentionType.GLOBAL if k == "global" else gm.AttentionType.LOCAL_SLIDING for k in layer_kinds(c)
@@ -112,6 +177,7 @@ def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "non
         param_dtype=jdtype,
         dtype=jdtype,
         remat_config=getattr(gm.RematConfig, remat.upper()),
+        **_tunix_kv_sharing(c, pattern),
     )
 
 
@@ -213,6 +279,20 @@ class _towers_skipped_quietly:
         self._logger.removeFilter(self._filter)
 
 
+HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-E2B-it": "e2b", "google/gemma-4-E4B-it": "e4b"}
+
+
+def profile_text_config(profile) -> dict:
+    """A profile's text config without reading any file: its tiny replica's, or the real model's it names."""
+    if profile.model.source == "tiny":
+        from .tiny import tiny_text_config
+
+        return tiny_text_config(profile.model.tiny_layers, profile.model.tiny_variant)
+    if profile.model.source not in HUB_IDS:
+        raise CheckpointError(f"No built-in config for {profile.model.source!r}; known: {sorted(HUB_IDS)}.")
+    return TEXT_CONFIGS[HUB_IDS[profile.model.source]]
+
+
 def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | None = None) -> Path:
     """The profile's base checkpoint in ``base`` (default ``runs/<profile>/base``): the tiny model is built on first
     use; the real one is downloaded from the Hugging Face Hub, or its download resumed, when incomplete.
@@ -228,7 +308,8 @@ def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | N
     if profile.model.source == "tiny":
         from .tiny import ensure_tiny_model
 
-        return ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers)
+        return ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
+                                 variant=profile.model.tiny_variant)
     hub.ensure_checkpoint(profile.model.source, base)
     check_checkpoint(base)
     return base

@@ -44,16 +44,21 @@ class LoraCoverageError(RuntimeError):
     """A requested LoRA target matched no module in any layer."""
 
 
-def tunix_module(target: str, kind: str, k_eq_v: bool) -> str | None:
+def tunix_module(target: str, kind: str, k_eq_v: bool, kv_shared: bool = False) -> str | None:
     """The tunix module (relative to a decoder layer) that a HF target lives in, or None when the layer has none.
 
-    ``kind`` is ``"local"`` or ``"global"``; ``k_eq_v`` says whether global layers share K and V (Gemma 4 31B).
+    ``kind`` is ``"local"`` or ``"global"``; ``k_eq_v`` says whether global layers share K and V (Gemma 4 31B);
+    ``kv_shared`` marks a KV-shared layer (E2B/E4B's last layers): it reads an earlier layer's K and V, so its
+    k/v projection (tunix keeps a ``kv_einsum`` there, never called; the checkpoint's k_proj/v_proj are unused)
+    has nothing to adapt, and qwix, which wraps the modules a forward pass calls, gives it no LoRA.
     """
     if target == "q_proj":
         return "attn/q_einsum"
     if target == "o_proj":
         return "attn/attn_vec_einsum"
     if target in ("k_proj", "v_proj"):
+        if kv_shared:
+            return None
         if kind == "global" and k_eq_v:
             return "attn/k_einsum" if target == "k_proj" else None
         return "attn/kv_einsum"
@@ -114,9 +119,15 @@ def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
     return rf".*language_model\.layers\.({'|'.join(parts)})"
 
 
-def _shapes(c: dict, target: str, kind: str, rank):
-    """(tunix weight shape, HF weight shape [out, in], LoRA A shape, LoRA B shape) for one target and layer kind."""
+def _shapes(c: dict, target: str, kind: str, rank, layer: int | None = None):
+    """(tunix weight shape, HF weight shape [out, in], LoRA A shape, LoRA B shape) for one target and layer kind.
+
+    ``layer``: the layer index, which matters only for E2B's doubled MLP on its KV-shared layers."""
+    from .gemma4 import kv_shared_layers
+
     d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    if layer is not None and c.get("use_double_wide_mlp") and layer in kv_shared_layers(c):
+        f *= 2
     if kind == "global":
         k, h = (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
     else:
@@ -198,13 +209,14 @@ def base_param_count(model) -> int:
     return total
 
 
-def _layer_info(model) -> list[tuple[str, bool]]:
-    """(kind, has k_einsum) per decoder layer of a tunix Gemma 4 model."""
+def _layer_info(model) -> list[tuple[str, bool, int | None]]:
+    """(kind, has k_einsum, the layer whose K/V it reads or None) per decoder layer of a tunix Gemma 4 model."""
     out = []
-    for layer in model.layers:
+    sharing = getattr(model, "kv_cache_sharing_patterns", None) or list(range(len(model.layers)))
+    for i, layer in enumerate(model.layers):
         attn = layer.attn
         kind = "global" if "GLOBAL" in str(getattr(attn, "attn_type", "")) else "local"
-        out.append((kind, hasattr(attn, "k_einsum")))
+        out.append((kind, hasattr(attn, "k_einsum"), sharing[i] if sharing[i] != i else None))
     return out
 
 
@@ -220,13 +232,15 @@ def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
     sizes = _lora_sizes(lora_model)
     base = base_params if base_params is not None else base_param_count(lora_model)
     rows, counted = [], set()
-    for i, (kind, has_k) in enumerate(_layer_info(lora_model)):
+    for i, (kind, has_k, shared_from) in enumerate(_layer_info(lora_model)):
         for t in targets:
-            rel = tunix_module(t, kind, has_k)
+            rel = tunix_module(t, kind, has_k, kv_shared=shared_from is not None)
             path = f"layers/{i}/{rel}" if rel else None
             n = sizes.get(path, 0) if path else 0
             note, n_row = "", n
-            if rel is None:
+            if rel is None and shared_from is not None:
+                note = f"KV-shared layer: reads layer {shared_from}'s K/V (no k/v projection runs here)"
+            elif rel is None:
                 note = "no v_proj on this k=v layer (V is K)"
             elif n and path in counted:
                 note, n_row = "shares kv_einsum's LoRA with k_proj (counted there)", 0
@@ -249,8 +263,11 @@ def summary(report):
     for t, g in report.groupby("target", sort=False):
         exists = g[g["module"] != "(none)"]
         missed = exists[~exists["has LoRA"]]
+        absent = g[g["module"] == "(none)"]
+        why = {"KV-shared" if n.startswith("KV-shared") else "k=v" for n in absent["note"]}
         rows.append({"target": t, "modules": len(exists), "with LoRA": int(exists["has LoRA"].sum()),
                      "missed": ", ".join(f"layer {r.layer} ({r.module})" for r in missed.itertuples()) or "-",
+                     "no module": f"{len(absent)} ({', '.join(sorted(why))})" if len(absent) else "-",
                      "LoRA params": int(g["LoRA params"].sum())})
     out = pd.DataFrame(rows)
     out.attrs.update(report.attrs)

@@ -241,13 +241,14 @@ def plan(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[D
     Raises MergeError when a module is missing or extra (wrong number of layers), or a shape does not fit (another
     base model: other heads or widths), or the rank is not the recorded one.
     """
-    from .gemma4 import layer_kinds
+    from .gemma4 import kv_shared_layers, layer_kinds
     from .lora import _shapes, tunix_module, validate_targets
 
     rank, alpha = int(meta["rank"]), float(meta["alpha"])
     scale = alpha / rank
     targets = validate_targets(meta["targets"])
     kinds = layer_kinds(text_config)
+    shared = kv_shared_layers(text_config)
     k_eq_v = bool(text_config.get("attention_k_eq_v"))
     n_layers = text_config["num_hidden_layers"]
     if meta.get("num_layers") not in (None, n_layers):
@@ -257,7 +258,7 @@ def plan(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[D
     expected = {}
     for i, kind in enumerate(kinds):
         for t in targets:
-            mod = tunix_module(t, kind, k_eq_v)
+            mod = tunix_module(t, kind, k_eq_v, kv_shared=i in shared)
             if mod:
                 expected.setdefault(f"layers/{i}/{mod}", (i, kind, t))
     extra = sorted(set(modules) - set(expected), key=_natural)
@@ -273,7 +274,7 @@ def plan(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[D
     for key in sorted(modules, key=_natural):
         i, kind, t = expected[key]
         a, b = modules[key]["a"], modules[key]["b"]
-        _, _, a_shape, b_shape = _shapes(text_config, t, kind, rank)
+        _, _, a_shape, b_shape = _shapes(text_config, t, kind, rank, layer=i)
         if tuple(a.shape) != tuple(a_shape) or tuple(b.shape) != tuple(b_shape):
             raise MergeError(f"{key}: LoRA A {tuple(a.shape)} / B {tuple(b.shape)} do not fit this base, which needs "
                              f"A {tuple(a_shape)} / B {tuple(b_shape)} (rank {rank}): the base is another model "
@@ -852,20 +853,21 @@ def perturbed_lora(arrays: dict[str, np.ndarray], seed: int = 0, b_std: float = 
 def synthetic_lora(text_config: dict, targets, rank: int, seed: int = 0, std: float = 0.02,
                    dtype=np.float32) -> dict[str, np.ndarray]:
     """Random LoRA arrays with tunix's paths and shapes for ``text_config`` (benchmarks: no training needed)."""
-    from .gemma4 import layer_kinds
+    from .gemma4 import kv_shared_layers, layer_kinds
     from .lora import _shapes, tunix_module, validate_targets
 
     rng = np.random.default_rng(seed)
+    shared = kv_shared_layers(text_config)
     out = {}
     k_eq_v = bool(text_config.get("attention_k_eq_v"))
     for i, kind in enumerate(layer_kinds(text_config)):
         for t in validate_targets(targets):
-            mod = tunix_module(t, kind, k_eq_v)
+            mod = tunix_module(t, kind, k_eq_v, kv_shared=i in shared)
             key = f"layers/{i}/{mod}" if mod else None
             if not key or f"{key}/w_lora_a" in out or f"{key}/kernel_lora_a" in out:
                 continue
             param = "kernel" if mod.startswith("mlp/") else "w"
-            _, _, a, b = _shapes(text_config, t, kind, rank)
+            _, _, a, b = _shapes(text_config, t, kind, rank, layer=i)
             out[f"{key}/{param}_lora_a"] = (rng.standard_normal(a) * std).astype(dtype)
             out[f"{key}/{param}_lora_b"] = (rng.standard_normal(b) * std).astype(dtype)
     return out

@@ -59,6 +59,7 @@ class ModelSpec:
     dtype: str  # param and compute dtype in JAX
     tiny_layers: int = 6
     tiny_seed: int = 0
+    tiny_variant: str = "31b"  # which real model the tiny replica copies: "31b", "e2b" or "e4b" (tiny.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +247,32 @@ PROFILES: dict[str, Profile] = {
                 remat="none",
             ),
             # the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
+            data=DataSpec(source="shipped", config="sft", target="answer", system="none"),
+            serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
+        ),
+        Profile(
+            name="smoke-e",
+            description="Tiny random Gemma 4 with E2B's structure (per-layer embeddings, KV-shared layers, doubled "
+                        "MLP, audio tower), 8 virtual CPU devices; the CPU rehearsal of the Colab profiles.",
+            # E2B has one KV head, so tp=1 (as on the real one); fsdp=8 shards hidden_size 256.
+            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 8), ("tp", 1))),
+            model=ModelSpec(source="tiny", dtype="float32", tiny_layers=10, tiny_seed=0, tiny_variant="e2b"),
+            lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
+            train=TrainSpec(
+                learning_rate=2e-3,
+                warmup_steps=2,
+                schedule="cosine",
+                weight_decay=0.001,
+                micro_batch=8,  # one row per fsdp shard
+                grad_accum=1,
+                max_seq_len=512,
+                epochs=3,
+                max_steps=6,
+                eval_every=3,
+                checkpoint_every=3,
+                keep_checkpoints=2,
+                remat="none",
+            ),
             data=DataSpec(source="shipped", config="sft", target="answer", system="none"),
             serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
         ),

@@ -465,7 +465,6 @@ def plan_for_profile(profile):
     """``plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
     from . import gemma4, tiny
 
-    text = tiny.tiny_text_config(profile.model.tiny_layers) if profile.model.source == "tiny" \
-        else gemma4.GEMMA4_31B_TEXT_CONFIG
+    text = gemma4.profile_text_config(profile)
     return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
                               alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)

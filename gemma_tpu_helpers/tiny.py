@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from . import chat_format
-from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN
+from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN, TEXT_CONFIGS
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
 # head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
@@ -34,6 +34,27 @@ TINY_OVERRIDES = {
     "global_head_dim": 128,
     "sliding_window": 16,
     "max_position_embeddings": 4096,
+    "initializer_range": 0.05,
+}
+# The E replicas (E2B, E4B): the same small numbers, their own structure. One KV head (E2B) or two (E4B) as in the
+# real ones, so E2B loads only on tp=1 (as the real one); per-layer input width 32 (real 256) differs from every
+# other width. The KV-shared layers are the last whole periods (real E2B: 20 of 35, E4B 18 of 42), at least one.
+TINY_E_OVERRIDES = {
+    **{k: TINY_OVERRIDES[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "head_dim", "global_head_dim",
+                                      "sliding_window", "max_position_embeddings", "initializer_range")},
+    "num_attention_heads": 4,
+    "hidden_size_per_layer_input": 32,
+}
+TINY_E_KV_HEADS = {"e2b": 1, "e4b": 2}
+TINY_LAYERS = {"31b": 6, "e2b": 10, "e4b": 12}
+# The tiny audio tower (E2B/E4B-it carry a 12-layer conformer, hidden 1024): present so every step meets
+# `model.audio_tower.*` / `model.embed_audio.*` keys; nothing runs it.
+TINY_AUDIO = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "subsampling_conv_channels": [8, 4],
+    "output_proj_dims": 48,
     "initializer_range": 0.05,
 }
 SHARD_SIZE = "4MB"
@@ -62,17 +83,36 @@ class OutputExistsError(FileExistsError):
     pass
 
 
-def tiny_text_config(layers: int = 6) -> dict:
-    """The tiny model's text config: the 31B's with smaller numbers and ``layers`` layers."""
-    if layers <= 0 or layers % len(PATTERN):
+def _period(variant: str) -> list[str]:
+    types = TEXT_CONFIGS[variant]["layer_types"]
+    return list(types[: types.index("full_attention") + 1])
+
+
+def tiny_text_config(layers: int | None = None, variant: str = "31b") -> dict:
+    """The tiny model's text config: the real ``variant``'s (31b, e2b, e4b) with smaller numbers, ``layers`` layers."""
+    if variant not in TEXT_CONFIGS:
+        raise ValueError(f"--variant must be one of {sorted(TEXT_CONFIGS)}, got {variant!r}.")
+    layers = TINY_LAYERS[variant] if layers is None else layers
+    period = PATTERN if variant == "31b" else _period(variant)
+    shared_min = 0 if variant == "31b" else 1  # an E replica keeps at least one KV-shared period
+    n_sliding = len(period) - 1
+    if layers <= 0 or layers % len(period) or layers // len(period) <= shared_min:
+        least = len(period) * (shared_min + 1)
         raise ValueError(
-            f"--layers must be a positive multiple of {len(PATTERN)} (Gemma 4's 5 sliding + 1 global pattern), "
-            f"got {layers}. Try {max(len(PATTERN), layers - layers % len(PATTERN))}."
+            f"--layers must be a positive multiple of {len(period)} for {variant} ({n_sliding} sliding + 1 global "
+            f"pattern{', with one unshared and one KV-shared period at least' if shared_min else ''}), got {layers}. "
+            f"Try {max(least, layers - layers % len(period))}."
         )
-    cfg = dict(GEMMA4_31B_TEXT_CONFIG, **TINY_OVERRIDES)
+    real = TEXT_CONFIGS[variant]
+    cfg = dict(real, **(TINY_OVERRIDES if variant == "31b" else TINY_E_OVERRIDES))
     cfg["num_hidden_layers"] = layers
-    cfg["layer_types"] = list(PATTERN) * (layers // len(PATTERN))
+    cfg["layer_types"] = list(period) * (layers // len(period))
     cfg["vocab_size_per_layer_input"] = cfg["vocab_size"]
+    if variant != "31b":
+        cfg["num_key_value_heads"] = TINY_E_KV_HEADS[variant]
+        periods = layers // len(period)
+        real_frac = real["num_kv_shared_layers"] / real["num_hidden_layers"]
+        cfg["num_kv_shared_layers"] = len(period) * min(periods - 1, max(1, round(real_frac * periods)))
     cfg.pop("model_type")
     return cfg
 
@@ -158,33 +198,64 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
         raise OutputExistsError(f"{out_dir} already holds files; pass --overwrite (overwrite=True) to replace them.")
 
 
-def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6, overwrite: bool = False) -> Path:
-    """Write the tiny Gemma 4 checkpoint + tokenizer to ``out_dir`` (atomically: temp dir, then rename)."""
+def _with_unused_shared_kv(model, text_cfg: dict) -> dict:
+    """The state dict with k_proj / v_proj / k_norm on the KV-shared layers, as the released E checkpoints keep them.
+
+    transformers builds no such modules (those layers read an earlier layer's K/V) and lists exactly these keys in
+    ``_keys_to_ignore_on_load_unexpected``, which is there for files that hold them; tunix's loader needs them (its
+    shared layers keep the parameters and ignore them). Random, like the rest of the replica; nothing reads them.
+    """
     import torch
-    from transformers import (Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig,
-                              GenerationConfig)
+
+    from .gemma4 import KEY_PREFIX, kv_shared_layers
+
+    sd = model.state_dict()
+    gen = torch.Generator().manual_seed(len(sd))
+    for i in kv_shared_layers(text_cfg):
+        full = text_cfg["layer_types"][i] == "full_attention"
+        head = text_cfg["global_head_dim"] if full else text_cfg["head_dim"]
+        out = text_cfg["num_key_value_heads"] * head
+        pre = f"{KEY_PREFIX}layers.{i}.self_attn."
+        for name in ("k_proj", "v_proj"):
+            w = torch.randn(out, text_cfg["hidden_size"], generator=gen) * text_cfg["initializer_range"]
+            sd[pre + name + ".weight"] = w
+        sd[pre + "k_norm.weight"] = torch.ones(head)
+    return sd
+
+
+def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = None, overwrite: bool = False,
+                     variant: str = "31b") -> Path:
+    """Write the tiny Gemma 4 checkpoint + tokenizer to ``out_dir`` (atomically: temp dir, then rename).
+
+    ``variant`` "31b" (default) replicates gemma-4-31B-it; "e2b" / "e4b" replicate the E models (per-layer input
+    embeddings, KV-shared last layers, E2B's doubled MLP there, audio tower, the E chat template)."""
+    import torch
+    from transformers import (Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig,
+                              Gemma4VisionConfig, GenerationConfig)
 
     out_dir = Path(out_dir)
-    text_cfg = tiny_text_config(layers)  # validates layers before anything is written
+    text_cfg = tiny_text_config(layers, variant)  # validates layers before anything is written
+    layers = text_cfg["num_hidden_layers"]
     _prepare_out(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        tokenizer = build_tokenizer(text_cfg["vocab_size"])
+        tokenizer = build_tokenizer(text_cfg["vocab_size"], "31b" if variant == "31b" else "e")
         gen = chat_format.GENERATION_CONFIG
         text_cfg.update(pad_token_id=gen["pad_token_id"], bos_token_id=gen["bos_token_id"],
                         eos_token_id=gen["eos_token_id"][0])
         _, top = special_vocab(text_cfg["vocab_size"])
         mm_ids = {name: top[tok] for name, _, tok in chat_format.MULTIMODAL_TOKENS}
         config = Gemma4Config(text_config=Gemma4TextConfig(**text_cfg), vision_config=Gemma4VisionConfig(**TINY_VISION),
-                              audio_config=None, **mm_ids)
+                              audio_config=None if variant == "31b" else Gemma4AudioConfig(**TINY_AUDIO), **mm_ids)
         torch.manual_seed(seed)
         model = Gemma4ForConditionalGeneration(config).eval()
-        model.save_pretrained(tmp, max_shard_size=SHARD_SIZE)
+        model.save_pretrained(tmp, max_shard_size=SHARD_SIZE, state_dict=_with_unused_shared_kv(model, text_cfg))
         GenerationConfig(**gen).save_pretrained(tmp)
         write_tokenizer_files(tokenizer, tmp)
         write_processor_config(tmp)
-        (tmp / BUILT_BY).write_text(json.dumps({"seed": seed, "layers": layers, "format": FORMAT}) + "\n")
+        stamp = {"seed": seed, "layers": layers, "format": FORMAT, **({} if variant == "31b" else {"variant": variant})}
+        (tmp / BUILT_BY).write_text(json.dumps(stamp) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -194,24 +265,27 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6, overwr
     return out_dir
 
 
-def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int = 6) -> Path:
+def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = None, variant: str = "31b") -> Path:
     """The cached tiny checkpoint in ``out_dir``, built on first use (how notebooks stay standalone)."""
     out_dir = Path(out_dir)
     if (out_dir / "model.safetensors.index.json").is_file():
         cfg = json.loads((out_dir / "config.json").read_text())["text_config"]
-        wanted = tiny_text_config(layers)
-        stale = {k for k in (*TINY_OVERRIDES, "num_hidden_layers") if k in cfg and cfg[k] != wanted[k]}
+        wanted = tiny_text_config(layers, variant)
+        stale = {k for k in (*TINY_OVERRIDES, *TINY_E_OVERRIDES, "num_hidden_layers", "num_kv_shared_layers",
+                             "hidden_size_per_layer_input") if cfg.get(k) != wanted.get(k)}
         stamp = out_dir / BUILT_BY
         if stamp.is_file():
             built = json.loads(stamp.read_text())
             stale |= {k for k, v in (("seed", seed), ("format", FORMAT)) if built.get(k) != v}
+            if built.get("variant", "31b") != variant:
+                stale.add("variant")
         if not stale:
             return out_dir
         if not (out_dir / BUILT_BY).is_file():
             raise OutputExistsError(f"{out_dir} holds a model that differs from the tiny one in {sorted(stale)} and "
                                     f"was not built by tiny.py; remove it or pass another directory.")
         print(f"{out_dir}: cached tiny model is stale ({', '.join(sorted(stale))} changed); rebuilding it.")
-    return write_tiny_model(out_dir, seed=seed, layers=layers, overwrite=True)
+    return write_tiny_model(out_dir, seed=seed, layers=layers, overwrite=True, variant=variant)
 
 
 def config_comparison(layers: int = 6):
