@@ -6,10 +6,16 @@ the meta device, so no RAM is spent on it), bf16 like the 31B, in several shards
 (rank 64, every target, tunix's paths and shapes) is saved with Orbax in the layout tunix's PeftTrainer writes.
 
 Each way runs in its own subprocess; wall time and peak RSS (GNU time's %e and %M) are printed side by side.
-Nothing asserts on time. Goals: streamed peak RSS <= 1.3x the largest shard, wall <= 2x the copy.
-The page cache is warmed first, and nothing is fsynced, so all three measure the same thing (memory-speed I/O).
+The streamed merge (XLA kernel) and `cp -r` alternate `--repeat` times and their medians give the line
+`merge/cp: X.Xx`; the numpy reference kernel (the merge before XLA) and the paper's merge run once.
+Nothing asserts on time. Goals: streamed peak RSS <= 1.3x the largest shard, wall <= 3x the copy.
+The page cache is warmed first, and nothing is fsynced, so all ways measure the same thing (memory-speed I/O).
 
-    .venv/bin/python bench/merge_bench.py [--dir /tmp/merge_bench] [--layers 18] [--shard-mb 500] [--keep]
+Then: the XLA output against the numpy reference, tensor by tensor (elements that differ, and by how many ulps);
+where one shard's time goes (read, casts, maths, write) with each kernel; and one full-size weight of the real 31B
+per shape (q, o, gate, down) at rank 64, from which the whole 62 GB checkpoint's merge wall is projected.
+
+    .venv/bin/python bench/merge_bench.py [--dir /tmp/merge_bench] [--layers 18] [--shard-mb 500] [--repeat 3] [--keep]
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -129,14 +138,15 @@ def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
             shutil.copy2(p, out / p.name)
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
+def timed(argv: list[str], env: dict | None = None) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of a command, measured by GNU time (%e, %M).
 
     Not os.wait4 on a child of this process: a forked child's ru_maxrss counts the parent's pages it held before
     exec, so every way would show this (large) process's RSS.
     """
     with tempfile.NamedTemporaryFile("r", suffix=".time") as f:
-        proc = subprocess.run(["/usr/bin/time", "-o", f.name, "-f", "%e %M", *argv], cwd=REPO)
+        proc = subprocess.run(["/usr/bin/time", "-o", f.name, "-f", "%e %M", *argv], cwd=REPO,
+                              env={**os.environ, **(env or {})})
         if proc.returncode:
             raise SystemExit(f"{argv} failed with exit code {proc.returncode}")
         wall, kib = f.read().split()[-2:]
@@ -149,6 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=18, help="a multiple of 6 (18: about 2.4 GB in bf16)")
     p.add_argument("--shard-mb", type=int, default=500)
     p.add_argument("--keep", action="store_true", help="keep the synthetic base and checkpoint for the next run")
+    p.add_argument("--repeat", type=int, default=3, help="runs of the streamed merge and of cp (medians)")
+    p.add_argument("--skip-paper", action="store_true", help="skip the paper's load-everything merge (62 s, 8 GB)")
     p.add_argument("--paper-merge", nargs=3, metavar=("BASE", "CKPT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.paper_merge:
@@ -172,44 +184,261 @@ def main(argv=None) -> int:
     subprocess.run(f"cat {base}/*.safetensors > /dev/null", shell=True, check=True)  # warm the page cache
 
     py = sys.executable
-    ways = {
-        "streamed merge (merge.merge_lora)": [py, "-c", "import sys; from gemma_tpu_helpers import merge; "
-                                              "merge.merge_lora(sys.argv[1], sys.argv[2], sys.argv[3], progress=False)",
-                                              str(base), str(ckpt), str(work / "out_streamed")],
-        "load-everything merge (paper)": [py, str(Path(__file__).resolve()), "--paper-merge", str(base), str(ckpt),
-                                          str(work / "out_paper")],
-        "cp -r base": ["cp", "-r", str(base), str(work / "out_cp")],
-    }
-    rows = []
-    for name, cmd in ways.items():
-        out = Path(cmd[-1])
-        shutil.rmtree(out, ignore_errors=True)
-        wall, rss = timed(cmd)
-        rows.append((name, wall, rss))
-        print(f"  {name}: {wall:.1f} s, peak RSS {rss:.0f} MiB", flush=True)
+    merge_cmd = lambda kernel, out: [py, "-c", "import sys; from gemma_tpu_helpers import merge; "  # noqa: E731
+                                      "merge.merge_lora(*sys.argv[1:4], progress=False, kernel=sys.argv[4])",
+                                      str(base), str(ckpt), str(out), kernel]
+    cpu_only = {"JAX_PLATFORMS": "cpu"}  # a host-side step: no accelerator (and no libtpu start-up)
+    print(f"load before: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
+    runs: dict[str, list[tuple[float, float]]] = {}
+    ways = {"streamed merge, XLA kernel (merge.merge_lora)": (merge_cmd("xla", work / "out_streamed"), cpu_only),
+            "cp -r base": (["cp", "-r", str(base), str(work / "out_cp")], None)}
+    for i in range(args.repeat):
+        for name, (cmd, env) in ways.items():
+            shutil.rmtree(cmd[-2] if name.startswith("streamed") else cmd[-1], ignore_errors=True)
+            runs.setdefault(name, []).append(timed(cmd, env))
+            print(f"  run {i + 1}: {name}: {runs[name][-1][0]:.1f} s, peak RSS {runs[name][-1][1]:.0f} MiB", flush=True)
+    once = {"streamed merge, numpy kernel (before)": (merge_cmd("numpy", work / "out_numpy"), cpu_only)}
+    if not args.skip_paper:
+        once["load-everything merge (paper)"] = ([py, str(Path(__file__).resolve()), "--paper-merge", str(base),
+                                                  str(ckpt), str(work / "out_paper")], None)
+    for name, (cmd, env) in once.items():
+        shutil.rmtree(cmd[-2] if "merge_lora" in cmd[2] else cmd[-1], ignore_errors=True)
+        runs[name] = [timed(cmd, env)]
+        print(f"  {name}: {runs[name][0][0]:.1f} s, peak RSS {runs[name][0][1]:.0f} MiB", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
 
-    from safetensors import safe_open
-
-    key = "model.language_model.layers.0.mlp.down_proj.weight"
-    index = json.loads((work / "out_streamed" / "model.safetensors.index.json").read_text())
-    with safe_open(work / "out_streamed" / index["weight_map"][key], "pt") as a, \
-            safe_open(work / "out_paper" / "model.safetensors", "pt") as b:
-        x, y = a.get_tensor(key).float(), b.get_tensor(key).float()
-        same = f"max |diff| {float((x - y).abs().max()):.1e} ({int((x != y).sum())} of {x.numel()} values differ)"
-    copy_wall = rows[-1][1]
-    print(f"\nstreamed vs paper output, {key}: {same}")
-    print(f"\n| way | wall (s) | wall / cp | peak RSS (MiB) | RSS / largest shard ({largest:.0f} MiB) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, wall, rss in rows:
-        print(f"| {name} | {wall:.1f} | {wall / copy_wall:.2f} | {rss:.0f} | {rss / largest:.2f} |")
-    streamed = rows[0]
-    print(f"\ngoals: peak RSS <= 1.3x largest shard: {streamed[2] / largest:.2f}x; wall <= 2x cp: "
-          f"{streamed[1] / copy_wall:.2f}x")
-    for out in ("out_streamed", "out_paper", "out_cp"):
+    med = {name: (statistics.median(w for w, _ in r), max(m for _, m in r)) for name, r in runs.items()}
+    copy_wall = med["cp -r base"][0]
+    print(f"\n| way | runs | wall (s), median | wall / cp | peak RSS (MiB) | RSS / largest shard ({largest:.0f} MiB) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, (wall, rss) in med.items():
+        print(f"| {name} | {len(runs[name])} | {wall:.1f} | {wall / copy_wall:.2f} | {rss:.0f} | {rss / largest:.2f} |")
+    streamed = med["streamed merge, XLA kernel (merge.merge_lora)"]
+    print(f"\nmerge/cp: {streamed[0] / copy_wall:.1f}x (goal <= 3x; runs: "
+          f"{', '.join(f'{w:.1f}' for w, _ in runs['streamed merge, XLA kernel (merge.merge_lora)'])} s vs "
+          f"{', '.join(f'{w:.1f}' for w, _ in runs['cp -r base'])} s)")
+    print(f"peak RSS / largest shard: {streamed[1] / largest:.2f}x (goal <= 1.3x)")
+    print(kernel_differences(work / "out_streamed", work / "out_numpy"))
+    if not args.skip_paper:
+        print(paper_difference(work / "out_streamed", work / "out_paper"))
+    print(shard_profile(base, ckpt))
+    print(projection(copy_bytes_per_s=sum(s.stat().st_size for s in shards) / copy_wall, work=work))
+    for out in ("out_streamed", "out_numpy", "out_paper", "out_cp"):
         shutil.rmtree(work / out, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _shard_tensors(path: Path) -> dict[str, np.ndarray]:
+    import ml_dtypes  # noqa: F401  (numpy learns bfloat16, which safetensors' numpy reader needs)
+    from safetensors import safe_open
+
+    with safe_open(path, framework="np") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def kernel_differences(xla_dir: Path, numpy_dir: Path) -> str:
+    """Every tensor of the two merges compared: untargeted must be identical; targeted, how many elements differ
+    and by how many ulps (merge.ulp_distance)."""
+    from gemma_tpu_helpers import merge
+
+    counts, total, untargeted_diff, worst = {}, 0, 0, 0
+    for shard in sorted(p.name for p in xla_dir.glob("*.safetensors")):
+        a, b = _shard_tensors(xla_dir / shard), _shard_tensors(numpy_dir / shard)
+        for key in a:
+            ulps = merge.ulp_distance(a[key], b[key])
+            if not key.endswith("_proj.weight"):
+                untargeted_diff += int((ulps > 0).sum())
+                continue
+            total += ulps.size
+            worst = max(worst, int(ulps.max()))
+            for u, n in zip(*np.unique(ulps[ulps > 0], return_counts=True)):
+                counts[int(u)] = counts.get(int(u), 0) + int(n)
+    hist = ", ".join(f"{n} by {u} ulp" for u, n in sorted(counts.items())) or "none"
+    return (f"\nXLA vs numpy kernel: targeted tensors: {sum(counts.values())} of {total} elements differ ({hist}); "
+            f"untargeted elements that differ: {untargeted_diff}")
+
+
+def paper_difference(streamed_dir: Path, paper_dir: Path) -> str:
+    from safetensors import safe_open
+
+    key = "model.language_model.layers.0.mlp.down_proj.weight"
+    index = json.loads((streamed_dir / "model.safetensors.index.json").read_text())
+    with safe_open(streamed_dir / index["weight_map"][key], "pt") as a, \
+            safe_open(paper_dir / "model.safetensors", "pt") as b:
+        x, y = a.get_tensor(key).float(), b.get_tensor(key).float()
+        return (f"streamed vs paper output, {key}: max |diff| {float((x - y).abs().max()):.1e} "
+                f"({int((x != y).sum())} of {x.numel()} values differ)")
+
+
+def _time(fn, repeat: int = 3) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def shard_profile(base: Path, ckpt: Path) -> str:
+    """Where the time of the targeted tensors of one shard goes, each step timed alone (medians of 3):
+    before (the numpy kernel: a matmul, an add that casts bf16 up and reads ΔW transposed, a cast down) and after
+    (the XLA kernel over the same row blocks the merge uses, with the dot alone timed too)."""
+    import jax
+    import ml_dtypes
+
+    from gemma_tpu_helpers import gemma4, merge
+
+    _, shards, _ = merge.base_layout(base)
+    _, arrays = merge.restore_lora(ckpt)
+    deltas = {d.hf: d for d in merge.plan(arrays, merge.read_lora_config(ckpt), gemma4.read_text_config(base))}
+    shard = max(shards, key=lambda s: sum(n in deltas for n in shards[s]))
+    names = [n for n in shards[shard] if n in deltas]
+    header, start = merge.read_header(base / shard)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    cpu = jax.devices("cpu")[0]
+    dot = jax.jit(lambda bt, at, s: s * (bt @ at))
+    t = dict.fromkeys(("read", "before: matmul (A·B)ᵀ·s", "before: cast up + add", "before: cast down",
+                       "after: device_put (aliased)", "after: XLA dot alone", "after: XLA kernel (dot + casts + add)",
+                       "after: to host", "write"), 0.0)
+    elements = differ = 0
+    with open(base / shard, "rb") as src, tempfile.TemporaryFile() as sink:
+        for name in names:
+            d, (b0, b1) = deltas[name], header[name]["data_offsets"]
+            out_dim, in_dim = header[name]["shape"]
+            elements += out_dim * in_dim
+
+            def read():
+                src.seek(start + b0)
+                return merge._read_block(src, b1 - b0).view(bf16).reshape(out_dim, in_dim)
+
+            def matmul():
+                dw = (a @ b).T
+                dw *= s
+                return dw
+
+            def write():
+                sink.seek(0)
+                sink.write(merged)
+
+            dt, w = _time(read)
+            t["read"] += dt
+            a, b, s = d.a.astype(np.float32), d.b.astype(np.float32), np.float32(d.scale)
+            dt, dw = _time(matmul)
+            t["before: matmul (A·B)ᵀ·s"] += dt
+            dt, m = _time(lambda: np.add(w, dw, dtype=np.float32))
+            t["before: cast up + add"] += dt
+            dt, merged = _time(lambda: m.astype(bf16))
+            t["before: cast down"] += dt
+            del dw, m
+            fn = merge._xla_block_kernel("bfloat16", fuse_scale=bool(np.frexp(s)[0] == 0.5))
+            bt, at = np.ascontiguousarray(b.T), jax.device_put(np.ascontiguousarray(a.T), cpu)
+            rows = merge._block_rows(in_dim)
+            blocks = [(w[r:r + rows].view(np.uint16), bt[r:r + rows]) for r in range(0, out_dim, rows)]
+            dt, dev = _time(lambda: [(jax.device_put(x, cpu, may_alias=True), jax.device_put(y, cpu))
+                                     for x, y in blocks])
+            t["after: device_put (aliased)"] += dt
+            fn(*dev[0], at, s)[0].block_until_ready()  # compiled outside the timing
+            dot(dev[0][1], at, s).block_until_ready()
+            dt, _ = _time(lambda: [dot(y, at, s) for _, y in dev][-1].block_until_ready())
+            t["after: XLA dot alone"] += dt
+
+            def kernel():
+                res = [fn(x, y, at, s) for x, y in dev]
+                res[-1][0].block_until_ready()
+                return res
+
+            dt, res = _time(kernel)
+            t["after: XLA kernel (dot + casts + add)"] += dt
+            dt, host = _time(lambda: [np.asarray(r[0]) for r in res])
+            t["after: to host"] += dt
+            differ += int((np.concatenate(host).view(bf16) != merged).sum())
+            dt, _ = _time(write)
+            t["write"] += dt
+    before = t["read"] + t["before: matmul (A·B)ᵀ·s"] + t["before: cast up + add"] + t["before: cast down"] + t["write"]
+    after = (t["read"] + t["after: device_put (aliased)"] + t["after: XLA kernel (dot + casts + add)"]
+             + t["after: to host"] + t["write"])
+    lines = [f"\nwhere the time goes: the {len(names)} targeted tensors of {shard} ({elements * 2 / 1e6:.0f} MB bf16), "
+             f"each step alone and sequential (the merge overlaps reading, maths and writing); load "
+             f"{os.getloadavg()[0]:.2f}; XLA vs numpy here: {differ} elements differ",
+             "| step | s | ns per element |", "| --- | ---: | ---: |"]
+    lines += [f"| {k} | {v:.3f} | {1e9 * v / elements:.2f} |" for k, v in t.items()]
+    lines.append(f"| sum before (read + numpy steps + write) | {before:.3f} | {1e9 * before / elements:.2f} |")
+    lines.append(f"| sum after (read + XLA steps + write) | {after:.3f} | {1e9 * after / elements:.2f} |")
+    return "\n".join(lines)
+
+
+# One full-size weight per shape of the real 31B (HF [out, in]); rank 64.
+SHAPES_31B = {"q_proj (local)": lambda c: (c["num_attention_heads"] * c["head_dim"], c["hidden_size"]),
+              "o_proj (local)": lambda c: (c["hidden_size"], c["num_attention_heads"] * c["head_dim"]),
+              "gate_proj": lambda c: (c["intermediate_size"], c["hidden_size"]),
+              "down_proj": lambda c: (c["hidden_size"], c["intermediate_size"])}
+
+
+def targeted_31b(c: dict) -> tuple[dict[tuple[int, int], int], int]:
+    """({(out, in): how many such targeted tensors}, total parameter count) of the real 31B, all 7 targets."""
+    from gemma_tpu_helpers import gemma4, plan
+
+    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    shapes: dict[tuple[int, int], int] = {}
+    for kind in gemma4.layer_kinds(c):
+        k, h = plan._attn_dims(c, kind)
+        mats = [(n * h, d), (d, n * h), (f, d), (f, d), (d, f), (k * h, d)]
+        if not (kind == "global" and c.get("attention_k_eq_v")):
+            mats.append((k * h, d))
+        for m in mats:
+            shapes[m] = shapes.get(m, 0) + 1
+    return shapes, plan.param_count(c)
+
+
+def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
+    """Each 31B shape merged alone (medians of 3) through merge.write_merged_shard, then the whole checkpoint:
+    every targeted tensor at its shape's measured rate, everything else at the measured cp rate."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from gemma_tpu_helpers import gemma4, merge
+
+    c = gemma4.GEMMA4_31B_TEXT_CONFIG
+    rng = np.random.default_rng(0)
+    lines = [f"\none full-size 31B weight at rank {rank} (bf16, through merge.write_merged_shard; load "
+             f"{os.getloadavg()[0]:.2f})", "| tensor [out, in] | MB | XLA kernel s | GB/s | numpy kernel s |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    rate = {}
+    for label, shape in SHAPES_31B.items():
+        out_dim, in_dim = shape(c)
+        path = work / "w31b.safetensors"
+        w = rng.standard_normal((out_dim, in_dim), dtype=np.float32)
+        w *= 0.02
+        save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(path))
+        del w
+        delta = merge.Delta("w", "layers/0/mlp/gate_proj", "gate_proj",
+                            (rng.standard_normal((in_dim, rank)) * 0.02).astype(np.float32),
+                            (rng.standard_normal((rank, out_dim)) * 0.02).astype(np.float32), 1.0)
+        run = lambda kernel: merge.write_merged_shard(path, work / "w31b_out.safetensors", {"w": delta}, kernel)  # noqa: E731
+        run("xla")  # compile once, outside the timing
+        xla_s, _ = _time(lambda: run("xla"))
+        numpy_s = _time(lambda: run("numpy"), repeat=1)[0] if label == "gate_proj" else None
+        mb = out_dim * in_dim * 2 / 1e6
+        rate[(out_dim, in_dim)] = mb * 1e6 / xla_s
+        lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | "
+                     + (f"{numpy_s:.2f} |" if numpy_s else "- |"))
+    path.unlink()
+    (work / "w31b_out.safetensors").unlink()
+    shapes, params = targeted_31b(c)
+    gb = 2 * params  # the language model's weights in bf16 (the vision tower, ~1 GB, is copied too)
+    seconds = targeted_bytes = 0.0
+    fallback = min(rate.values())
+    for (out_dim, in_dim), count in shapes.items():
+        nbytes = 2 * out_dim * in_dim * count
+        targeted_bytes += nbytes
+        seconds += nbytes / rate.get((out_dim, in_dim), rate.get((in_dim, out_dim), fallback))
+    seconds += (gb - targeted_bytes) / copy_bytes_per_s
+    lines.append(f"projected merge of the 31B ({gb / 1e9:.0f} GB, {targeted_bytes / 1e9:.1f} GB of it in targeted "
+                 f"tensors; shapes not timed above at the slowest rate): {seconds:.0f} s = {seconds / 60:.1f} min, vs "
+                 f"cp at this machine's rate {gb / copy_bytes_per_s:.0f} s (plus restoring the LoRA)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
