@@ -64,10 +64,12 @@ SITE = $(PY) -m gemma_tpu_helpers site --profile $(PROFILE)
 site: venv
 	$(SITE)
 
-# Benchmarks print figures (no pass/fail on time): the streamed merge vs the paper's load-everything merge vs cp.
+# Benchmarks print figures (no pass/fail on time): the streamed merge vs cp (merge/cp) and the paper's merge, the train
+# step vs bare tunix, the data pipeline's rows/s, the 60-layer AOT plan and the run it predicts.
 bench: venv
 	$(PY) bench/merge_bench.py
 	$(PY) bench/train_step_bench.py
+	$(PY) bench/data_bench.py
 	$(PY) -m gemma_tpu_helpers plan --profile v5p-8 --aot --layers 60
 
 clean-runs:

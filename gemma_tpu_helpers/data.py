@@ -263,7 +263,13 @@ def tokenize_example(tokenizer, messages: list[dict], chat_template: str | None 
     """
     prompt, answer, eot = split_answer(tokenizer, messages, chat_template)
     p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids(eot)]
+    a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    return _join_example(tokenizer, p_ids, a_ids, eot, chat_template)
+
+
+def _join_example(tokenizer, p_ids: list[int], a_ids: list[int], eot: str, chat_template: str | None = None):
+    """The ids of one example from its tokenised prompt and answer (:func:`tokenize_example`), and its loss mask."""
+    a_ids = a_ids + [tokenizer.convert_tokens_to_ids(eot)]
     bos = tokenizer.bos_token_id
     if bos is not None and p_ids.count(bos) == 0:
         p_ids = [bos] + p_ids  # a template that leaves <bos> to the tokenizer
@@ -322,15 +328,33 @@ def compare_chat_formats(tokenizer, messages: list[dict]):
     return pd.DataFrame(rows)
 
 
+TOKENIZE_BATCH = 256  # rows per batched tokenizer call in tokenize_rows
+
+
 def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = True,
                   system_prompt: str | None = None, spec=None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids, mask) per row; ``spec`` (a profile's DataSpec) sets the system turn and the target when given."""
+    """(ids, mask) per row, as :func:`tokenize_example` gives them; ``spec`` (a profile's DataSpec) sets the system
+    turn and the target when given. The prompts and answers are tokenised in batches of ``TOKENIZE_BATCH`` rows
+    (one call of the Rust tokenizer each, which spreads a batch over the cores) instead of two calls per row."""
     from tqdm.auto import tqdm
 
     def messages(r):
         return spec_messages(r, spec) if spec is not None else to_messages(r, strip_think, system_prompt)
 
-    return [tokenize_example(tokenizer, messages(r)) for r in tqdm(rows, desc="tokenizing", disable=not progress)]
+    def encode(texts):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    out = []
+    with tqdm(total=len(rows), desc="tokenizing", disable=not progress) as bar:
+        batch = []
+        for i, r in enumerate(rows):
+            batch.append(split_answer(tokenizer, messages(r)))
+            if len(batch) == TOKENIZE_BATCH or i == len(rows) - 1:
+                prompts, answers = encode([p for p, _, _ in batch]), encode([a for _, a, _ in batch])
+                out += [_join_example(tokenizer, p, a, eot) for p, a, (_, _, eot) in zip(prompts, answers, batch)]
+                bar.update(len(batch))
+                batch = []
+    return out
 
 
 @dataclasses.dataclass

@@ -21,6 +21,23 @@ def _examples(tokenizer, n=12):
     return data.tokenize_rows(rows, tokenizer, progress=False)
 
 
+def test_batched_tokenize_rows_equals_tokenize_example_per_row(tokenizer, monkeypatch):
+    """The batched tokenizer calls give exactly the per-row ids and masks, across batch boundaries (5 + 5 + 2)."""
+    from gemma_tpu_helpers import profiles
+
+    monkeypatch.setattr(data, "TOKENIZE_BATCH", 5)
+    rows = data.load_rows("shipped").select(range(12))
+    for spec in (None, profiles.get_profile("v5p-8").data):
+        got = data.tokenize_rows(rows, tokenizer, progress=False, spec=spec)
+        want = [data.tokenize_example(tokenizer, data.spec_messages(r, spec) if spec else data.to_messages(r))
+                for r in rows]
+        assert len(got) == len(want) == 12
+        for (ids, mask), (ids2, mask2) in zip(got, want):
+            assert ids.tolist() == ids2.tolist() and mask.tolist() == mask2.tolist()
+            assert ids.dtype == np.int32 and mask.dtype == np.int8 and mask.sum() > 0
+    assert data.tokenize_rows(rows.select([]), tokenizer, progress=False) == []
+
+
 def test_packing_keeps_every_token_once_with_its_own_positions(tokenizer):
     ex = _examples(tokenizer)
     packed = data.pack(ex, max_seq_len=768)
