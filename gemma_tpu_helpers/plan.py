@@ -34,15 +34,25 @@ def _attn_dims(c: dict, kind: str) -> tuple[int, int]:
 
 
 def param_count(c: dict) -> int:
-    """Parameters of a Gemma 4 text model (tied embedding counted once)."""
-    from .gemma4 import layer_kinds
+    """Parameters of a Gemma 4 text model as tunix holds them (tied embedding counted once).
 
-    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    E2B/E4B add the per-layer input embedding (vocab x layers x P), its projections and norms; E2B doubles the
+    MLP of the KV-shared layers, whose k/v weights tunix keeps (unused) and which are counted too."""
+    from .gemma4 import kv_shared_layers, layer_kinds
+
+    d, n = c["hidden_size"], c["num_attention_heads"]
+    pl, layers = c.get("hidden_size_per_layer_input") or 0, c["num_hidden_layers"]
+    shared = kv_shared_layers(c)
     total = c["vocab_size"] * d + d  # embedding + final norm
-    for kind in layer_kinds(c):
+    if pl:  # per-layer input embedding table, model projection and its norm
+        total += c.get("vocab_size_per_layer_input", c["vocab_size"]) * layers * pl + d * layers * pl + pl
+    for i, kind in enumerate(layer_kinds(c)):
         k, h = _attn_dims(c, kind)
+        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
         kv = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * k * h
         total += 2 * d * n * h + kv + 3 * d * f + 4 * d + 2 * h + 1  # q, o, k(/v), mlp, norms, scalar
+        if pl:
+            total += 2 * d * pl + d  # per-layer input gate and projection, post norm
     return total
 
 
@@ -132,7 +142,7 @@ def topology_mesh(profile: Profile):
     require_libtpu()
     if not profile.hardware.tpu_topology:
         raise PlanError(f"Profile {profile.name!r} has no TPU topology; use a TPU profile such as v5p-8 or v6e-8.")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.name)  # quiets libtpu's metadata probing
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.hardware.accelerator_type or profile.name)  # quiets libtpu's metadata probing
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     if not profiles.tpu_visible():  # compile-only: let a second process (a test, a notebook) load libtpu too
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -150,6 +160,12 @@ def with_layers(text_config: dict, layers: int) -> dict:
 
     if layers <= 0:
         raise PlanError(f"layers must be positive, got {layers}.")
+    if text_config.get("num_kv_shared_layers"):
+        if layers != text_config["num_hidden_layers"]:
+            raise PlanError(f"A KV-shared model (E2B/E4B) is compiled at its full depth "
+                            f"({text_config['num_hidden_layers']} layers), not {layers}: its last layers read "
+                            f"earlier layers' K/V, so a cut model is not the same program per layer.")
+        return dict(text_config)
     c = dict(text_config)
     c["num_hidden_layers"] = layers
     c["layer_types"] = (list(PATTERN) * (layers // len(PATTERN) + 1))[:layers]
@@ -222,11 +238,11 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     Defaults: the 31B config, the profile's micro-batch, LoRA rank/alpha and dtype.
     """
     from . import remat
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+    from .gemma4 import profile_text_config
 
     remat_policy = remat.check_policy(remat_policy)
     mesh = topology_mesh(profile)
-    text = with_layers(text_config or GEMMA4_31B_TEXT_CONFIG, layers)
+    text = with_layers(text_config or profile_text_config(profile), layers)
     batch = batch or profile.train.micro_batch
     t0 = time.perf_counter()
     step, args = abstract_train_step(text, mesh, remat_policy, rank or profile.lora.rank, alpha or profile.lora.alpha,
@@ -275,7 +291,7 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
     """
     from . import profiles
     from . import remat as remat_lib
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+    from .gemma4 import profile_text_config
 
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
     policy = remat_lib.check_policy(remat or profile.train.remat)
@@ -283,8 +299,10 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
     if profile.hardware.platform != "tpu":
         raise PlanError(f"The AOT plan needs a TPU profile (v5p-8, v6e-8); {profile.name!r} runs on "
                         f"{profile.hardware.platform}.")
-    text = text_config or GEMMA4_31B_TEXT_CONFIG
+    text = text_config or profile_text_config(profile)
     seq_len = seq_len or profile.train.max_seq_len
+    if text.get("num_kv_shared_layers"):  # E2B/E4B: full depth only (see with_layers)
+        layers = layers or text["num_hidden_layers"]
     if layers:
         points = [compile_train_step(profile, policy, seq_len, layers, text)]
     else:

@@ -34,8 +34,8 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
 
 
 # Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
-CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12}
-CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9}
+CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12, "v5e": 197e12}
+CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Hardware:
     hosts: int = 1  # TPU VM workers; each holds num_devices / hosts chips
     peak_bf16_flops_per_chip: float | None = None  # CHIP_PEAK_BF16_FLOPS[chip]
     hbm_bytes_per_s_per_chip: float | None = None  # CHIP_HBM_BYTES_PER_S[chip]
+    accelerator_type: str | None = None  # Cloud's name for the slice when the profile's name is not it (v5litepod-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +223,28 @@ _V6E_SERVE = ServeSpec(
 # 95 GiB per chip the bf16 weights take 14.3 GiB each (serve.hbm_per_chip).
 _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 
+# Colab TPU runtimes: one chip each (v5e-1 with 16 GiB of HBM, v6e-1 with 32 GiB), no Docker. The paper's recipe on
+# the E models; only max_seq_len and the model change (see notebook 04's fit table for the AOT figures).
+_COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=8192, max_num_batched_tokens=2048,
+                         gpu_memory_utilization=0.90, disable_chunked_mm_input=True)
+
+
+def _colab(chip: str, hbm_gib: float, model: str, max_seq_len: int, description: str) -> "Profile":
+    return Profile(
+        name=f"colab-{chip}-1",
+        description=description,
+        hardware=Hardware(platform="tpu", num_devices=1, mesh=(("fsdp", 1), ("tp", 1)), tpu_topology=f"{chip}:1x1",
+                          chip=chip, hbm_gib_per_chip=hbm_gib, peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS[chip],
+                          hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S[chip],
+                          accelerator_type={"v5e": "v5litepod-1"}.get(chip, f"{chip}-1")),
+        model=ModelSpec(source=model, dtype="bfloat16"),
+        lora=_PAPER_LORA,
+        train=dataclasses.replace(_PAPER_TRAIN, max_seq_len=max_seq_len),
+        data=_REAL_DATA,
+        serve=_COLAB_SERVE,
+    )
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
@@ -319,6 +342,10 @@ PROFILES: dict[str, Profile] = {
             data=_REAL_DATA,
             serve=_V5P_SERVE,
         ),
+        _colab("v5e", 16.0, "google/gemma-4-E2B-it", 3072,
+               "Gemma 4 E2B LoRA training on a Colab TPU v5e-1 (one chip, 16 GiB), the paper's recipe."),
+        _colab("v6e", 32.0, "google/gemma-4-E4B-it", 3072,
+               "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
         Profile(
             name="v6e-8",
             description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, as the Gemma 4 TPU recipe).",

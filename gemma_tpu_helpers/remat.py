@@ -256,23 +256,34 @@ def _decoder_loop(model, tokens, policy: str, act_sharding, logits_sharding=None
     from flax import nnx
 
     cfg = model.config
-    if cfg.per_layer_input_dim or cfg.frac_shared_layers:
-        raise NotImplementedError("per-layer inputs and KV-shared layers (Gemma 4 E2B/E4B) are not covered; "
-                                  "the 31B has neither.")
     positions, mask = causal_inputs(tokens)
 
     def constrain(x):
         return x if act_sharding is None else jax.lax.with_sharding_constraint(x, act_sharding)
 
-    def layer_call(layer, x, positions, mask):
-        return layer(x, positions, None, mask)[1]
+    def layer_call(layer, x, positions, mask, per_layer_input, kv_shared):
+        _, x, kvs = layer(x, positions, None, mask, per_layer_input=per_layer_input, kv_shared_cache=kv_shared)
+        return x, kvs
 
     if POLICIES[policy][0] == "jax":
         layer_call = nnx.remat(layer_call, policy=jax_policy(policy), graph_updates=False)
 
+    # tunix's own forward (Gemma4.__call__, prefill path): E2B/E4B add per-layer inputs, and their KV-shared
+    # layers read the K/V an earlier layer computed in this same pass.
     x = constrain(model.embedder.encode(tokens))
-    for layer in model.layers:
-        x = constrain(layer_call(layer, x, positions, mask))
+    per_layer = model.embedder.encode_per_layer_input(x, tokens) if cfg.per_layer_input_dim > 0 else None
+    sharing = getattr(model, "kv_cache_sharing_patterns", None) or list(range(len(model.layers)))
+    kvs_of = {}
+    for i, layer in enumerate(model.layers):
+        kv_shared = None
+        if sharing[i] != i:
+            k, v = kvs_of[sharing[i]]
+            kv_shared = {"k": k, "v": v}
+        x, kvs = layer_call(layer, x, positions, mask, None if per_layer is None else per_layer[:, :, i, :],
+                            kv_shared)
+        x = constrain(x)
+        if i in sharing[i + 1:]:
+            kvs_of[i] = kvs
     x = model.final_norm(x)
     logits = model.embedder.decode(x)
     if logits_sharding is not None:

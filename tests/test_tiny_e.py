@@ -131,3 +131,47 @@ def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
     r = run_cli("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged", run / "merged",
                 "--profile", "smoke-e", env=env)
     assert r.returncode == 0 and "verify: OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_decoder_loop_computes_the_e2b_model(e2b_dir):
+    """remat's decoder loop (the AOT plan's train step) follows tunix's forward on the E structure: per-layer
+    inputs and KV-shared layers reading an earlier layer's K/V in the same pass."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from gemma_tpu_helpers import remat
+
+    mesh = jax.make_mesh((8, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    model = remat.lora_then_remat(gemma4.load_model(e2b_dir, mesh), 8, 16.0, "none")
+    t = jnp.asarray(np.random.default_rng(0).integers(3, 1000, (2, 24)), jnp.int32)
+    positions, mask = remat.causal_inputs(t)
+    ref = np.asarray(model(t, positions, None, mask)[0])
+    for policy in ("none", "dots"):
+        out = np.asarray(nnx.jit(lambda m, t: m(t))(remat.decoder_loop(model, policy, 8, 16.0), t))
+        np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["e2b", "e4b"])
+def test_param_count_is_what_tunix_holds(variant):
+    """plan.param_count (the memory estimate) against the abstract tunix model of the real E config."""
+    import jax
+    from flax import nnx
+    from tunix.models.gemma4 import model as gm
+
+    from gemma_tpu_helpers import plan
+
+    cfg = gemma4.to_tunix_config(gemma4.TEXT_CONFIGS[variant], dtype="bfloat16")
+    state = nnx.state(nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    held = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
+    assert plan.param_count(gemma4.TEXT_CONFIGS[variant]) == held
+
+
+@pytest.mark.parametrize("name,chip,model", [("colab-v5e-1", "v5e", "google/gemma-4-E2B-it"),
+                                             ("colab-v6e-1", "v6e", "google/gemma-4-E4B-it")])
+def test_colab_profiles_are_one_chip_e_models(name, chip, model):
+    p = profiles.get_profile(name)
+    assert p.hardware.num_devices == 1 and p.mesh_shape == (1, 1) and p.hardware.chip == chip
+    assert p.hardware.tpu_topology == f"{chip}:1x1" and p.model.source == model
+    text = gemma4.profile_text_config(p)
+    assert text["num_kv_shared_layers"] and not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
