@@ -529,7 +529,8 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     chip's peak bf16 FLOP/s, or its bytes at the HBM bandwidth, whichever is longer), steps per epoch packed vs
     padded, hours and dollars per epoch at that roofline, the MFU the paper's measured run implies, and the same
     epoch at that MFU. ``plan`` is an :func:`aot_plan` result with the cost figures (compiled or extrapolated), of
-    ``text_config`` (default: the 31B) cut to the plan's layers."""
+    ``text_config`` (default: the profile's model) cut to the plan's layers. The analytic FLOP count covers the 31B's
+    kind of model; it does not model E2B/E4B's per-layer inputs or KV-shared layers."""
     from . import bench
     from . import profiles as profiles_lib
 
@@ -539,14 +540,14 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
                         f"recompile it.")
     if not hw.peak_bf16_flops_per_chip or not hw.hbm_bytes_per_s_per_chip:
         raise PlanError(f"Profile {profile.name!r} names no chip peaks (profiles.CHIP_PEAK_BF16_FLOPS).")
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
+    from .gemma4 import profile_text_config
 
     chips, rows_per_step = hw.num_devices, tr.micro_batch * tr.grad_accum
     compute_s = plan["flops"] / hw.peak_bf16_flops_per_chip
     memory_s = plan["bytes_accessed"] / hw.hbm_bytes_per_s_per_chip
     micro_s = max(compute_s, memory_s)
     step_s = micro_s * tr.grad_accum
-    text = with_layers(text_config or GEMMA4_31B_TEXT_CONFIG, plan["layers"])
+    text = with_layers(text_config or profile_text_config(profile), plan["layers"])
     analytic = analytic_step_flops(text, plan["batch"], plan["seq_len"], plan["lora_rank"], profile.lora.targets,
                                    plan["remat"])
     xla_total = plan["flops"] * chips
