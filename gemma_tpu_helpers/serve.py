@@ -273,26 +273,27 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
     """
     from . import plan
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG, layer_kinds
+    from .gemma4 import kv_shared_layers, layer_kinds, profile_text_config
 
     s, hw = profile.serve, profile.hardware
     if hw.hbm_gib_per_chip is None:
         raise ServeError(f"Profile {profile.name!r} has no HBM figure (hardware.hbm_gib_per_chip): it is not a TPU "
                          f"profile. Use a TPU profile such as 'v6e-8'.")
-    c = text_config or GEMMA4_31B_TEXT_CONFIG
+    c = text_config or profile_text_config(profile)
+    shared = kv_shared_layers(c)  # E2B/E4B: these layers read an earlier layer's cache and keep none
     tp = s.tensor_parallel
     w_bytes = _DTYPE_BYTES[weight_dtype or profile.model.dtype]
     kv_bytes = _DTYPE_BYTES[profile.model.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
     d, window, n = c["hidden_size"], c["sliding_window"], s.max_model_len
     params = plan.param_count(c)
     kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
-    for kind in layer_kinds(c):
+    for i, kind in enumerate(layer_kinds(c)):
         heads, head_dim = plan._attn_dims(c, kind)
         per_chip = _heads_per_chip(heads, tp)
         proj = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * heads * head_dim
         kv_proj += proj
         kv_proj_per_chip += proj * per_chip / heads
-        token = 2 * per_chip * head_dim * kv_bytes  # K and V
+        token = 0 if i in shared else 2 * per_chip * head_dim * kv_bytes  # K and V
         per_token += token
         per_token_windowed += token * (min(window, n) / n if kind != "global" else 1)
     weights = ((params - kv_proj) / tp + kv_proj_per_chip) * w_bytes
