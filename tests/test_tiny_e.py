@@ -1,5 +1,6 @@
 """The tiny E2B / E4B replicas: their structure, the KV-sharing map to tunix, parity, and every step in smoke-e."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -175,3 +176,23 @@ def test_colab_profiles_are_one_chip_e_models(name, chip, model):
     assert p.hardware.tpu_topology == f"{chip}:1x1" and p.model.source == model
     text = gemma4.profile_text_config(p)
     assert text["num_kv_shared_layers"] and not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+@pytest.mark.parametrize("name", ["colab-v5e-1", "colab-v6e-1"])
+def test_colab_topology_is_one_abstract_chip(name):
+    from gemma_tpu_helpers import plan
+
+    mesh = plan.topology_mesh(profiles.get_profile(name))
+    assert mesh.devices.size == 1 and mesh.devices.flat[0].platform == "tpu"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_colab_v6e_plan_compiles_e4b_for_one_chip():
+    """The real E4B train step, full depth (42 layers), compiled for v6e:1x1 at a short sequence: minutes."""
+    from gemma_tpu_helpers import plan
+
+    p = plan.aot_plan("colab-v6e-1", remat="block", seq_len=256)
+    assert p["layers"] == 42 and p["method"] == "compiled" and p["fits"]
+    assert p["argument_bytes"] > 14 * 2**30  # the bf16 weights (14.0 GiB) are on the one chip
