@@ -134,6 +134,7 @@ def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
     assert r.returncode == 0 and "verify: OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
+@pytest.mark.slow  # about 100 s here; it guards the AOT plan's step, which is slow-tier too
 def test_decoder_loop_computes_the_e2b_model(e2b_dir):
     """remat's decoder loop (the AOT plan's train step) follows tunix's forward on the E structure: per-layer
     inputs and KV-shared layers reading an earlier layer's K/V in the same pass."""
