@@ -418,6 +418,11 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 791.3, "argument_bytes": 1368122880, "output_bytes": 283510656, "temp_bytes": 2459893760, "alias_bytes": 283509248, "peak_bytes": 3828018048, "flops": 10669366706176, "bytes_accessed": 65539723264, "optimal_seconds": None},
         {"layers": 12, "compile_s": 778.2, "argument_bytes": 2383907328, "output_bytes": 567020256, "temp_bytes": 2922577920, "alias_bytes": 567017984, "peak_bytes": 5306487520, "flops": 19236986552320, "bytes_accessed": 122844078080, "optimal_seconds": None},
     ],
+    # re-measured 2026-12-01 (load 4-8) with XLA's cost analysis (per chip, per micro-step); memory as before
+    'v5p-16_block_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 220.4, "argument_bytes": 1368122880, "output_bytes": 283510656, "temp_bytes": 2898280448, "alias_bytes": 283509248, "peak_bytes": 4266404736, "flops": 18646856368128, "bytes_accessed": 82310881280, "optimal_seconds": 0.0712},
+        {"layers": 12, "compile_s": 304.3, "argument_bytes": 2383907328, "output_bytes": 567020256, "temp_bytes": 3415031808, "alias_bytes": 567017984, "peak_bytes": 5798941408, "flops": 33095646445568, "bytes_accessed": 155846295552, "optimal_seconds": 0.1296},
+    ],
 }
 
 # Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
