@@ -193,11 +193,14 @@ def test_real_sweep_measures_throughput_and_latency(real_sweep, tiny_dir):
         assert (df[col] > 0).all(), col
     assert (df["p99_ttft_ms"] >= df["median_ttft_ms"]).all()
     assert (df["total_token_throughput"] > df["output_throughput"]).all()
-    # greedy with --ignore-eos: every request produced exactly OUTPUT_LEN tokens, of a 128-token prompt
+    # greedy with --ignore-eos: every request produced exactly OUTPUT_LEN tokens, of a prompt of at least 128 tokens.
+    # vLLM's random dataset decodes random ids to text and re-encodes it; with Gemma's byte fallback a lone byte token
+    # decodes to U+FFFD, which re-encodes as 3 byte tokens, so prompts come out longer than asked. That is rare on the
+    # real 262k vocabulary (256 byte tokens) and common on the replica's 1024 (a quarter of them are byte tokens).
     for q in ("1", "4"):
         raw = json.loads((out / "raw" / f"in128_qps{q}.json").read_text())
         assert raw["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
-        assert raw["total_input_tokens"] == NUM_PROMPTS * 128
+        assert NUM_PROMPTS * 128 <= raw["total_input_tokens"] <= NUM_PROMPTS * 128 * 2
         assert raw["tokenizer_id"] == str(tiny_dir)  # from the server's model root
     assert (out / "sweep.csv").is_file() and (out / "bench.log").is_file()
     assert not leftover, f"the benchmark left processes behind: {leftover}"
