@@ -941,10 +941,11 @@ def main_serve(args) -> int:
               f"{server.start_s:.1f} s; log: {server.log_path}", flush=True)
         try:
             if args.smoke_test:
-                answer = server.chat(SMOKE_QUESTION, max_tokens=32)
+                # special tokens kept: a random smoke model may answer in them alone, which would print as ''
+                answer = server.chat(SMOKE_QUESTION, max_tokens=32, skip_special_tokens=False)
                 print(f"Q: {SMOKE_QUESTION}\nA: {answer['text']!r}\n({answer['latency_s']:.2f} s, "
                       f"{answer['usage']['completion_tokens']} tokens, finish: {answer['finish_reason']})")
-                return 0 if answer["text"] else 1
+                return 0 if answer["usage"]["completion_tokens"] > 0 else 1
             print("serving; Ctrl-C stops it", flush=True)
             while server.alive():
                 time.sleep(1.0)
