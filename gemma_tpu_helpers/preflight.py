@@ -211,13 +211,17 @@ def check_disk(profile, run_dir: Path, base: Path | None = None) -> Check:
 
 
 def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else the OS's available pages; None where neither can be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return None
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def check_ram(profile) -> Check:

@@ -83,20 +83,6 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def available_ram_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_training_venv() -> Item:
     missing = [p for p in TRAINING_PACKAGES if importlib.util.find_spec(p) is None]
     where = sys.prefix
@@ -162,7 +148,9 @@ def _check_devices(profile) -> list[Item]:
 
 
 def _check_ram() -> Item:
-    avail = available_ram_bytes()
+    from .preflight import mem_available
+
+    avail = mem_available()
     if avail is None:
         return Item("free RAM", WARN, "cannot read the free memory on this system", f"have {RAM_WARN_GIB:g} GiB free")
     gib = avail / 2**30
