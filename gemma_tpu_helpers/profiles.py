@@ -245,6 +245,26 @@ def _colab(chip: str, hbm_gib: float, model: str, max_seq_len: int, description:
     )
 
 
+# The smoke profiles' training, data and serving (smoke-e differs only in its batch layout).
+_SMOKE_TRAIN = TrainSpec(
+    learning_rate=2e-3,
+    warmup_steps=2,
+    schedule="cosine",
+    weight_decay=0.001,
+    micro_batch=4,
+    grad_accum=2,
+    max_seq_len=512,
+    epochs=3,
+    max_steps=6,
+    eval_every=3,
+    checkpoint_every=3,
+    keep_checkpoints=2,
+    remat="none",
+)
+# the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
+_SMOKE_DATA = DataSpec(source="shipped", config="sft", target="answer", system="none")
+_SMOKE_SERVE = ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1)
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
@@ -254,24 +274,9 @@ PROFILES: dict[str, Profile] = {
             hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
-            train=TrainSpec(
-                learning_rate=2e-3,
-                warmup_steps=2,
-                schedule="cosine",
-                weight_decay=0.001,
-                micro_batch=4,
-                grad_accum=2,
-                max_seq_len=512,
-                epochs=3,
-                max_steps=6,
-                eval_every=3,
-                checkpoint_every=3,
-                keep_checkpoints=2,
-                remat="none",
-            ),
-            # the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
-            data=DataSpec(source="shipped", config="sft", target="answer", system="none"),
-            serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
+            train=_SMOKE_TRAIN,
+            data=_SMOKE_DATA,
+            serve=_SMOKE_SERVE,
         ),
         Profile(
             name="smoke-e",
@@ -281,23 +286,9 @@ PROFILES: dict[str, Profile] = {
             hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 8), ("tp", 1))),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=10, tiny_seed=0, tiny_variant="e2b"),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
-            train=TrainSpec(
-                learning_rate=2e-3,
-                warmup_steps=2,
-                schedule="cosine",
-                weight_decay=0.001,
-                micro_batch=8,  # one row per fsdp shard
-                grad_accum=1,
-                max_seq_len=512,
-                epochs=3,
-                max_steps=6,
-                eval_every=3,
-                checkpoint_every=3,
-                keep_checkpoints=2,
-                remat="none",
-            ),
-            data=DataSpec(source="shipped", config="sft", target="answer", system="none"),
-            serve=ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1),
+            train=dataclasses.replace(_SMOKE_TRAIN, micro_batch=8, grad_accum=1),  # one row per fsdp shard
+            data=_SMOKE_DATA,
+            serve=_SMOKE_SERVE,
         ),
         Profile(
             name="v5p-8",
