@@ -1,0 +1,12 @@
+"""The one base class of every error this package raises on purpose (bad input, a missing artifact, a failed step).
+
+Each module's error classes derive from :class:`GemmaTpuError` *and* the builtin they always were (``ValueError``,
+``RuntimeError``, ...), so ``except ValueError`` in a user's code keeps working. The CLI (``__main__``) catches
+``GemmaTpuError`` once and prints ``error: <message>``: every message says what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class GemmaTpuError(Exception):
+    """An expected failure with a message for the user (the CLI prints it and exits 2)."""
