@@ -1,6 +1,7 @@
-"""Shared infrastructure, once each: atomic writes of files and directories, log tails, config hashes.
+"""Shared infrastructure, once each: atomic writes of files and directories, log tails, config hashes, process-group
+supervision, and the HTTP client for OpenAI-compatible servers (one URL rule, one proxy rule, one key variable).
 
-Standard library only, so any module (and any project a helper is copied into) can use it.
+Standard library only (and :mod:`errors`), so any module (and any project a helper is copied into) can use it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,17 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Iterable
+
+from .errors import GemmaTpuError
 
 LOG_TAIL_LINES = 40
 
@@ -74,3 +83,224 @@ def log_tail(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
 def config_hash(config: dict, length: int = 16) -> str:
     """A short, stable digest of a JSON-able config (key order does not matter)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+# ----------------------------------------------------------------------------------------------- process groups
+# A server (vLLM) or a tool (`vllm bench serve`, a simulator) runs in its own process group, so that stopping it also
+# stops what it started (vLLM's engine core and workers), and nothing outlives the notebook or the test.
+
+STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL the whole group after this
+
+
+def start_group(argv: list[str], log_path: str | os.PathLike, *, env: dict | None = None,
+                cwd: str | os.PathLike | None = None, header: str | None = None) -> subprocess.Popen:
+    """Start ``argv`` as the leader of a new process group (session), stdin closed, stdout and stderr to
+    ``log_path`` (truncated; ``header`` written first). Stop it with :func:`stop_group`."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        if header is not None:
+            log.write(header.encode())
+            log.flush()
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=cwd, start_new_session=True)
+
+
+def pid_running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def group_exists(pgid: int) -> bool:
+    """Some process (a zombie included) is still in group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs running in process group ``pgid`` (Linux /proc; elsewhere just the leader if the group exists)."""
+    if not os.path.isdir("/proc"):
+        return [pgid] if group_exists(pgid) else []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == pgid and pid_running(int(entry)):
+                    pids.append(int(entry))
+    return pids
+
+
+def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> None:
+    """Stop the group that :func:`start_group` made: SIGTERM to all of it, wait up to ``grace`` s for it to empty,
+    then SIGKILL; reap the leader. ``grace=0`` kills at once. Safe to call again or after the group has exited."""
+    pgid = proc.pid  # the leader of a new session: its pid is the group id
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)  # reap the leader, or it stays a zombie and the group never empties
+        if not group_exists(pgid):
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=max(grace, 5.0))
+    deadline = time.monotonic() + max(grace, 1.0)  # orphaned grandchildren are reaped by init: give it a moment
+    while group_exists(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------------------------- HTTP client
+# One client for OpenAI-compatible servers (vLLM): JSON over the standard library's urllib.
+# - URL rule: a user's base URL, with or without /v1 or a trailing slash, names the server's root
+#   (:func:`api_root`); endpoints are built from it (:func:`api_url` -> ROOT/v1/..., :func:`health_url` -> ROOT/health).
+# - Proxy rule: a server on this machine (127.0.0.1, localhost, ::1) is never reached through a proxy from the
+#   environment (http_proxy would swallow the request); other hosts follow the environment.
+# - Key rule: the ``api_key`` argument, else $VLLM_API_KEY (the variable the vLLM server itself reads); "" sends none.
+
+API_KEY_ENV = "VLLM_API_KEY"
+REQUEST_TIMEOUT_S = 120.0
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+_ENDPOINT_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1", "/health")
+
+
+class RequestError(GemmaTpuError, RuntimeError):
+    """An HTTP request failed; ``status`` is the HTTP code, or None when no answer came (refused, timed out)."""
+
+    status: int | None = None
+
+
+def api_root(url: str) -> str:
+    """The server's root URL: ``http://h:1``, ``http://h:1/``, ``http://h:1/v1``, ``http://h:1/v1/`` (and a full
+    endpoint URL such as ``.../v1/models``) all give ``http://h:1``."""
+    url = url.strip().rstrip("/")
+    for suffix in _ENDPOINT_SUFFIXES:
+        if url.endswith(suffix):
+            return url[: -len(suffix)].rstrip("/")
+    return url
+
+
+def api_url(url: str, endpoint: str) -> str:
+    """The OpenAI endpoint ``endpoint`` (``"models"``, ``"chat/completions"``, ...) of the server at ``url``."""
+    return f"{api_root(url)}/v1/{endpoint.lstrip('/')}"
+
+
+def health_url(url: str) -> str:
+    """vLLM's health check of the server at ``url`` (200 once it serves)."""
+    return api_root(url) + "/health"
+
+
+def resolve_api_key(api_key: str | None = None) -> str | None:
+    """The key rule: ``api_key`` if given (``""``: none), else $VLLM_API_KEY, else None."""
+    key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+    return key or None
+
+
+def is_local(url: str) -> bool:
+    return urllib.parse.urlsplit(url).hostname in LOCAL_HOSTS
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if is_local(url) else []))
+
+
+def is_timeout(e: BaseException) -> bool:
+    """A socket timeout, bare or wrapped in urllib's URLError."""
+    return isinstance(e, TimeoutError) or (isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError))
+
+
+def _fail(error: type[Exception], message: str, status: int | None = None) -> Exception:
+    exc = error(message)
+    exc.status = status
+    return exc
+
+
+def timeout_message(method: str, url: str, timeout: float) -> str:
+    return (f"{method} {url} timed out after {timeout:g} s: the server is busy or stuck (a CPU server handles a few "
+            f"requests at a time; check its log), or raise timeout=.")
+
+
+def open_request(method: str, url: str, payload: dict | None = None, api_key: str | None = None,
+                 timeout: float = REQUEST_TIMEOUT_S, error: type[Exception] = RequestError):
+    """The open response of a JSON request (read it, or iterate it for a stream; close it). Failures raise
+    ``error`` (default :class:`RequestError`, with ``.status``) saying what was wrong and how to fix it."""
+    key = resolve_api_key(api_key)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    root = api_root(url)
+    try:
+        return _opener(url).open(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")[:500]
+        if e.code == 401:
+            why = (f"the key {'was refused' if key else 'is missing'}: the server was started with an API key; pass "
+                   f"the same api_key= (--api-key) or set ${API_KEY_ENV}")
+        elif e.code == 404:
+            why = (f"{url} does not exist on this server; is {root} the server's base URL (such as "
+                   f"http://127.0.0.1:8000, with or without /v1)? {body}")
+        else:
+            why = body
+        raise _fail(error, f"{method} {url} failed with HTTP {e.code} {e.reason}: {why}", e.code) from None
+    except OSError as e:  # URLError, refused connections and timeouts are all OSErrors
+        if is_timeout(e):
+            raise _fail(error, timeout_message(method, url, timeout)) from None
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ConnectionRefusedError):
+            hint = (f"connection refused: is the server running, and is {root} its URL? (start it with serve.start "
+                    f"or notebook 08; `curl {root}/health` checks it)")
+        else:
+            hint = f"{reason}: check the host and port in {root}, and that the server is running"
+        raise _fail(error, f"Cannot reach {url}: {hint}") from None
+
+
+def request_json(method: str, url: str, payload: dict | None = None, api_key: str | None = None,
+                 timeout: float = REQUEST_TIMEOUT_S, error: type[Exception] = RequestError) -> dict:
+    """One JSON request (``GET`` with no payload, ``POST`` with one) and its decoded JSON answer."""
+    resp = open_request(method, url, payload, api_key, timeout, error)
+    try:
+        with resp:
+            body = resp.read()
+    except OSError as e:
+        if is_timeout(e):
+            raise _fail(error, timeout_message(method, url, timeout)) from None
+        raise _fail(error, f"{method} {url}: the connection broke while reading the answer ({e})") from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise _fail(error, f"{method} {url} answered with something that is not JSON ({body[:200]!r}): is "
+                           f"{api_root(url)} an OpenAI-compatible server?", resp.status) from None
+
+
+def get_json(url: str, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
+             error: type[Exception] = RequestError) -> dict:
+    return request_json("GET", url, None, api_key, timeout, error)
+
+
+def post_json(url: str, payload: dict, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
+              error: type[Exception] = RequestError) -> dict:
+    return request_json("POST", url, payload, api_key, timeout, error)
+
+
+def health_ok(url: str, timeout: float = 5.0) -> bool:
+    """True when ``GET ROOT/health`` answers 200 (no key needed; never raises)."""
+    try:
+        with _opener(url).open(health_url(url), timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -1,0 +1,221 @@
+"""infra: atomic writes, the HTTP client's URL / proxy / key rules, and process-group supervision, each against the
+real thing (files on disk, a local http.server, real processes)."""
+
+import http.server
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from gemma_tpu_helpers import errors, infra
+
+
+# ------------------------------------------------------------------------------------------------ atomic writes
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails_midway(tmp_path):
+    path = tmp_path / "results.jsonl"
+    infra.write_atomic(path, "old\n")
+
+    def chunks():
+        yield "new line 1\n"
+        raise RuntimeError("writer died")
+
+    with pytest.raises(RuntimeError, match="writer died"):
+        infra.write_lines_atomic(path, chunks())
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"], "no temp file may stay behind"
+
+
+def test_atomic_write_refuses_to_clobber_without_overwrite(tmp_path):
+    path = tmp_path / "a.txt"
+    infra.write_lines_atomic(path, ["1"], overwrite=False)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        infra.write_lines_atomic(path, ["2"], overwrite=False)
+    assert path.read_text() == "1"
+    infra.write_lines_atomic(path, ["2"])
+    assert path.read_text() == "2"
+
+
+def test_install_dir_replaces_the_old_directory_by_renames(tmp_path):
+    out = tmp_path / "site"
+    out.mkdir()
+    (out / "old.html").write_text("old")
+    tmp = infra.temp_dir_beside(out)
+    (tmp / "new.html").write_text("new")
+    infra.install_dir(tmp, out)
+    assert [p.name for p in out.iterdir()] == ["new.html"]
+    assert [p.name for p in tmp_path.iterdir()] == ["site"], "the temp and the old directory are gone"
+
+
+def test_log_tail(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert infra.log_tail(log, 3) == "line 97\nline 98\nline 99"
+    assert "no log at" in infra.log_tail(tmp_path / "missing.log")
+
+
+# ------------------------------------------------------------------------------------------------ the HTTP client
+
+
+@pytest.mark.parametrize("given", ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/",
+                                   "http://h:1/v1/models", " http://h:1/v1/chat/completions "])
+def test_url_rule_gives_one_root_and_the_same_endpoints(given):
+    assert infra.api_root(given) == "http://h:1"
+    assert infra.api_url(given, "models") == "http://h:1/v1/models"
+    assert infra.api_url(given, "/chat/completions") == "http://h:1/v1/chat/completions"
+    assert infra.health_url(given) == "http://h:1/health"
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def _answer(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append({"path": self.path, "method": self.command, "auth": self.headers.get("Authorization"),
+                          "body": json.loads(body) if body else None})
+        if self.path == "/v1/secret" and self.headers.get("Authorization") != "Bearer right":
+            self.send_response(401)
+            self.end_headers()
+            return
+        if self.path == "/health":
+            self.send_response(200)
+            self.end_headers()
+            return
+        out = json.dumps({"data": [{"id": "gemma"}], "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def local_server():
+    _Recorder.seen = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", _Recorder.seen
+    srv.shutdown()
+    srv.server_close()
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_client_bypasses_a_proxy_for_127_0_0_1(local_server, monkeypatch):
+    url, seen = local_server
+    dead = f"http://127.0.0.1:{_dead_port()}"
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, dead)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
+    # the environment really sends other requests to the dead proxy: plain urllib fails
+    import urllib.request
+
+    with pytest.raises(OSError):
+        urllib.request.urlopen(infra.api_url(url, "models"), timeout=5)
+    assert seen == []
+    # the client goes straight to the server
+    assert infra.get_json(infra.api_url(url + "/v1/", "models"), timeout=5)["data"][0]["id"] == "gemma"
+    assert infra.health_ok(url, timeout=5)
+    assert [s["path"] for s in seen] == ["/v1/models", "/health"]
+
+
+def test_client_sends_the_key_from_the_argument_and_from_vllm_api_key(local_server, monkeypatch):
+    url, seen = local_server
+    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
+    infra.post_json(infra.api_url(url, "completions"), {"prompt": "x"}, api_key="from-arg", timeout=5)
+    monkeypatch.setenv(infra.API_KEY_ENV, "from-env")
+    infra.get_json(infra.api_url(url, "models"), timeout=5)
+    infra.get_json(infra.api_url(url, "models"), api_key="arg-wins", timeout=5)
+    infra.get_json(infra.api_url(url, "models"), api_key="", timeout=5)  # "" sends none
+    assert [s["auth"] for s in seen] == ["Bearer from-arg", "Bearer from-env", "Bearer arg-wins", None]
+    assert seen[0]["method"] == "POST" and seen[0]["body"] == {"prompt": "x"} and seen[1]["method"] == "GET"
+
+
+def test_client_errors_say_what_is_wrong_and_how_to_fix_it(local_server, monkeypatch):
+    url, _ = local_server
+    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
+    with pytest.raises(infra.RequestError, match="401.*key is missing.*VLLM_API_KEY") as e:
+        infra.get_json(url + "/v1/secret", timeout=5)
+    assert e.value.status == 401 and isinstance(e.value, errors.GemmaTpuError)
+    with pytest.raises(infra.RequestError, match="key was refused"):
+        infra.get_json(url + "/v1/secret", api_key="wrong", timeout=5)
+    assert infra.get_json(url + "/v1/secret", api_key="right", timeout=5)["path"] == "/v1/secret"
+
+    nothing = f"http://127.0.0.1:{_dead_port()}"
+    with pytest.raises(infra.RequestError, match="connection refused: is the server running") as e:
+        infra.get_json(infra.api_url(nothing, "models"), timeout=5)
+    assert e.value.status is None and nothing in str(e.value)
+    assert not infra.health_ok(nothing, timeout=2)
+
+    class Custom(RuntimeError):
+        pass
+
+    with pytest.raises(Custom, match="connection refused"):
+        infra.get_json(infra.api_url(nothing, "models"), timeout=5, error=Custom)
+
+
+def test_client_timeout_is_a_clear_error():
+    with socket.socket() as s:  # accepts the connection, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        t0 = time.perf_counter()
+        with pytest.raises(infra.RequestError, match="timed out after 1.5 s"):
+            infra.post_json(f"http://127.0.0.1:{s.getsockname()[1]}/v1/completions", {}, timeout=1.5)
+        assert time.perf_counter() - t0 < 10
+
+
+# ------------------------------------------------------------------------------------------------ process groups
+
+
+def test_stop_group_kills_the_whole_group_including_a_grandchild(tmp_path):
+    log = tmp_path / "sh.log"
+    proc = infra.start_group(["sh", "-c", "echo started; sleep 600 & sleep 600"], log, header="# sh\n")
+    deadline = time.monotonic() + 10
+    while len(infra.group_members(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = infra.group_members(proc.pid)
+    assert len(members) == 3, members  # sh, its background sleep (a grandchild of ours) and the foreground sleep
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0), "the child leads its own group"
+    t0 = time.monotonic()
+    infra.stop_group(proc, grace=5)
+    assert time.monotonic() - t0 < 5, "sh and sleep die on SIGTERM: no need to wait for SIGKILL"
+    assert proc.returncode is not None
+    assert not infra.group_exists(proc.pid)
+    assert not any(infra.pid_running(p) for p in members)
+    assert infra.log_tail(log) == "# sh\nstarted"
+    infra.stop_group(proc, grace=1)  # idempotent
+
+
+def test_stop_group_sigkills_what_ignores_sigterm(tmp_path):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    proc = infra.start_group([sys.executable, "-c", code], tmp_path / "py.log")
+    deadline = time.monotonic() + 20
+    while "ready" not in infra.log_tail(tmp_path / "py.log") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    infra.stop_group(proc, grace=1.0)
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert proc.returncode == -9 and not infra.group_exists(proc.pid)
+
+
+def test_start_group_passes_env_and_cwd(tmp_path):
+    proc = infra.start_group(["sh", "-c", "echo $FOO; pwd"], tmp_path / "l.log", env={**os.environ, "FOO": "bar"},
+                             cwd=tmp_path)
+    assert proc.wait(timeout=10) == 0
+    assert infra.log_tail(tmp_path / "l.log").splitlines() == ["bar", str(tmp_path)]
