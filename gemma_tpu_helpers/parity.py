@@ -30,6 +30,11 @@ def _causal_inputs(tokens: np.ndarray):
     return jnp.asarray(tokens), positions, mask
 
 
+def causal_inputs(tokens: np.ndarray):
+    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows: what the tunix forward takes."""
+    return _causal_inputs(tokens)
+
+
 def _jit(fn):
     # Jitted, never eager: eager ops on a multi-device CPU mesh each run their own collectives, and on a machine
     # with fewer cores than virtual devices those can deadlock in XLA's rendezvous.
