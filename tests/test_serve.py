@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers import profiles, serve
+from gemma_tpu_helpers import adapters as lora_adapters
+from gemma_tpu_helpers import greedy, infra, profiles, serve
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
@@ -166,9 +167,9 @@ def test_server_that_dies_at_start_reports_the_log_tail(smoke, tiny_dir, tmp_pat
 @pytest.fixture(scope="module")
 def adapters(tiny_dir, tmp_path_factory, smoke):
     out = tmp_path_factory.mktemp("adapters")
-    full = serve.make_test_adapter(tiny_dir, out / "full", rank=smoke.lora.rank)
-    local_k = serve.make_test_adapter(tiny_dir, out / "local_k", rank=smoke.lora.rank,
-                                      targets=serve.targets_without_global_k(tiny_dir))
+    full = lora_adapters.make_test_adapter(tiny_dir, out / "full", rank=smoke.lora.rank)
+    local_k = lora_adapters.make_test_adapter(tiny_dir, out / "local_k", rank=smoke.lora.rank,
+                                      targets=lora_adapters.targets_without_global_k(tiny_dir))
     return {"verilog": full, "verilog-local-k": local_k}
 
 
@@ -199,11 +200,14 @@ def test_health_and_models(server):
     assert server.log_path.read_text().startswith("# ")  # the command line heads the log
 
 
-def test_api_key_is_required(server):
+def test_api_key_is_required(server, monkeypatch):
+    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
     with pytest.raises(serve.ServeError, match="401"):
         serve.chat(server.base_url, "hi", api_key=None, max_tokens=4)
     with pytest.raises(serve.ServeError, match="401"):
         serve.chat(server.base_url, "hi", api_key="wrong", max_tokens=4)
+    monkeypatch.setenv(infra.API_KEY_ENV, API_KEY)  # the key rule: the argument, else $VLLM_API_KEY
+    assert serve.chat(server.base_url + "/v1/", "hi", max_tokens=4)["usage"]["completion_tokens"] > 0
 
 
 def test_chat_answer_and_streaming_agree(server):
@@ -217,11 +221,11 @@ def test_chat_answer_and_streaming_agree(server):
 
 
 def test_greedy_parity_with_jax(server, tunix_model, mesh, tiny_dir):
-    ids = serve.prompt_ids(tiny_dir, serve.PARITY_TEXT, chat_template=False)
-    jax_tokens, margins = serve.jax_greedy(tunix_model, mesh, ids, N_PARITY, return_margins=True)
+    ids = serve.prompt_ids(tiny_dir, greedy.PARITY_TEXT, chat_template=False)
+    jax_tokens, margins = greedy.jax_greedy(tunix_model, mesh, ids, N_PARITY, return_margins=True)
     served = server.complete_ids(ids, N_PARITY)
-    table = serve.parity_table(jax_tokens, margins, served)
-    summary = serve.parity_summary(table)
+    table = greedy.parity_table(jax_tokens, margins, served)
+    summary = greedy.parity_summary(table)
     print("\n" + table.to_string(index=False))
     assert len(served["token_ids"]) == N_PARITY
     # the top-2 gaps agree to fp32 noise: the two implementations compute the same logits
@@ -240,17 +244,17 @@ def test_lora_adapter_changes_the_answer(server, tiny_dir):
 
 def test_lora_adapter_matches_peft_without_global_k(server, tiny_dir, adapters):
     ids = serve.prompt_ids(tiny_dir, serve.SMOKE_QUESTION)
-    gap = serve.lora_reference_gap(server, "verilog-local-k", tiny_dir, adapters["verilog-local-k"], ids)
+    gap = lora_adapters.lora_reference_gap(server, "verilog-local-k", tiny_dir, adapters["verilog-local-k"], ids)
     assert gap < 1e-3, gap
 
 
 def test_known_vllm_gap_lora_on_global_k_eq_v_layers(server, tiny_dir, adapters):
     """vLLM 0.32 applies a LoRA on a k=v layer's k_proj to K only; HF (and tunix, and a merge) to K and V.
 
-    When this fails, upstream has fixed it: drop the caveat in notebook 08 and serve.targets_without_global_k.
+    When this fails, upstream has fixed it: drop the caveat in notebook 08 and adapters.targets_without_global_k.
     """
     ids = serve.prompt_ids(tiny_dir, serve.SMOKE_QUESTION)
-    gap = serve.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)
+    gap = lora_adapters.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)
     assert gap > 1e-3, f"vLLM now serves global-layer k_proj LoRA like PEFT (gap {gap:.1e}): upstream fixed it"
 
 

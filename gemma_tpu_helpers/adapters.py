@@ -1,0 +1,71 @@
+"""LoRA adapters for serving unmerged (``--enable-lora``, notebook 08): a PEFT test adapter, the target regex vLLM
+serves exactly, and the transformers + PEFT reference a served adapter is checked against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .gemma4 import layer_kinds, read_text_config
+from .lora import peft_target_modules
+from .profiles import LoraSpec
+
+
+def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, targets=None, seed: int = 0,
+                      b_std: float = 0.05) -> Path:
+    """A PEFT LoRA adapter for ``base_dir`` with random non-zero B (so it changes the outputs), for serving tests.
+
+    Loaded with transformers as the multimodal-layout model, so the keys read
+    ``base_model.model.model.language_model.layers.N.<module>.lora_{A,B}.weight``: vLLM's ``Gemma4ForCausalLM``
+    maps ``model.language_model.`` to ``model.``, the same way it maps the base checkpoint. Global (k=v) layers have
+    no ``v_proj``, so PEFT puts no adapter there.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    out_dir = Path(out_dir)
+    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
+                     target_modules=targets if isinstance(targets, str) else peft_target_modules(targets or LoraSpec.targets))
+    peft_model = get_peft_model(model, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * b_std)
+    peft_model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def targets_without_global_k(model_dir, targets=None) -> str:
+    """A PEFT ``target_modules`` regex: ``targets`` everywhere, except ``k_proj`` on the global (k=v) layers.
+
+    vLLM 0.32 applies a LoRA on a k=v layer's ``k_proj`` to the K slice of its fused ``qkv_proj`` only, while the
+    model (HF, tunix) uses that projection for V too; see :func:`lora_reference_gap`. Merged weights have no such gap.
+    """
+    local = [i for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
+    return peft_target_modules(targets or LoraSpec.targets, k_layers=local)
+
+
+def hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, candidates: list[int]) -> dict[int, float]:
+    """Next-token log-probabilities from transformers + PEFT (fp32) for ``candidates``: the reference for a served
+    adapter."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.as_tensor([list(token_ids)], dtype=torch.long)).logits[0, -1].double()
+    lp = torch.log_softmax(logits, -1)
+    return {int(c): float(lp[c]) for c in candidates}
+
+
+def lora_reference_gap(server, name: str, base_dir, adapter_dir, token_ids, top: int = 5) -> float:
+    """max |Δ log-prob| between vLLM serving adapter ``name`` (``server``: a ``serve.Client``) and transformers +
+    PEFT, over vLLM's ``top`` next-token candidates. fp32 rounding gives ~1e-4; more means vLLM computes a different
+    model."""
+    served = server.complete_ids(token_ids, 1, model=name, top=top)["top"][0]
+    ref = hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, [t for t, _ in served])
+    return max(abs(ref[t] - lp) for t, lp in served)
