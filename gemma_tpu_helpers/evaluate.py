@@ -36,17 +36,16 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import infra, profiles
 from .data import SHIPPED_EVAL
+from .errors import GemmaTpuError
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
 CATEGORIES = ("pass", "mismatch", "compile_error", "runtime_error", "timeout", "no_code")
@@ -70,7 +69,7 @@ SYSTEM_PROMPT = "You are a Verilog RTL designer that only writes code using corr
 _MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples\s*$", re.M)
 
 
-class EvalError(ValueError):
+class EvalError(GemmaTpuError, ValueError):
     """Bad input to the evaluation: a problem folder, a completions file, an argument."""
 
 
@@ -78,7 +77,7 @@ class IverilogNotFoundError(EvalError):
     pass
 
 
-class ServerError(RuntimeError):
+class ServerError(GemmaTpuError, RuntimeError):
     """The OpenAI-compatible server could not be reached or refused a request."""
 
 
@@ -309,27 +308,21 @@ def version_warning(version: str | None = None) -> str | None:
 
 def _run(cmd: list[str], cwd: str, deadline: float, log_path: Path) -> tuple[int | None, str]:
     """Run ``cmd`` in its own process group with output to a file; None as exit code on timeout or flood."""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        rc, why, poll = None, "", 0.005
-        while True:
-            try:
-                rc = proc.wait(timeout=poll)
+    proc = infra.start_group(cmd, log_path, cwd=cwd)
+    rc, why, poll = None, "", 0.005
+    while True:
+        try:
+            rc = proc.wait(timeout=poll)
+            break
+        except subprocess.TimeoutExpired:
+            poll = min(poll * 2, 0.1)
+            if time.monotonic() >= deadline:
+                why = "timeout"
+            elif log_path.stat().st_size > MAX_LOG_BYTES:
+                why = "flood"
+            if why:
+                infra.stop_group(proc, grace=0)  # no grace: a runaway simulation has nothing to save
                 break
-            except subprocess.TimeoutExpired:
-                poll = min(poll * 2, 0.1)
-                if time.monotonic() >= deadline:
-                    why = "timeout"
-                elif log_path.stat().st_size > MAX_LOG_BYTES:
-                    why = "flood"
-                if why:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
-                    break
     return rc, why
 
 
@@ -746,9 +739,7 @@ def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None =
                            "detail": r.detail, "seconds": round(r.seconds, 3)}
     cal = Calibration(version, float(timeout), digest, dict(sorted(refs.items())), path)
     if path is not None:
-        from .course import write_atomic
-
-        write_atomic(path, json.dumps(cal.as_dict(), indent=1, sort_keys=True) + "\n")
+        infra.write_atomic(path, json.dumps(cal.as_dict(), indent=1, sort_keys=True) + "\n")
     return cal
 
 
@@ -810,45 +801,19 @@ def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | 
 # Sampling from an OpenAI-compatible server (vLLM)
 # ---------------------------------------------------------------------------
 
-def _base_url(url: str) -> str:
-    url = url.rstrip("/")
-    for suffix in ("/chat/completions", "/completions", "/models"):
-        if url.endswith(suffix):
-            url = url[: -len(suffix)]
-    return url if url.endswith("/v1") else url + "/v1"
-
-
-def _request(url: str, payload: dict | None, api_key: str | None, timeout: float) -> dict:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode("utf-8"))
-
-
-def _http_error(e: urllib.error.HTTPError) -> str:
-    try:
-        body = e.read().decode("utf-8", "replace")[:500]
-    except Exception:  # pragma: no cover
-        body = ""
-    return f"HTTP {e.code} {e.reason}: {body}".strip()
-
-
 def check_server(url: str, model: str | None = None, api_key: str | None = None,
                  connect_timeout: float = 10.0) -> list[str]:
-    """The model ids the server lists at ``/v1/models``; a clear :class:`ServerError` within ``connect_timeout``."""
-    base = _base_url(url)
+    """The model ids the server lists at ``/v1/models``; a clear :class:`ServerError` within ``connect_timeout``.
+    ``url`` is the server's base URL, with or without ``/v1`` (``infra.api_root``)."""
+    base = infra.api_root(url)
     try:
-        listing = _request(base + "/models", None, api_key, connect_timeout)
-    except urllib.error.HTTPError as e:
-        raise ServerError(f"The server at {base} answered /models with {_http_error(e)}") from e
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
+        listing = infra.get_json(infra.api_url(base, "models"), api_key, connect_timeout)
+    except infra.RequestError as e:
+        if e.status is not None:
+            raise ServerError(f"The server at {base} answered /v1/models: {e}") from None
         raise ServerError(f"Could not reach an OpenAI-compatible server at {base} within {connect_timeout:g} s "
-                          f"({reason}). Is vLLM running (notebook 08 starts it)? Check with "
-                          f"`curl {base}/models`.") from e
+                          f"({e}). Is vLLM running (notebook 08 starts it)? Check with "
+                          f"`curl {base}/v1/models`.") from None
     ids = [m.get("id") for m in listing.get("data", [])]
     if model is not None and ids and model not in ids:
         raise ServerError(f"The server at {base} does not serve model {model!r}; it serves {ids}.")
@@ -868,7 +833,7 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
     Returns rows ``task_id, sample_index, completion, finish_reason`` (``finish_reason == "length"``: the answer
     was cut off by ``max_tokens``). The server is checked first, so an unreachable one fails within
     ``connect_timeout`` seconds; ``timeout`` bounds each generation request. ``api_key`` defaults to
-    ``$OPENAI_API_KEY`` (vLLM's ``--api-key``).
+    ``$VLLM_API_KEY`` (the variable the vLLM server reads its ``--api-key`` from).
     """
     from tqdm.auto import tqdm
 
@@ -876,9 +841,9 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
         raise EvalError(f"need n >= 1 and max_tokens >= 1 (got n={n}, max_tokens={max_tokens})")
     if temperature < 0:
         raise EvalError(f"temperature must be >= 0 (got {temperature})")
-    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    api_key = infra.resolve_api_key(api_key)
     check_server(url, model, api_key, connect_timeout)
-    endpoint = _base_url(url) + "/chat/completions"
+    endpoint = infra.api_url(url, "chat/completions")
 
     def one(problem: Problem) -> list[dict]:
         # The server renders the messages with the model's own chat template, thinking off (Gemma 4's default), and
@@ -891,11 +856,9 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
         if top_p is not None:
             payload["top_p"] = top_p
         try:
-            resp = _request(endpoint, payload, api_key, timeout)
-        except urllib.error.HTTPError as e:
-            raise ServerError(f"{problem.task_id}: {endpoint} answered {_http_error(e)}") from e
-        except (urllib.error.URLError, OSError) as e:
-            raise ServerError(f"{problem.task_id}: request to {endpoint} failed: {getattr(e, 'reason', e)}") from e
+            resp = infra.post_json(endpoint, payload, api_key, timeout)
+        except infra.RequestError as e:
+            raise ServerError(f"{problem.task_id}: {e}") from None
         choices = sorted(resp.get("choices", []), key=lambda ch: ch.get("index", 0))
         if len(choices) != n:
             raise ServerError(f"{problem.task_id}: asked for n={n} choices, the server returned {len(choices)}")
@@ -942,22 +905,9 @@ def read_completions(path: str | os.PathLike) -> list[dict]:
 
 
 def write_jsonl_atomic(path: str | os.PathLike, rows: Iterable[dict], overwrite: bool = False) -> Path:
-    """Write rows as JSONL to a temp file beside ``path``, then rename; refuse to replace a file unless asked."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, default=_json_default, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Rows as JSONL, written atomically (``infra.write_lines_atomic``); refuses to replace a file unless asked."""
+    return infra.write_lines_atomic(
+        path, (json.dumps(row, default=_json_default, allow_nan=False) + "\n" for row in rows), overwrite=overwrite)
 
 
 def _json_default(o):
@@ -996,7 +946,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (with --url; default 0)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (with --url)")
     p.add_argument("--max-tokens", type=int, default=2048, help="max new tokens per answer (with --url)")
-    p.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--api-key", default=None, help="bearer token (default: $VLLM_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per generation request")
     p.add_argument("--k", default=None, help="comma-separated k values for pass@k (default 1,5; 1 with --preset)")
     p.add_argument("--tasks", default=None, help="comma-separated task ids to keep (default: all)")
@@ -1029,8 +979,6 @@ def _sampling(args) -> dict:
 def _calibration_dir(args) -> Path:
     if getattr(args, "run_dir", None):
         return Path(args.run_dir) / "eval"
-    from . import profiles
-
     try:
         return profiles.get_profile(None).run_dir() / "eval"
     except ValueError as e:
@@ -1074,7 +1022,7 @@ def main_eval(args) -> int:
         scored = [p for p in problems if p.task_id in set(results["task_id"])]
         calibration = find_calibration(scored, cache_dir)
         lines = score_lines(results, ks, calibration)
-    except (EvalError, ServerError) as e:
+    except GemmaTpuError as e:  # EvalError, ServerError
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.out:
