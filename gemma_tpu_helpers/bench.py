@@ -27,21 +27,18 @@ From a shell: ``python -m gemma_tpu_helpers bench --url URL --model NAME [--inpu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import queue
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Sequence
+
+from . import cost, infra, profiles, serve
+from .errors import GemmaTpuError
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
 DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)
@@ -76,7 +73,7 @@ for i, argv in enumerate(points):
 """.replace("MARK", repr(MARK))
 
 
-class BenchError(RuntimeError):
+class BenchError(GemmaTpuError, RuntimeError):
     """The benchmark could not run or its result is unusable; the message says which file or server, and why."""
 
 
@@ -97,39 +94,24 @@ def parse_list(text, kind=float, name: str = "value") -> list:
 
 def serve_python() -> Path:
     """The serving venv's python ($GEMMA_TPU_SERVE_PYTHON, else ``.venv-serve/bin/python``): vLLM lives there."""
-    from . import serve
-
     try:
         return serve.serve_python()
     except serve.ServeError as e:
         raise BenchError(str(e)) from None
 
 
-def _base(url: str) -> str:
-    url = url.rstrip("/")
-    for suffix in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1"):
-        if url.endswith(suffix):
-            url = url[: -len(suffix)]
-    return url
-
-
 def check_server(url: str, model: str | None = None, api_key: str | None = None,
                  timeout: float = CONNECT_TIMEOUT_S) -> dict:
     """``GET /v1/models``: the entry of ``model`` (or the first one). A :class:`BenchError` within ``timeout`` s
     when nothing answers, the key is refused, or the model is not served."""
-    base = _base(url)
-    req = urllib.request.Request(base + "/v1/models",
-                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    base = infra.api_root(url)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            listing = json.loads(resp.read().decode("utf-8"))
-    except urllib.error.HTTPError as e:
-        raise BenchError(f"The server at {base} answered /v1/models with HTTP {e.code} {e.reason}"
-                         + (" (pass api_key= / --api-key, the server's key)" if e.code == 401 else "")) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s "
-                         f"({getattr(e, 'reason', e)}). Start it first (serve.start(...) or notebook 08), or check "
-                         f"with `curl {base}/v1/models`.") from None
+        listing = infra.get_json(infra.api_url(base, "models"), api_key, timeout)
+    except infra.RequestError as e:
+        if e.status is not None:
+            raise BenchError(f"The server at {base} answered /v1/models: {e}") from None
+        raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s ({e}). Start it "
+                         f"first (serve.start(...) or notebook 08), or check with `curl {base}/v1/models`.") from None
     entries = listing.get("data") or []
     if not entries:
         raise BenchError(f"The server at {base} lists no models at /v1/models")
@@ -189,22 +171,15 @@ def launcher_command(points: list[list[str]], python: str | os.PathLike | None =
     return [str(python or serve_python()), "-c", LAUNCHER, json.dumps(points)]
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
-
-
-def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
+def _done_points(log_path: Path, offset: int) -> tuple[list[int], int]:
+    """The points the launcher reported done in the log's complete lines after byte ``offset``, and the new offset."""
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    done = [int(line.split()[-1]) for line in complete.decode(errors="replace").splitlines()
+            if line.startswith(MARK + " done")]
+    return done, offset + len(complete)
 
 
 def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT_LENS,
@@ -219,7 +194,8 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     The raw JSON results go to ``out_dir/raw/``, the benchmark's output to ``out_dir/bench.log``.
     Raises :class:`BenchError` before anything runs when the server is unreachable (within
     :data:`CONNECT_TIMEOUT_S`) or the serving venv is missing; after, with the log's last lines, when a point fails.
-    ``api_key`` goes to the benchmark as ``OPENAI_API_KEY`` (never on the command line).
+    ``api_key`` (default ``$VLLM_API_KEY``) goes to the benchmark as ``OPENAI_API_KEY``, the variable ``vllm bench
+    serve`` reads (never on the command line).
     """
     from tqdm.auto import tqdm
 
@@ -228,6 +204,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     output_len = parse_list([output_len], int, "output_len")[0]
     num_prompts = parse_list([num_prompts], int, "num_prompts")[0]
     py = serve_python()  # venv first: it is the cheaper check
+    api_key = infra.resolve_api_key(api_key)
     entry = check_server(url, model, api_key)
     model = entry["id"]
     tok = resolve_tokenizer(entry, tokenizer)
@@ -237,7 +214,8 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     grid = [(i, q) for i in input_lens for q in qps_list]
     for i, q in grid:  # a stale file must not pass for this run's result
         (raw / point_filename(i, q)).unlink(missing_ok=True)
-    points = [bench_argv(_base(url), model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
+    root = infra.api_root(url)
+    points = [bench_argv(root, model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
     argv = launcher_command(points, py)
     log_path = out_dir / "bench.log"
     env = dict(os.environ)
@@ -246,53 +224,35 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     env.pop("OPENAI_API_KEY", None)
     if api_key:
         env["OPENAI_API_KEY"] = api_key
-    done: queue.Queue = queue.Queue()
-    with open(log_path, "w") as log:
-        log.write("# " + shlex.join(argv[:2]) + " <launcher> <points>\n")
-        for (i, q), p in zip(grid, points):
-            log.write(f"# point input_len={i} qps={q:g}: vllm bench serve {shlex.join(p)}\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=env, start_new_session=True, bufsize=1)
-
-        def pump():
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                if line.startswith(MARK + " done"):
-                    done.put(int(line.split()[-1]))
-            done.put(None)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        bar = tqdm(total=len(grid), desc="vllm bench serve", disable=not progress)
-        deadline = time.monotonic() + timeout
-        try:
-            finished = 0
-            while True:
-                try:
-                    item = done.get(timeout=1.0)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise BenchError(f"The sweep did not finish within {timeout:g} s (stopped it). Last lines "
-                                         f"of {log_path}:\n{_tail(log_path)}") from None
-                    continue
-                if item is None:
-                    break
+    header = "# " + shlex.join(argv[:2]) + " <launcher> <points>\n" + "".join(
+        f"# point input_len={i} qps={q:g}: vllm bench serve {shlex.join(p)}\n" for (i, q), p in zip(grid, points))
+    proc = infra.start_group(argv, log_path, env=env, header=header)
+    bar = tqdm(total=len(grid), desc="vllm bench serve", disable=not progress)
+    deadline = time.monotonic() + timeout
+    finished, offset = 0, 0
+    try:
+        while True:
+            exited = proc.poll() is not None  # checked before reading, so a finished launcher's last lines are in
+            done, offset = _done_points(log_path, offset)
+            for item in done:
                 finished += 1
                 i, q = grid[item]
                 bar.set_postfix_str(f"input {i}, qps {q:g}")
                 bar.update(1)
-            proc.wait(timeout=60)
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            bar.close()
-            reader.join(timeout=5)
+            if exited:
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"The sweep did not finish within {timeout:g} s (stopped it). Last lines "
+                                 f"of {log_path}:\n{infra.log_tail(log_path, LOG_TAIL_LINES)}")
+            time.sleep(0.5)
+    except BaseException:
+        infra.stop_group(proc, grace=10.0)
+        raise
+    finally:
+        bar.close()
     if proc.returncode != 0 or finished != len(grid):
         raise BenchError(f"`vllm bench serve` failed (exit code {proc.returncode}) after {finished} of {len(grid)} "
-                         f"points. Last lines of {log_path}:\n{_tail(log_path)}")
+                         f"points. Last lines of {log_path}:\n{infra.log_tail(log_path, LOG_TAIL_LINES)}")
     df = collect([raw / point_filename(i, q) for i, q in grid])
     df.to_csv(out_dir / "sweep.csv", index=False)
     return df
@@ -466,8 +426,6 @@ def serving_costs(ours=None, our_platform: str = "v6e-8", prices=None):
     meaningless as a price (a tiny random model on 2 CPU cores); it shows the numbers flowing from
     ``vllm bench serve`` into the cost, which is what you run on the real hardware.
     """
-    from . import cost
-
     prices = dict(prices or {})
     ref = paper_reference()
     throughputs, printed, source = {}, {}, {}
@@ -492,8 +450,6 @@ def serving_costs(ours=None, our_platform: str = "v6e-8", prices=None):
 
 def training_costs(prices=None):
     """The paper's training cost comparison from its inputs (3.34 h on v5p-8, 5.39 h on 2xH100; Tables 5 and 6)."""
-    from . import cost
-
     return cost.training_comparison(PAPER_TRAINING_HOURS["v5p-8"], PAPER_TRAINING_HOURS["2xH100"], prices=prices)
 
 
@@ -524,9 +480,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main_bench(args) -> int:
     """``bench``: a QPS x input-length sweep with ``vllm bench serve``; prints the table, writes sweep.csv."""
-    from . import profiles, serve
-
-    api_key = args.api_key or os.environ.get(serve.API_KEY_ENV)
+    api_key = infra.resolve_api_key(args.api_key)
     server = None
 
     def _exit(signum, frame):  # `kill` or a closed terminal: unwind through `finally`, which stops what we started
@@ -551,7 +505,7 @@ def main_bench(args) -> int:
         df = sweep(url, model, input_lens, qps, args.output_len, args.num_prompts, out,
                    tokenizer=args.tokenizer or (args.serve_model if args.serve_model else None), api_key=api_key,
                    timeout=args.timeout)
-    except (BenchError, serve.ServeError, ValueError) as e:
+    except (GemmaTpuError, ValueError) as e:  # BenchError, ServeError, a bad profile name
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
