@@ -236,11 +236,14 @@ def timeout_message(method: str, url: str, timeout: float) -> str:
 
 
 def open_request(method: str, url: str, payload: dict | None = None, api_key: str | None = None,
-                 timeout: float = REQUEST_TIMEOUT_S, error: type[Exception] = RequestError):
+                 timeout: float = REQUEST_TIMEOUT_S, error: type[Exception] = RequestError,
+                 headers: dict | None = None):
     """The open response of a JSON request (read it, or iterate it for a stream; close it). Failures raise
-    ``error`` (default :class:`RequestError`, with ``.status``) saying what was wrong and how to fix it."""
+    ``error`` (default :class:`RequestError`, with ``.status``) saying what was wrong and how to fix it.
+    ``headers`` are added to the request's."""
     key = resolve_api_key(api_key)
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
+               **(headers or {})}
     data = json.dumps(payload).encode() if payload is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     root = api_root(url)
@@ -295,6 +298,17 @@ def get_json(url: str, api_key: str | None = None, timeout: float = REQUEST_TIME
 def post_json(url: str, payload: dict, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
               error: type[Exception] = RequestError) -> dict:
     return request_json("POST", url, payload, api_key, timeout, error)
+
+
+def get_text(url: str, headers: dict | None = None, timeout: float = REQUEST_TIMEOUT_S,
+             error: type[Exception] = RequestError) -> str:
+    """A plain-text ``GET`` (e.g. a cloud metadata server) with the same proxy rule; never sends an API key."""
+    resp = open_request("GET", url, None, "", timeout, error, headers)
+    try:
+        with resp:
+            return resp.read().decode(errors="replace")
+    except OSError as e:
+        raise _fail(error, f"GET {url}: the connection broke while reading the answer ({e})") from None
 
 
 def health_ok(url: str, timeout: float = 5.0) -> bool:

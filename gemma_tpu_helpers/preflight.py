@@ -22,7 +22,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from . import profiles
+from . import hub, infra, profiles
+from .errors import GemmaTpuError
 
 # PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
 GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -35,7 +36,7 @@ METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attr
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-class PreflightError(RuntimeError):
+class PreflightError(GemmaTpuError, RuntimeError):
     """The machine cannot run this profile's step; the message says what to do, one line per problem."""
 
 
@@ -65,13 +66,10 @@ def accelerator_type() -> str | None:
     """The slice type (e.g. ``v5p-8``): $TPU_ACCELERATOR_TYPE, else the TPU VM's metadata server. None if unknown."""
     if os.environ.get("TPU_ACCELERATOR_TYPE"):
         return os.environ["TPU_ACCELERATOR_TYPE"]
-    import urllib.request
-
-    req = urllib.request.Request(METADATA_URL, headers={"Metadata-Flavor": "Google"})
     try:
-        with urllib.request.urlopen(req, timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S) as r:
-            return r.read().decode().strip() or None
-    except OSError:
+        return infra.get_text(METADATA_URL, {"Metadata-Flavor": "Google"},
+                              timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S).strip() or None
+    except infra.RequestError:
         return None
 
 
@@ -180,8 +178,6 @@ def checkpoint_bytes(profile) -> int | None:
 
 def check_disk(profile, run_dir: Path, base: Path | None = None) -> Check:
     """Free disk for the base checkpoint (unless downloaded) and the merged copy (unless merged) in the run dir."""
-    from . import hub
-
     size = checkpoint_bytes(profile)
     if size is None:
         return Check("disk", "skip", f"no known size for {profile.model.source}")
@@ -226,8 +222,6 @@ def mem_available() -> int | None:
 
 def check_ram(profile) -> Check:
     """tunix's loader maps every shard of the checkpoint on the host before placing it on the chips."""
-    from . import hub
-
     size, avail = checkpoint_bytes(profile), mem_available()
     if size is None or avail is None:
         return Check("ram", "skip", "unknown checkpoint size or free memory")

@@ -77,6 +77,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.seen.append({"path": self.path, "method": self.command, "auth": self.headers.get("Authorization"),
+                          "flavor": self.headers.get("Metadata-Flavor"),
                           "body": json.loads(body) if body else None})
         if self.path == "/v1/secret" and self.headers.get("Authorization") != "Bearer right":
             self.send_response(401)
@@ -147,6 +148,14 @@ def test_client_sends_the_key_from_the_argument_and_from_vllm_api_key(local_serv
     assert seen[0]["method"] == "POST" and seen[0]["body"] == {"prompt": "x"} and seen[1]["method"] == "GET"
 
 
+def test_get_text_sends_its_headers_and_never_the_api_key(local_server, monkeypatch):
+    url, seen = local_server
+    monkeypatch.setenv(infra.API_KEY_ENV, "not-for-a-metadata-server")
+    assert json.loads(infra.get_text(url + "/computeMetadata", {"Metadata-Flavor": "Google"}, timeout=5))["path"] \
+        == "/computeMetadata"
+    assert seen[0]["auth"] is None and seen[0]["flavor"] == "Google"
+
+
 def test_client_errors_say_what_is_wrong_and_how_to_fix_it(local_server, monkeypatch):
     url, _ = local_server
     monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
@@ -203,7 +212,8 @@ def test_stop_group_kills_the_whole_group_including_a_grandchild(tmp_path):
 
 
 def test_stop_group_sigkills_what_ignores_sigterm(tmp_path):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+            "time.sleep(600)")
     proc = infra.start_group([sys.executable, "-c", code], tmp_path / "py.log")
     deadline = time.monotonic() + 20
     while "ready" not in infra.log_tail(tmp_path / "py.log") and time.monotonic() < deadline:
