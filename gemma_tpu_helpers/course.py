@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
+
+from . import infra
+from .infra import write_atomic  # noqa: F401  (train, plan, remat still import course.write_atomic; use infra's)
+from .multihost import is_main
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -22,7 +26,7 @@ COURSE = [
     ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "15 s", "10 min"),
     ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train, equivalence", "90 s", "hours (1 epoch)"),
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed", "merge", "65 s", "30 min"),
-    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve", "45 s", "20 min"),
+    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve, greedy, adapters", "45 s", "20 min"),
     ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "3 min", "1 h"),
     ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "bench, cost", "75 s", "1 h"),
 ]
@@ -61,33 +65,21 @@ def devices() -> dict:
             "process_count": jax.process_count()}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def record(run_dir: str | Path, step: str, /, **figures) -> dict:
     """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises).
 
     In a multi-process run only process 0 writes (the others get the figures back, unsaved)."""
-    from .multihost import is_main
-
     path = Path(run_dir) / "figures.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[step] = figures
     if not is_main():
         return data
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
+    infra.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
 
 
 def write_report(run_dir: str | Path) -> Path:
     """``run_dir/report.md``: one section per step, with the figures each notebook recorded."""
-    from .multihost import is_main
-
     run_dir = Path(run_dir)
     path = run_dir / "figures.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
@@ -100,7 +92,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines.append("")
     out = run_dir / "report.md"
     if is_main():  # process 0 only in a multi-process run
-        write_atomic(out, "\n".join(lines) + "\n")
+        infra.write_atomic(out, "\n".join(lines) + "\n")
     return out
 
 
@@ -110,8 +102,6 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
 
     Stops at the first failing notebook, keeping its executed copy (with the error) for inspection.
     """
-    import time
-
     import nbformat
     from nbclient import NotebookClient
     from tqdm.auto import tqdm
@@ -132,7 +122,7 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
                            resources={"metadata": {"path": str(nb_path.parent)}}).execute()
         except Exception as e:  # keep the executed copy, report, stop
             error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        write_atomic(out_dir / nb_path.name, nbformat.writes(nb))
+        infra.write_atomic(out_dir / nb_path.name, nbformat.writes(nb))
         results.append({"notebook": nb_path.stem, "seconds": round(time.perf_counter() - start, 1), "error": error})
         if error:
             break

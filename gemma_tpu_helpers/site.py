@@ -25,7 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .course import COURSE, write_atomic
+from . import course, infra, profiles
+from .course import COURSE
+from .errors import GemmaTpuError
 
 SITE_DIR = "site"
 INDEX = "index.html"
@@ -54,7 +56,7 @@ nav.gt-nav a { margin-right: 1.2rem; }
 """
 
 
-class SiteError(RuntimeError):
+class SiteError(GemmaTpuError, RuntimeError):
     pass
 
 
@@ -174,8 +176,7 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
         raise SiteError(f"No executed notebooks in {run_dir / 'executed'}: run `make demo` (or "
                         f"`python -m gemma_tpu_helpers demo --profile {run_dir.name}`) first.")
     out = Path(out_dir) if out_dir else run_dir / SITE_DIR
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = infra.temp_dir_beside(out)
     try:
         stems = [p.stem for p in executed]
         pages = {}
@@ -183,18 +184,13 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
             nb = nbformat.read(path, as_version=4)
             title = notebook_title(nb) or path.stem
             pages[path.stem] = title
-            write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
+            infra.write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
         generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
+        infra.write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
         for f in tmp.iterdir():  # mkstemp / mkdtemp make them private; a site is for sharing
             f.chmod(0o644)
         tmp.chmod(0o755)
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        infra.install_dir(tmp, out)  # a site is always rebuilt whole: replacing the old one is the point
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -274,8 +270,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_site(args) -> int:
-    from . import course, profiles
-
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
     if (run_dir / "figures.json").is_file():

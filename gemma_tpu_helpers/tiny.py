@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
-from . import chat_format
+from . import chat_format, infra
 from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN, TEXT_CONFIGS
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
@@ -237,8 +236,7 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
     text_cfg = tiny_text_config(layers, variant)  # validates layers before anything is written
     layers = text_cfg["num_hidden_layers"]
     _prepare_out(out_dir, overwrite)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = infra.temp_dir_beside(out_dir)
     try:
         tokenizer = build_tokenizer(text_cfg["vocab_size"], "31b" if variant == "31b" else "e")
         gen = chat_format.GENERATION_CONFIG
@@ -256,9 +254,7 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
         write_processor_config(tmp)
         stamp = {"seed": seed, "layers": layers, "format": FORMAT, **({} if variant == "31b" else {"variant": variant})}
         (tmp / BUILT_BY).write_text(json.dumps(stamp) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        infra.install_dir(tmp, out_dir)  # _prepare_out refused an existing one unless overwrite
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
