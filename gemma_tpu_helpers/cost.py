@@ -18,13 +18,14 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from .errors import GemmaTpuError
 from .profiles import PRICES_DATE, PRICES_USD_PER_HOUR
 
 DEFAULT_TPU = "v5p-8"
 DEFAULT_GPU = "2xH100"
 
 
-class CostError(ValueError):
+class CostError(GemmaTpuError, ValueError):
     pass
 
 

@@ -55,7 +55,8 @@ LOG_TAIL_CHARS = 2000
 MAX_LOG_BYTES = 8 * 1024 * 1024  # a sample that floods stdout is stopped here
 # VerilogEval v2 requires Icarus Verilog 12 (its README; 13, the development branch, is unsupported). Debian 12 and
 # Ubuntu 22.04 ship 11, so `make iverilog` builds 12.0 from source into $GEMMA_TPU_TOOLS/iverilog-12 (default
-# ~/.cache/gemma-tpu/iverilog-12), where _tools() looks first; $GEMMA_TPU_IVERILOG names another iverilog binary.
+# ~/.cache/gemma-tpu/iverilog-12), where simulator_tools() looks first; $GEMMA_TPU_IVERILOG names another iverilog
+# binary.
 REQUIRED_IVERILOG = "12"
 TOOLS_ENV, IVERILOG_ENV = "GEMMA_TPU_TOOLS", "GEMMA_TPU_IVERILOG"
 BUILD_HINT = ("`make iverilog` (or `tools/build_iverilog.sh`) builds Icarus Verilog 12.0 into "
@@ -249,7 +250,7 @@ def _executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _tools() -> tuple[str, str]:
+def simulator_tools() -> tuple[str, str]:
     """``(iverilog, vvp)`` from one installation: $GEMMA_TPU_IVERILOG, else the built prefix, else PATH.
 
     vvp is taken from beside iverilog when it is there: a vvp of another version cannot run iverilog's output.
@@ -280,7 +281,7 @@ _VERSIONS: dict[tuple[str, float], str] = {}
 
 def simulator_version() -> str:
     """The Icarus Verilog version that :func:`simulate` uses, e.g. ``"12.0"`` (from ``iverilog -V``)."""
-    iverilog, _ = _tools()
+    iverilog, _ = simulator_tools()
     key = (iverilog, os.stat(iverilog).st_mtime)
     if key not in _VERSIONS:
         try:
@@ -359,7 +360,7 @@ def _simulate(sample_code: str | None, problem: Problem, timeout: float) -> tupl
     start = time.monotonic()
     if sample_code is None or not sample_code.strip():
         return SimResult("no_code", detail="no Verilog module in the completion"), ""
-    iverilog, vvp = _tools()
+    iverilog, vvp = simulator_tools()
     with tempfile.TemporaryDirectory(prefix="verilog-eval-") as tmp:
         d = Path(tmp)
         (d / "sample.sv").write_text(sample_code, encoding="utf-8")
@@ -545,7 +546,7 @@ def score_completions(problems: Sequence[Problem], completions, ks: Sequence[int
     if unknown:
         raise EvalError(f"completions for unknown task id(s) {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; "
                         f"the problem set has e.g. {sorted(by_id)[:3]}")
-    _tools()  # fail once, clearly, before starting the pool
+    simulator_tools()  # fail once, clearly, before starting the pool
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(_score_one, r, by_id[r["task_id"]], timeout) for r in rows]
         for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="simulate",
@@ -994,9 +995,9 @@ def main_eval(args) -> int:
             raise EvalError(f"{args.out} exists; pass --overwrite to replace it")
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if getattr(args, "tasks", None) else None
         problems = load_problems(args.problems, tasks=tasks)
-        _tools()
+        simulator_tools()
         version = simulator_version()
-        print(f"simulator: Icarus Verilog {version} ({_tools()[0]})")
+        print(f"simulator: Icarus Verilog {version} ({simulator_tools()[0]})")
         cache_dir = _calibration_dir(args)
         if getattr(args, "calibrate", False):
             cal = calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)

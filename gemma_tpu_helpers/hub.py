@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from . import profiles
+from .errors import GemmaTpuError
 
 # What the training, merge and serving steps read from a base checkpoint.
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
@@ -27,7 +28,7 @@ TOKENIZER_PATTERNS = ["tokenizer*", "*.jinja", "special_tokens_map.json", "confi
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # one of them makes a usable tokenizer directory
 
 
-class HubError(RuntimeError):
+class HubError(GemmaTpuError, RuntimeError):
     """A Hub download that cannot work as set up; the message says what to do."""
 
 

@@ -19,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import profiles
+from . import evaluate, preflight, profiles
+from .gemma4 import CheckpointError, check_checkpoint
+from .serve import ServeError, serve_python, start
+from .site import find_chromium
 
 REPO_ENV = "GEMMA_TPU_REPO"  # the course's git URL (the Colab install cell clones it)
 BRANCH_ENV = "GEMMA_TPU_BRANCH"  # the branch the Colab link opens (default: main)
@@ -93,8 +96,6 @@ def _check_training_venv() -> Item:
 
 
 def _check_serve_venv() -> Item:
-    from .serve import ServeError, serve_python
-
     try:
         py = serve_python()
     except ServeError:
@@ -110,10 +111,8 @@ def _check_serve_venv() -> Item:
 
 
 def _check_iverilog() -> Item:
-    from . import evaluate
-
     try:
-        iv, _ = evaluate._tools()  # the one lookup the evaluation uses (its own env var, built prefix, PATH)
+        iv, _ = evaluate.simulator_tools()  # the one lookup the evaluation uses (its own env var, built prefix, PATH)
     except Exception as e:  # IverilogNotFoundError and kin: the message says what to install
         return Item("iverilog", FAIL, str(e).split(". ")[0], evaluate.INSTALL_HINT)
     try:
@@ -148,9 +147,7 @@ def _check_devices(profile) -> list[Item]:
 
 
 def _check_ram() -> Item:
-    from .preflight import mem_available
-
-    avail = mem_available()
+    avail = preflight.mem_available()
     if avail is None:
         return Item("free RAM", WARN, "cannot read the free memory on this system", f"have {RAM_WARN_GIB:g} GiB free")
     gib = avail / 2**30
@@ -172,8 +169,6 @@ def _check_disk(run_dir: Path) -> Item:
 
 
 def _check_model(profile, run_dir: Path) -> Item:
-    from .gemma4 import CheckpointError, check_checkpoint
-
     base = run_dir / "base"
     what = "tiny model" if profile.model.source == "tiny" else "base checkpoint"
     try:
@@ -194,8 +189,6 @@ def _check_executed(run_dir: Path) -> Item:
 
 
 def _check_chromium() -> Item:
-    from .site import find_chromium
-
     path = find_chromium()
     if not path:
         return Item("chromium", WARN, "not installed (only the site test and its screenshot need it)",
@@ -204,8 +197,6 @@ def _check_chromium() -> Item:
 
 
 def _check_server(profile, run_dir: Path) -> Item:
-    from .serve import ServeError, start
-
     if profile.hardware.platform != "cpu":
         return Item("vLLM server", SKIP, f"{profile.name} serves on a TPU VM (docker)", "")
     t0 = time.perf_counter()
@@ -220,8 +211,6 @@ def _check_server(profile, run_dir: Path) -> Item:
 
 def _preflight(profile, run_dir: Path) -> list[Item]:
     """A TPU profile: the TPU pre-flight (chips, who holds them, HBM, disk, RAM, versions), read without JAX."""
-    from . import preflight
-
     status = {"ok": OK, "warn": WARN, "fail": FAIL, "skip": SKIP}
     return [Item(c.name, status.get(c.status, c.status), c.detail) for c in preflight.checks(profile, run_dir)]
 

@@ -24,14 +24,14 @@ from conftest import run_cli
 
 def _have_iverilog():
     try:
-        ev._tools()
+        ev.simulator_tools()
         return True
     except ev.IverilogNotFoundError:
         return False
 
 
 needs_iverilog = pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
-REAL_TOOLS = ev._tools() if _have_iverilog() else None  # before any test changes the environment
+REAL_TOOLS = ev.simulator_tools() if _have_iverilog() else None  # before any test changes the environment
 
 PROBLEMS = ev.load_problems()
 BY_ID = {p.task_id: p for p in PROBLEMS}
@@ -522,9 +522,9 @@ def test_the_harness_uses_the_required_iverilog():
     # `make test` builds Icarus Verilog 12 (tools/build_iverilog.sh): VerilogEval v2 requires it.
     version = ev.simulator_version()
     assert version.split(".")[0] == ev.REQUIRED_IVERILOG, (
-        f"the harness found Icarus Verilog {version} ({ev._tools()[0]}); run `make iverilog`")
+        f"the harness found Icarus Verilog {version} ({ev.simulator_tools()[0]}); run `make iverilog`")
     assert ev.version_warning(version) is None
-    iverilog, vvp = ev._tools()
+    iverilog, vvp = ev.simulator_tools()
     assert ev.Path(vvp).parent == ev.Path(iverilog).parent  # one installation, not a mixed pair
 
 
@@ -551,10 +551,10 @@ def test_the_built_prefix_wins_over_path(tmp_path, monkeypatch):
     other = fake_iverilog(tmp_path / "path-bin", "11.0")
     monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
     built = tmp_path / "tools" / "iverilog-12" / "bin"
-    assert ev._tools() == (str(built / "iverilog"), str(built / "vvp"))
+    assert ev.simulator_tools() == (str(built / "iverilog"), str(built / "vvp"))
     assert ev.simulator_version() == "12.0"
     (tmp_path / "tools" / "iverilog-12" / "bin" / "iverilog").unlink()  # no prefix: PATH's is used
-    assert ev._tools()[0] == str(other) and ev.simulator_version() == "11.0"
+    assert ev.simulator_tools()[0] == str(other) and ev.simulator_version() == "11.0"
 
 
 @pytest.mark.parametrize("log, code, letter", [
