@@ -20,12 +20,14 @@ unmerged with ``--enable-lora``, and its transformers reference).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Iterator
@@ -679,8 +681,6 @@ def main_serve(args) -> int:
     TPU profiles (or ``--print-command``): print the command and exit. CPU: start the server; with
     ``--smoke-test``, send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
     """
-    import sys
-
     try:
         prof = get_profile(args.profile)
     except ValueError as e:
@@ -697,6 +697,7 @@ def main_serve(args) -> int:
     except ServeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
     def _exit(signum, frame):  # `kill` or a closed tmux pane: leave through `with server:` so it stops the group
         raise SystemExit(128 + signum)
 
@@ -718,7 +719,7 @@ def main_serve(args) -> int:
             print(f"error: the server exited ({server.proc.returncode}). Log tail:\n{server.log_tail()}",
                   file=sys.stderr)
             return 1
-        except ServeError as e:
+        except GemmaTpuError as e:  # ServeError, or infra's client
             print(f"error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
@@ -727,14 +728,10 @@ def main_serve(args) -> int:
 
 def main(argv=None) -> int:
     """``python -m gemma_tpu_helpers.serve ...`` (the same as the ``serve`` sub-command)."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers serve", description=__doc__.splitlines()[0])
     add_arguments(p)
     return main_serve(p.parse_args(argv))
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())
