@@ -106,14 +106,14 @@ def write_base(out: Path, layers: int, shard_mb: int, seed: int = 0) -> Path:
 
 
 def write_lora(ckpt: Path, base: Path, rank: int = 64) -> Path:
-    from gemma_tpu_helpers import gemma4, lora, merge
+    from gemma_tpu_helpers import gemma4, layout, lora, lora_checkpoint
 
     text = gemma4.read_text_config(base)
-    arrays = merge.synthetic_lora(text, lora.HF_TARGETS, rank)
+    arrays = layout.synthetic_lora(text, lora.HF_TARGETS, rank)
     meta = {"targets": list(lora.HF_TARGETS), "rank": rank, "alpha": float(rank), "dropout": 0.0,
             "qwix_regex": lora.regex_for(lora.HF_TARGETS), "base_model": "synthetic",
             "num_layers": text["num_hidden_layers"]}
-    return merge.write_lora_checkpoint(ckpt, arrays, meta, step=1)
+    return lora_checkpoint.write_lora_checkpoint(ckpt, arrays, meta, step=1)
 
 
 def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
@@ -121,14 +121,14 @@ def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from gemma_tpu_helpers import gemma4, merge
+    from gemma_tpu_helpers import gemma4, lora_checkpoint, merge_plan
 
     index = json.loads((base / "model.safetensors.index.json").read_text())
     state = {}
     for shard in sorted(set(index["weight_map"].values())):
         state.update(load_file(str(base / shard)))
-    _, arrays = merge.restore_lora(ckpt)
-    for d in merge.plan(arrays, merge.read_lora_config(ckpt), gemma4.read_text_config(base)):
+    _, arrays = lora_checkpoint.restore_lora(ckpt)
+    for d in merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base)):
         w = state[d.hf]
         state[d.hf] = (w.float() + torch.from_numpy(d.delta())).to(w.dtype)
     out.mkdir(parents=True)
@@ -241,13 +241,13 @@ def _shard_tensors(path: Path) -> dict[str, np.ndarray]:
 def kernel_differences(xla_dir: Path, numpy_dir: Path) -> str:
     """Every tensor of the two merges compared: untargeted must be identical; targeted, how many elements differ
     and by how many ulps (merge.ulp_distance)."""
-    from gemma_tpu_helpers import merge
+    from gemma_tpu_helpers import safetensors_io
 
     counts, total, untargeted_diff, worst = {}, 0, 0, 0
     for shard in sorted(p.name for p in xla_dir.glob("*.safetensors")):
         a, b = _shard_tensors(xla_dir / shard), _shard_tensors(numpy_dir / shard)
         for key in a:
-            ulps = merge.ulp_distance(a[key], b[key])
+            ulps = safetensors_io.ulp_distance(a[key], b[key])
             if not key.endswith("_proj.weight"):
                 untargeted_diff += int((ulps > 0).sum())
                 continue
@@ -288,14 +288,14 @@ def shard_profile(base: Path, ckpt: Path) -> str:
     import jax
     import ml_dtypes
 
-    from gemma_tpu_helpers import gemma4, merge
+    from gemma_tpu_helpers import gemma4, lora_checkpoint, merge_plan, safetensors_io
 
-    _, shards, _ = merge.base_layout(base)
-    _, arrays = merge.restore_lora(ckpt)
-    deltas = {d.hf: d for d in merge.plan(arrays, merge.read_lora_config(ckpt), gemma4.read_text_config(base))}
+    _, shards, _ = safetensors_io.base_layout(base)
+    _, arrays = lora_checkpoint.restore_lora(ckpt)
+    deltas = {d.hf: d for d in merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))}
     shard = max(shards, key=lambda s: sum(n in deltas for n in shards[s]))
     names = [n for n in shards[shard] if n in deltas]
-    header, start = merge.read_header(base / shard)
+    header, start = safetensors_io.read_header(base / shard)
     bf16 = np.dtype(ml_dtypes.bfloat16)
     cpu = jax.devices("cpu")[0]
     dot = jax.jit(lambda bt, at, s: s * (bt @ at))
@@ -311,7 +311,7 @@ def shard_profile(base: Path, ckpt: Path) -> str:
 
             def read():
                 src.seek(start + b0)
-                return merge._read_block(src, b1 - b0).view(bf16).reshape(out_dim, in_dim)
+                return safetensors_io._read_block(src, b1 - b0).view(bf16).reshape(out_dim, in_dim)
 
             def matmul():
                 dw = (a @ b).T
@@ -332,9 +332,9 @@ def shard_profile(base: Path, ckpt: Path) -> str:
             dt, merged = _time(lambda: m.astype(bf16))
             t["before: cast down"] += dt
             del dw, m
-            fn = merge._xla_block_kernel("bfloat16", fuse_scale=bool(np.frexp(s)[0] == 0.5))
+            fn = safetensors_io._xla_block_kernel("bfloat16", fuse_scale=bool(np.frexp(s)[0] == 0.5))
             bt, at = np.ascontiguousarray(b.T), jax.device_put(np.ascontiguousarray(a.T), cpu)
-            rows = merge._block_rows(in_dim)
+            rows = safetensors_io._block_rows(in_dim)
             blocks = [(w[r:r + rows].view(np.uint16), bt[r:r + rows]) for r in range(0, out_dim, rows)]
             dt, dev = _time(lambda: [(jax.device_put(x, cpu, may_alias=True), jax.device_put(y, cpu))
                                      for x, y in blocks])
@@ -398,7 +398,7 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
     import ml_dtypes
     from safetensors.numpy import save_file
 
-    from gemma_tpu_helpers import gemma4, merge
+    from gemma_tpu_helpers import gemma4, merge, merge_plan, safetensors_io
 
     c = gemma4.GEMMA4_31B_TEXT_CONFIG
     rng = np.random.default_rng(0)
@@ -413,10 +413,10 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         w *= 0.02
         save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(path))
         del w
-        delta = merge.Delta("w", "layers/0/mlp/gate_proj", "gate_proj",
+        delta = merge_plan.Delta("w", "layers/0/mlp/gate_proj", "gate_proj",
                             (rng.standard_normal((in_dim, rank)) * 0.02).astype(np.float32),
                             (rng.standard_normal((rank, out_dim)) * 0.02).astype(np.float32), 1.0)
-        run = lambda kernel: merge.write_merged_shard(path, work / "w31b_out.safetensors", {"w": delta}, kernel)  # noqa: E731
+        run = lambda kernel: safetensors_io.write_merged_shard(path, work / "w31b_out.safetensors", {"w": delta}, kernel)  # noqa: E731
         run("xla")  # compile once, outside the timing
         xla_s, _ = _time(lambda: run("xla"))
         numpy_s = _time(lambda: run("numpy"), repeat=1)[0] if label == "gate_proj" else None

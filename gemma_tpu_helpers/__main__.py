@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
     p.set_defaults(func=cmd_mesh)
 
-    from . import bench, cost, evaluate, merge, serve
+    from . import bench, cost, evaluate, merge, peft_export, serve, verify
 
     p = sub.add_parser("lora", help="02: LoRA coverage report (HF target names -> tunix modules, per layer)")
     _profile_arg(p)
@@ -356,12 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=merge.main_merge)
 
     p = sub.add_parser("verify", help="07: merged model vs tunix base + LoRA (transformers and tunix logits)")
-    merge.add_verify_arguments(p)
-    p.set_defaults(func=merge.main_verify)
+    verify.add_verify_arguments(p)
+    p.set_defaults(func=verify.main_verify)
 
     p = sub.add_parser("export-adapter", help="07: the trained LoRA as an unmerged PEFT adapter (vLLM --enable-lora)")
-    merge.add_export_arguments(p)
-    p.set_defaults(func=merge.main_export_adapter)
+    peft_export.add_export_arguments(p)
+    p.set_defaults(func=peft_export.main_export_adapter)
 
     p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; prints the docker line on TPU)")
     serve.add_arguments(p)

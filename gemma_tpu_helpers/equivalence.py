@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import layout
 from .profiles import GPU_RECIPE, Profile
 
 # tunix gives k and v one LoRA A on local layers (one kv_einsum); PEFT gives each its own. The parity run leaves
@@ -84,19 +85,13 @@ def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
 
 
 def _to_peft(jax_lora: dict, rank: int) -> dict[str, np.ndarray]:
-    """tunix/qwix LoRA arrays -> PEFT ``lora_A.weight`` / ``lora_B.weight`` (HF weights are [out, in])."""
+    """tunix/qwix LoRA arrays -> PEFT ``lora_A.default.weight`` / ``lora_B.default.weight``, by the layout table."""
     out = {}
     for (layer, module), ab in jax_lora.items():
-        a, b = ab["a"], ab["b"]
-        if module == "q_einsum":  # A (D, r), B (r, N, H)
-            name, la, lb = "self_attn.q_proj", a.T, b.reshape(rank, -1).T
-        elif module == "attn_vec_einsum":  # A (N, H, r), B (r, D)
-            name, la, lb = "self_attn.o_proj", a.reshape(-1, rank).T, b.T
-        else:  # mlp kernels: A (in, r), B (r, out)
-            name, la, lb = f"mlp.{module}", a.T, b.T
-        prefix = f"base_model.model.model.language_model.layers.{layer}.{name}"
-        out[f"{prefix}.lora_A.default.weight"] = np.ascontiguousarray(la)
-        out[f"{prefix}.lora_B.default.weight"] = np.ascontiguousarray(lb)
+        for row in layout.rows_of_module(module):  # kv_einsum feeds k_proj and v_proj
+            la, lb = layout.peft_factors(row, ab["a"], ab["b"], rank)
+            out[layout.peft_key(layer, row, "A", adapter="default")] = np.ascontiguousarray(la)
+            out[layout.peft_key(layer, row, "B", adapter="default")] = np.ascontiguousarray(lb)
     return out
 
 

@@ -461,7 +461,8 @@ _MERGE_RANK, _MERGE_ALPHA = 4, 8.0
 
 def _merge_case(target: str):
     """(A, B, scale, reference ΔW) for layer 0's ``target`` from a synthetic LoRA, through merge.plan."""
-    from .merge import plan, synthetic_lora
+    from .layout import synthetic_lora
+    from .merge_plan import plan
     from .tiny import tiny_text_config
 
     cfg = tiny_text_config()

@@ -6,27 +6,17 @@ regex of tunix names copied from another Gemma misses ``k_einsum``, which only e
 :func:`apply_lora` takes HF names, maps them per layer, applies qwix, and raises if a requested target got no
 LoRA anywhere. :func:`coverage_of_regex` runs a raw qwix regex through the same report.
 
-Layouts (tunix 0.1.7, qwix 0.1.8; D hidden, N heads, K KV heads, H head dim, F intermediate, r rank):
-
-=========  ======================  =====================  ====================  =====================
-HF name    tunix module            tunix weight           LoRA A                LoRA B
-=========  ======================  =====================  ====================  =====================
-q_proj     attn/q_einsum           w (N, D, H)            (D, r)                (r, N, H)
-k_proj     attn/kv_einsum (local)  w (2, K, D, H)         (D, r)                (r, 2, K, H)
-v_proj     attn/kv_einsum (local)  (the same module: k and v share one A; B[:, 0] is k, B[:, 1] is v)
-k_proj     attn/k_einsum (global)  w (K, D, H)            (D, r)                (r, K, H)
-v_proj     (none on global k=v layers: the checkpoint has no v_proj there, V is K)
-o_proj     attn/attn_vec_einsum    w (N, H, D)            (N, H, r)             (r, D)
-gate/up    mlp/{gate,up}_proj      kernel (D, F)          (D, r)                (r, F)
-down_proj  mlp/down_proj           kernel (F, D)          (F, r)                (r, D)
-=========  ======================  =====================  ====================  =====================
+The layout (which tunix module, param and shapes each HF target has, per layer kind) is :mod:`layout`'s table;
+this module applies it with qwix and reports what got LoRA.
 """
 
 from __future__ import annotations
 
-import re
+from . import compat, gemma4, layout
+from . import mesh as mesh_lib
+from .errors import GemmaTpuError
 
-HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HF_TARGETS = layout.TARGETS  # the canonical order
 # The regex in the paper's public code (h2loop/gemma-tpu): tunix names, but no k_einsum.
 PAPER_REGEX = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj"
 # What people write first: the HF names, straight into qwix.
@@ -36,11 +26,11 @@ _TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum":
                 "attn_vec_einsum": "o_proj"}
 
 
-class LoraConfigError(ValueError):
+class LoraConfigError(GemmaTpuError, ValueError):
     """Bad LoRA arguments (target names, rank, QLoRA tile size)."""
 
 
-class LoraCoverageError(RuntimeError):
+class LoraCoverageError(GemmaTpuError, RuntimeError):
     """A requested LoRA target matched no module in any layer."""
 
 
@@ -52,19 +42,11 @@ def tunix_module(target: str, kind: str, k_eq_v: bool, kv_shared: bool = False) 
     k/v projection (tunix keeps a ``kv_einsum`` there, never called; the checkpoint's k_proj/v_proj are unused)
     has nothing to adapt, and qwix, which wraps the modules a forward pass calls, gives it no LoRA.
     """
-    if target == "q_proj":
-        return "attn/q_einsum"
-    if target == "o_proj":
-        return "attn/attn_vec_einsum"
-    if target in ("k_proj", "v_proj"):
-        if kv_shared:
-            return None
-        if kind == "global" and k_eq_v:
-            return "attn/k_einsum" if target == "k_proj" else None
-        return "attn/kv_einsum"
-    if target in ("gate_proj", "up_proj", "down_proj"):
-        return f"mlp/{target}"
-    raise LoraConfigError(_unknown_message([target]))
+    if target not in HF_TARGETS:
+        raise LoraConfigError(_unknown_message([target]))
+    layer = layout.Layer(-1, kind, kv_shared, kind == "global" and bool(k_eq_v), 0, 0, 0, 0, 0)
+    row = layout.row_for(target, layer)
+    return row.module if row else None
 
 
 def _unknown_message(unknown) -> str:
@@ -89,14 +71,7 @@ def validate_targets(targets) -> tuple[str, ...]:
 
 def regex_for(targets) -> str:
     """The qwix ``module_path`` regex (fullmatch over ``layers/<i>/attn/q_einsum``-style paths) for HF targets."""
-    targets = validate_targets(targets)
-    modules = []
-    for t in targets:
-        for kind in ("local", "global"):
-            m = tunix_module(t, kind, k_eq_v=True)
-            if m and m not in modules:
-                modules.append(m)
-    return ".*/(" + "|".join(re.escape(m) for m in modules) + ")"
+    return layout.qwix_regex(validate_targets(targets))
 
 
 def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
@@ -107,8 +82,9 @@ def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
     linears) and which the course never trains. ``k_layers`` limits ``k_proj`` to those layer indices (None: all).
     """
     targets = validate_targets(targets)
-    attn = [t for t in targets if t in ("q_proj", "v_proj", "o_proj") or (t == "k_proj" and k_layers is None)]
-    mlp = [t for t in targets if t in ("gate_proj", "up_proj", "down_proj")]
+    parent = {r.target: r.hf_module.split(".")[0] for r in layout.ROWS}  # self_attn or mlp
+    attn = [t for t in targets if parent[t] == "self_attn" and (t != "k_proj" or k_layers is None)]
+    mlp = [t for t in targets if parent[t] == "mlp"]
     parts = []
     if attn:
         parts.append(rf"\d+\.self_attn\.({'|'.join(attn)})")
@@ -119,61 +95,29 @@ def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
     return rf".*language_model\.layers\.({'|'.join(parts)})"
 
 
-def _shapes(c: dict, target: str, kind: str, rank, layer: int | None = None):
-    """(tunix weight shape, HF weight shape [out, in], LoRA A shape, LoRA B shape) for one target and layer kind.
-
-    ``layer``: the layer index, which matters only for E2B's doubled MLP on its KV-shared layers."""
-    from .gemma4 import kv_shared_layers
-
-    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
-    if layer is not None and c.get("use_double_wide_mlp") and layer in kv_shared_layers(c):
-        f *= 2
-    if kind == "global":
-        k, h = (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
-    else:
-        k, h = c["num_key_value_heads"], c["head_dim"]
-    k_eq_v = kind == "global" and bool(c.get("attention_k_eq_v"))
-    r = rank if rank is not None else "r"
-    if target == "q_proj":
-        return (n, d, h), (n * h, d), (d, r), (r, n, h)
-    if target == "o_proj":
-        return (n, h, d), (d, n * h), (n, h, r), (r, d)
-    if target in ("k_proj", "v_proj"):
-        if k_eq_v:
-            return ((k, d, h), (k * h, d), (d, r), (r, k, h)) if target == "k_proj" else (None, None, None, None)
-        return (2, k, d, h), (k * h, d), (d, r), (r, 2, k, h)
-    if target == "down_proj":
-        return (f, d), (d, f), (f, r), (r, d)
-    return (d, f), (f, d), (d, r), (r, f)
-
-
 def target_table(text_config: dict, rank: int | None = None):
-    """HF/PEFT target names -> tunix Gemma 4 modules, per layer kind, with shapes (pandas)."""
+    """HF/PEFT target names -> tunix Gemma 4 modules, per layer kind, with shapes (pandas; from :mod:`layout`)."""
     import pandas as pd
 
-    from .gemma4 import layer_kinds
-
-    c = text_config
-    kinds = layer_kinds(c)
-    k_eq_v = bool(c.get("attention_k_eq_v"))
+    groups: dict[tuple[str, bool], list] = {}
+    for layer in layout.layers(text_config):
+        groups.setdefault((layer.kind, layer.kv_shared), []).append(layer)
+    order = [g for g in (("local", False), ("global", False), ("local", True), ("global", True)) if g in groups]
+    r = rank if rank is not None else "r"
     rows = []
     for t in HF_TARGETS:
-        for kind in ("local", "global"):
-            count = kinds.count(kind)
-            if not count:
-                continue
-            module = tunix_module(t, kind, k_eq_v)
-            w, hf, a, b = _shapes(c, t, kind, rank)
-            note = ""
-            if module == "attn/kv_einsum":
-                note = "k and v share this module: LoRA on either adapts both (one A, B[:, 0] is k, B[:, 1] is v)"
-            elif module == "attn/k_einsum":
-                note = "global k=v layer: K only (it is also V); regexes without k_einsum miss it"
-            elif module is None:
-                note = "no v_proj on global k=v layers (V is K): nothing to adapt, k_proj covers it"
-            rows.append({"HF target": t, "layer kind": kind, "layers": count, "tunix module": module or "(none)",
-                         "tunix weight": str(w) if w else "-", "HF weight [out, in]": str(hf) if hf else "-",
-                         "LoRA A": str(a) if a else "-", "LoRA B": str(b) if b else "-", "note": note})
+        for kind, shared in order:
+            layer = groups[(kind, shared)][0]
+            row = layout.row_for(t, layer)
+            if row is None:
+                note = ("KV-shared layer: reads an earlier layer's K/V, no k/v projection runs here" if shared
+                        else "no v_proj on global k=v layers (V is K): nothing to adapt, k_proj covers it")
+            rows.append({"HF target": t, "layer kind": kind + (" (KV-shared)" if shared else ""),
+                         "layers": len(groups[(kind, shared)]), "tunix module": row.module if row else "(none)",
+                         "tunix weight": str(row.weight(layer)) if row else "-",
+                         "HF weight [out, in]": str(row.hf_shape(layer)) if row else "-",
+                         "LoRA A": str(row.a(layer, r)) if row else "-", "LoRA B": str(row.b(layer, r)) if row else "-",
+                         "note": row.note if row else note})
     return pd.DataFrame(rows)
 
 
@@ -339,8 +283,6 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
     provider = make_provider(targets, rank, alpha, dropout, qlora, tile_size, regex=regex)
     base = base_param_count(model)
     if qlora is not None:
-        from . import compat
-
         compat.patch_gemma4_qlora_einsum()
     lora_model = _run_qwix(model, provider, seed, abstract)
     unused = provider.get_unused_rules()
@@ -393,9 +335,6 @@ def compare_regexes(model, regexes: dict[str, str], rank: int = 8, alpha: float 
 
 def report_for_profile(profile, regex: str | None = None, model=None):
     """Coverage summary for a profile's base model: ours (HF targets) or a raw qwix ``regex``. Abstract (fast)."""
-    from . import gemma4
-    from . import mesh as mesh_lib
-
     if model is None:
         base = gemma4.ensure_base(profile)
         model = gemma4.load_model(base, mesh_lib.make_mesh(profile), dtype=profile.model.dtype)

@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from . import layout
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -57,32 +58,11 @@ def param_count(c: dict) -> int:
 
 
 def lora_param_count(c: dict, rank: int, targets) -> int:
-    """LoRA parameters for HF target names, following the tunix module layout.
+    """LoRA parameters for HF target names, from the layout table (``layout.lora_param_count``).
 
     k and v share one ``kv_einsum`` (one A) on local layers; global k=v layers have only ``k_einsum``.
     """
-    from .gemma4 import kv_shared_layers, layer_kinds
-
-    t = set(targets)
-    d, n = c["hidden_size"], c["num_attention_heads"]
-    shared = kv_shared_layers(c)  # E2B/E4B: no k/v projection runs there; E2B doubles their MLP
-    total = 0
-    for i, kind in enumerate(layer_kinds(c)):
-        k, h = _attn_dims(c, kind)
-        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
-        if "q_proj" in t:
-            total += rank * (d + n * h)
-        if "o_proj" in t:
-            total += rank * (n * h + d)
-        if i in shared:
-            pass
-        elif kind == "global" and c.get("attention_k_eq_v"):
-            if "k_proj" in t:
-                total += rank * (d + k * h)
-        elif t & {"k_proj", "v_proj"}:
-            total += rank * (d + 2 * k * h)
-        total += sum(rank * (d + f) for name in ("gate_proj", "up_proj", "down_proj") if name in t)
-    return total
+    return layout.lora_param_count(c, rank, targets)
 
 
 def memory_estimate(profile: Profile, text_config: dict) -> dict:

@@ -23,6 +23,8 @@ import dataclasses
 import time
 from typing import Callable
 
+from . import lora
+
 # name -> (kind, description). kind "tunix": model.config.remat_config; kind "jax": nnx.remat(policy=...) per layer.
 POLICIES: dict[str, tuple[str, str]] = {
     "none": ("tunix", "no rematerialisation: every activation is kept for the backward pass"),
@@ -33,8 +35,8 @@ POLICIES: dict[str, tuple[str, str]] = {
                              "recompute attention scores"),
 }
 
-# The LoRA targets in tunix's Gemma 4 module names (k_einsum: the k=v global layers; see notebook 02).
-LORA_MODULE_PATH = ".*q_einsum|.*kv_einsum|.*k_einsum|.*attn_vec_einsum|.*gate_proj|.*up_proj|.*down_proj"
+# The qwix regex for every LoRA target, from the layout table (k_einsum: the k=v global layers; see notebook 02).
+LORA_MODULE_PATH = lora.regex_for(lora.HF_TARGETS)
 
 
 class UnknownPolicyError(ValueError):
@@ -94,9 +96,7 @@ def remat_config_of(model) -> str:
 
 
 def _lora_provider(rank: int, alpha: float):
-    import qwix
-
-    return qwix.LoraProvider(module_path=LORA_MODULE_PATH, rank=rank, alpha=alpha)
+    return lora.make_provider(lora.HF_TARGETS, rank=rank, alpha=alpha)
 
 
 def _apply_lora(model, rank: int, alpha: float, seed: int = 0, jit: bool = True):

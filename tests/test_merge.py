@@ -1,4 +1,5 @@
-"""merge.py: Orbax LoRA -> streamed safetensors merge, verification against transformers/tunix, PEFT export."""
+"""The merge (merge.py and the modules it calls: lora_checkpoint, merge_plan, safetensors_io), verify.py and
+peft_export.py: Orbax LoRA -> streamed safetensors merge, verification against transformers/tunix, PEFT export."""
 
 import argparse
 import errno
@@ -9,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import gemma4, merge
+from gemma_tpu_helpers import gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify
+from gemma_tpu_helpers.errors import GemmaTpuError
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 
@@ -27,9 +29,9 @@ def trained(smoke, tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def strong(trained, tmp_path_factory):
     """The trained LoRA with random B: after 2 steps B is ~1e-3, too weak to expose a wrong layout."""
-    _, arrays = merge.restore_lora(trained)
+    _, arrays = lora_checkpoint.restore_lora(trained)
     ckpt = tmp_path_factory.mktemp("strong") / "checkpoints"
-    merge.write_lora_checkpoint(ckpt, merge.perturbed_lora(arrays, seed=1), merge.read_lora_config(trained), step=3)
+    lora_checkpoint.write_lora_checkpoint(ckpt, verify.perturbed_lora(arrays, seed=1), lora_checkpoint.read_lora_config(trained), step=3)
     return ckpt
 
 
@@ -48,7 +50,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def _expected_delta(arrays, layer, target, kind, scale):
-    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums (independent of merge.plan)."""
+    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums (independent of merge_plan.plan)."""
     p = f"layers/{layer}/"
     if target == "q_proj":
         a, b = arrays[p + "attn/q_einsum/w_lora_a"], arrays[p + "attn/q_einsum/w_lora_b"]
@@ -70,14 +72,14 @@ def _expected_delta(arrays, layer, target, kind, scale):
 # ------------------------------------------------------------------------------------------------ the Orbax side
 
 def test_restore_only_lora_arrays_as_numpy(trained):
-    step, arrays = merge.restore_lora(trained)
-    assert step == 2 and merge.list_steps(trained) == [1, 2]
+    step, arrays = lora_checkpoint.restore_lora(trained)
+    assert step == 2 and lora_checkpoint.list_steps(trained) == [1, 2]
     assert len(arrays) == 2 * (6 * LOCAL + 6 * GLOBAL)  # q, kv|k, o, gate, up, down; A and B each
     assert all(type(v) is np.ndarray for v in arrays.values())
     assert arrays["layers/0/attn/kv_einsum/w_lora_b"].shape == (8, 2, 8, 64)
     assert arrays["layers/5/attn/k_einsum/w_lora_b"].shape == (8, 4, 128)
     assert "layers/5/attn/kv_einsum/w_lora_a" not in arrays
-    step1, arrays1 = merge.restore_lora(trained, step=1)
+    step1, arrays1 = lora_checkpoint.restore_lora(trained, step=1)
     assert step1 == 1
     key = "layers/0/attn/q_einsum/w_lora_b"
     assert np.abs(arrays[key]).max() > 0 and not np.array_equal(arrays[key], arrays1[key])  # B trained, per step
@@ -86,27 +88,27 @@ def test_restore_only_lora_arrays_as_numpy(trained):
 def test_plan_maps_every_module_once(trained, tiny_dir):
     from gemma_tpu_helpers import gemma4
 
-    meta = merge.read_lora_config(trained)
-    _, arrays = merge.restore_lora(trained)
-    deltas = merge.plan(arrays, meta, gemma4.read_text_config(tiny_dir))
+    meta = lora_checkpoint.read_lora_config(trained)
+    _, arrays = lora_checkpoint.restore_lora(trained)
+    deltas = merge_plan.plan(arrays, meta, gemma4.read_text_config(tiny_dir))
     names = [d.hf for d in deltas]
     assert len(names) == len(set(names)) == 7 * LOCAL + 6 * GLOBAL
     assert "model.language_model.layers.5.self_attn.v_proj.weight" not in names
     k5 = next(d for d in deltas if d.hf == "model.language_model.layers.5.self_attn.k_proj.weight")
     assert k5.module == "layers/5/attn/k_einsum" and k5.shape == (4 * 128, 256)
     assert all(d.scale == meta["alpha"] / meta["rank"] for d in deltas)
-    table = merge.mapping_table(deltas, arrays)
+    table = merge_plan.mapping_table(deltas, arrays)
     assert len(table) == len(deltas) and {"tunix module", "HF tensor", "HF shape [out, in]"} <= set(table.columns)
 
 
 # ------------------------------------------------------------------------------------------------ the merge
 
 def test_merge_applies_lora_and_copies_the_rest_bit_for_bit(tiny_dir, strong, merged):
-    _, arrays = merge.restore_lora(strong)
-    meta = merge.read_lora_config(strong)
+    _, arrays = lora_checkpoint.restore_lora(strong)
+    meta = lora_checkpoint.read_lora_config(strong)
     scale = meta["alpha"] / meta["rank"]
-    base_index = json.loads((tiny_dir / merge.INDEX).read_text())
-    out_index = json.loads((merged / merge.INDEX).read_text())
+    base_index = json.loads((tiny_dir / safetensors_io.INDEX).read_text())
+    out_index = json.loads((merged / safetensors_io.INDEX).read_text())
     assert out_index["weight_map"] == base_index["weight_map"]
     shards = sorted(set(base_index["weight_map"].values()))
     assert sorted(p.name for p in merged.glob("*.safetensors")) == shards and len(shards) > 1
@@ -156,18 +158,18 @@ def _kernels_agree(tmp_path, w, scale, rank=16, seed=0):
     out_dim, in_dim = w.shape
     a = (rng.standard_normal((in_dim, rank)) * 0.05).astype(np.float32)
     b = (rng.standard_normal((rank, out_dim)) * 0.05).astype(np.float32)
-    delta = merge.Delta("w", "layers/0/mlp/up_proj", "up_proj", a, b, scale)
+    delta = merge_plan.Delta("w", "layers/0/mlp/up_proj", "up_proj", a, b, scale)
     src = tmp_path / "src.safetensors"
     _one_tensor_shard(src, w)
     got, applied = {}, {}
-    for kernel in merge.MERGE_KERNELS:
-        applied[kernel] = merge.write_merged_shard(src, tmp_path / f"{kernel}.safetensors", {"w": delta}, kernel)["w"]
+    for kernel in safetensors_io.MERGE_KERNELS:
+        applied[kernel] = safetensors_io.write_merged_shard(src, tmp_path / f"{kernel}.safetensors", {"w": delta}, kernel)["w"]
         got[kernel] = _tensors(tmp_path / f"{kernel}.safetensors")
     base = _tensors(src)
     for k in ("a_before", "z_after"):  # untargeted: bit for bit with both kernels
         assert got["xla"][k].tobytes() == got["numpy"][k].tobytes() == base[k].tobytes()
     x, n = got["xla"]["w"], got["numpy"]["w"]
-    return x, n, merge.ulp_distance(x, n), applied
+    return x, n, safetensors_io.ulp_distance(x, n), applied
 
 
 def _assert_same_up_to_dot_order(w, x, n, ulps, what):
@@ -187,11 +189,11 @@ def test_xla_kernel_equals_the_numpy_reference(tmp_path, monkeypatch, dtype):
     blocks and a short last one); only the dot's summation order may differ, by at most 1 ulp in rare elements."""
     import ml_dtypes
 
-    monkeypatch.setattr(merge, "MERGE_BLOCK_ELEMENTS", 4096)  # 64-row blocks of 64 columns: 5 blocks, the last short
+    monkeypatch.setattr(safetensors_io, "MERGE_BLOCK_ELEMENTS", 4096)  # 64-row blocks of 64 columns: 5 blocks, the last short
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((300, 64)) * 0.02).astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
     x, n, ulps, applied = _kernels_agree(tmp_path, w, scale=0.3)
-    assert merge._block_rows(64) == 64 and x.dtype == n.dtype == w.dtype
+    assert safetensors_io._block_rows(64) == 64 and x.dtype == n.dtype == w.dtype
     _assert_same_up_to_dot_order(w, x, n, ulps, dtype)
     assert applied["xla"] == pytest.approx(applied["numpy"], rel=1e-6) and applied["xla"] > 0
     assert np.abs(x.astype(np.float32) - w.astype(np.float32)).max() > 1e-3  # the LoRA did change it
@@ -204,7 +206,7 @@ def test_xla_kernel_keeps_special_values_like_numpy(tmp_path):
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     rng = np.random.default_rng(2)
-    w = (rng.standard_normal((8, 2 * merge.MERGE_BLOCK_ELEMENTS // 8)) * 0.02).astype(bf16)
+    w = (rng.standard_normal((8, 2 * safetensors_io.MERGE_BLOCK_ELEMENTS // 8)) * 0.02).astype(bf16)
     special = np.array([0x7FC0, 0xFFC0, 0x7F81, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x7F7F, 0x0001, 0x8040],
                        np.uint16).view(bf16)
     w[0, :special.size] = special
@@ -223,7 +225,7 @@ def test_merge_kernels_agree_on_the_tiny_model(tiny_dir, strong, merged, tmp_pat
     for shard in sorted(p.name for p in merged.glob("*.safetensors")):
         a, b = _tensors(merged / shard), _tensors(ref / shard)
         for key in a:
-            ulps = merge.ulp_distance(a[key], b[key])
+            ulps = safetensors_io.ulp_distance(a[key], b[key])
             if not key.endswith("_proj.weight"):
                 assert ulps.max() == 0, key
             differ += int((ulps > 0).sum())
@@ -240,16 +242,16 @@ def test_ulp_distance():
     bf16 = np.dtype(ml_dtypes.bfloat16)
     x = np.array([0x3F80, 0x3F80, 0x8000, 0x0001, 0xBF80], np.uint16).view(bf16)
     y = np.array([0x3F80, 0x3F82, 0x0000, 0x8001, 0xBF81], np.uint16).view(bf16)
-    assert merge.ulp_distance(x, y).tolist() == [0, 2, 0, 2, 1]
+    assert safetensors_io.ulp_distance(x, y).tolist() == [0, 2, 0, 2, 1]
     with pytest.raises(ValueError):
-        merge.ulp_distance(x, y.astype(np.float32))
+        safetensors_io.ulp_distance(x, y.astype(np.float32))
 
 
 def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh):
     from gemma_tpu_helpers import parity
 
-    res = merge.verify(tiny_dir, strong, merged, mesh=mesh)
-    table = merge.verify_table(res)
+    res = verify.verify(tiny_dir, strong, merged, mesh=mesh)
+    table = verify.verify_table(res)
     print(table.to_string())
     a, b, effect = res["rows"]
     assert res["same_lora_as_merge"] is True
@@ -259,7 +261,7 @@ def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh
 
 def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch):
     """The check can fail: merge k's update into v_proj and v's into k_proj, and verify must say so."""
-    real_plan = merge.plan
+    real_plan = merge_plan.plan
 
     def swapped(arrays, meta, text):
         deltas = real_plan(arrays, meta, text)
@@ -268,10 +270,10 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
                 d.hf = d.hf.replace("k_proj", "TMP").replace("v_proj", "k_proj").replace("TMP", "v_proj")
         return deltas
 
-    monkeypatch.setattr(merge, "plan", swapped)
+    monkeypatch.setattr(merge_plan, "plan", swapped)
     out = merge.merge_lora(tiny_dir, strong, tmp_path / "bad", progress=False).out_dir
-    monkeypatch.setattr(merge, "plan", real_plan)
-    res = merge.verify(tiny_dir, strong, out, mesh=mesh)
+    monkeypatch.setattr(merge_plan, "plan", real_plan)
+    res = verify.verify(tiny_dir, strong, out, mesh=mesh)
     assert not res["ok"] and res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2
 
 
@@ -280,9 +282,9 @@ def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
 
     from gemma_tpu_helpers import parity
 
-    out = merge.export_peft_adapter(strong, tmp_path / "adapter", tiny_dir)
+    out = peft_export.export_peft_adapter(strong, tmp_path / "adapter", tiny_dir)
     cfg = json.loads((out / "adapter_config.json").read_text())
-    meta = merge.read_lora_config(strong)
+    meta = lora_checkpoint.read_lora_config(strong)
     assert cfg["peft_type"] == "LORA" and cfg["r"] == meta["rank"] and cfg["lora_alpha"] == meta["alpha"]
     with safe_open(out / "adapter_model.safetensors", framework="np") as f:
         keys = list(f.keys())
@@ -291,7 +293,7 @@ def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
     assert len(keys) == 2 * (7 * LOCAL + 6 * GLOBAL) and a.shape == (8, 256) and b.shape == (512, 8)
     assert not [k for k in keys if "layers.5.self_attn.v_proj" in k]
     tokens = parity.sample_tokens(1024, 32)
-    peft_logits = merge.peft_logits(tiny_dir, out, tokens)
+    peft_logits = peft_export.peft_logits(tiny_dir, out, tokens)
     merged_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(merged), tokens)
     base_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(tiny_dir), tokens)
     scale = np.abs(merged_logits).max()
@@ -316,9 +318,9 @@ def test_step_and_cli(tiny_dir, trained, tmp_path):
 # ------------------------------------------------------------------------------------------------ bad input
 
 def test_missing_step(tiny_dir, trained, tmp_path):
-    with pytest.raises(merge.MergeError, match=r"no step 7; its steps are \[1, 2\]"):
+    with pytest.raises(lora_checkpoint.LoraCheckpointError, match=r"no step 7; its steps are \[1, 2\]"):
         merge.merge_lora(tiny_dir, trained, tmp_path / "out", step=7)
-    with pytest.raises(merge.MergeError, match="does not exist"):
+    with pytest.raises(lora_checkpoint.LoraCheckpointError, match="does not exist"):
         merge.merge_lora(tiny_dir, tmp_path / "nowhere", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -330,10 +332,10 @@ def test_truncated_orbax_checkpoint(tiny_dir, trained, tmp_path):
     assert data
     for p in data:  # the array data files, cut short
         p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
-    with pytest.raises(merge.MergeError, match="incomplete or damaged"):
+    with pytest.raises(lora_checkpoint.LoraCheckpointError, match="incomplete or damaged"):
         merge.merge_lora(tiny_dir, ckpt, tmp_path / "out", step=2)
     shutil.rmtree(ckpt / "1" / "model_params")
-    with pytest.raises(merge.MergeError, match="no model_params"):
+    with pytest.raises(lora_checkpoint.LoraCheckpointError, match="no model_params"):
         merge.merge_lora(tiny_dir, ckpt, tmp_path / "out", step=1)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
 
@@ -342,11 +344,11 @@ def test_wrong_base_model(trained, tmp_path, monkeypatch):
     from gemma_tpu_helpers import tiny
 
     deeper = tiny.write_tiny_model(tmp_path / "deep", layers=12)
-    with pytest.raises(merge.MergeError, match="6-layer base, but this base has 12 layers"):
+    with pytest.raises(merge_plan.LoraMismatchError, match="6-layer base, but this base has 12 layers"):
         merge.merge_lora(deeper, trained, tmp_path / "out")
     monkeypatch.setitem(tiny.TINY_OVERRIDES, "num_attention_heads", 4)
     fewer_heads = tiny.write_tiny_model(tmp_path / "heads", layers=6)
-    with pytest.raises(merge.MergeError, match="do not fit this base"):
+    with pytest.raises(merge_plan.LoraMismatchError, match="do not fit this base"):
         merge.merge_lora(fewer_heads, trained, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -354,11 +356,11 @@ def test_wrong_base_model(trained, tmp_path, monkeypatch):
 def test_base_without_config_or_index(tiny_dir, trained, tmp_path):
     base = tmp_path / "base"
     shutil.copytree(tiny_dir, base)
-    (base / merge.INDEX).unlink()
-    with pytest.raises(merge.MergeError, match="no model.safetensors.index.json"):
+    (base / safetensors_io.INDEX).unlink()
+    with pytest.raises(safetensors_io.SafetensorsError, match="no model.safetensors.index.json"):
         merge.merge_lora(base, trained, tmp_path / "out")
     (base / "config.json").unlink()
-    with pytest.raises(merge.MergeError, match="no config.json"):
+    with pytest.raises(safetensors_io.SafetensorsError, match="no config.json"):
         merge.merge_lora(base, trained, tmp_path / "out")
 
 
@@ -375,7 +377,7 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
     out = tmp_path / "out"
     out.mkdir()
     (out / "previous.txt").write_text("an earlier merge")
-    real = merge.write_merged_shard
+    real = safetensors_io.write_merged_shard
     calls = []
 
     def fill_disk(src, dst, deltas, kernel):
@@ -385,7 +387,7 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
         Path(dst).write_bytes(b"\0" * 1000)  # a partial shard, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device", str(dst))
 
-    monkeypatch.setattr(merge, "write_merged_shard", fill_disk)
+    monkeypatch.setattr(safetensors_io, "write_merged_shard", fill_disk)
     with pytest.raises(OSError) as err:
         merge.merge_lora(tiny_dir, trained, out, overwrite=True, progress=False)
     assert err.value.errno == errno.ENOSPC and len(calls) == 3
@@ -410,3 +412,10 @@ def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained,
     (run / "train" / train.DONE).write_text(json.dumps({"steps": 3}))
     merge.ensure_merged(smoke, run, progress=False)
     assert merge.read_merge_info(out)["step"] == 3
+
+
+def test_every_merge_error_is_a_gemma_tpu_error_and_a_value_error():
+    """The CLI catches GemmaTpuError once; user code that caught ValueError (what MergeError was) still does."""
+    for cls in (lora_checkpoint.LoraCheckpointError, merge_plan.LoraMismatchError, safetensors_io.SafetensorsError,
+                merge.MergeError, merge.OutputExistsError, verify.VerifyError):
+        assert issubclass(cls, GemmaTpuError) and issubclass(cls, ValueError), cls

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_cli
-from gemma_tpu_helpers import merge, train
+from gemma_tpu_helpers import lora_checkpoint, train
 
 STEPS = 3  # step 1 runs at lr 0 (warmup), so steps 2-3 are the ones that test the optimizer across processes
 TOL = 1e-5
@@ -99,7 +99,7 @@ def runs(tmp_path_factory, tiny_dir, smoke):
         assert rc == 0, f"process {i} failed:\n{out[-4000:]}"
     first_lines = (two / "train" / "metrics.jsonl").read_text().splitlines()
     first = train.read_metrics(two)
-    first_lora = merge.restore_lora(two / "checkpoints", STEPS)[1]
+    first_lora = lora_checkpoint.restore_lora(two / "checkpoints", STEPS)[1]
 
     # Resume: drop the last checkpoint; both processes restore step STEPS-1 from the shared directory.
     shutil.rmtree(two / "checkpoints" / str(STEPS))
@@ -144,7 +144,7 @@ def test_checkpoint_from_two_processes_restores_on_one_host(runs):
     """
     item = runs["two"] / "checkpoints" / str(STEPS - 1) / "model_params"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}  # both processes wrote
-    ref = merge.restore_lora(runs["ref"] / "checkpoints", STEPS)[1]
+    ref = lora_checkpoint.restore_lora(runs["ref"] / "checkpoints", STEPS)[1]
     ours = runs["first_lora"]
     assert ours.keys() == ref.keys() and len(ours) > 0
     rel = max(float(np.linalg.norm(ours[k] - ref[k]) / np.linalg.norm(ref[k])) for k in ref)

@@ -1,0 +1,161 @@
+"""The LoRA side of a tunix run's Orbax checkpoints: which steps there are, the LoRA config, the LoRA arrays.
+
+tunix's ``PeftTrainer`` saves ``<checkpoints>/<step>/model_params`` (the ``nnx.LoRAParam`` state only) and our
+training writes ``<checkpoints>/lora_config.json`` (targets, rank, alpha: the only source of rank and alpha).
+:func:`restore_lora` reads the arrays as host numpy arrays: no model, no accelerator, no mesh. On a multi-host run the
+checkpoint was written by several processes; Orbax reassembles each global array when it restores it as a numpy
+array, so one host (any machine that can read the directory) reads it alone. :func:`write_lora_checkpoint` writes
+the same layout (for checks, benchmarks and the merge notebook's strong-signal check).
+
+Needs numpy, and orbax-checkpoint when reading or writing arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import GemmaTpuError
+
+METADATA = "lora_config.json"  # = train.METADATA (not imported: train pulls in more than reading a LoRA needs)
+PARAMS_ITEM = "model_params"
+
+
+class LoraCheckpointError(GemmaTpuError, ValueError):
+    """A checkpoint directory, step or LoRA config that cannot be read (the message says which and why)."""
+
+
+def list_steps(checkpoint_dir: str | Path) -> list[int]:
+    d = Path(checkpoint_dir)
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) if d.is_dir() else []
+
+
+def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[int, Path]:
+    """``(step, <checkpoint_dir>/<step>/model_params)``; the latest step by default. Raises LoraCheckpointError."""
+    d = Path(checkpoint_dir)
+    if not d.is_dir():
+        raise LoraCheckpointError(f"Checkpoint directory {d} does not exist (train first: `python -m gemma_tpu_helpers train`).")
+    steps = list_steps(d)
+    if not steps:
+        raise LoraCheckpointError(f"{d} holds no Orbax step directories (<step>/{PARAMS_ITEM}); train first, or pass the "
+                         f"`checkpoints` folder of a run.")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise LoraCheckpointError(f"{d} has no step {step}; its steps are {steps}.")
+    item = d / str(step) / PARAMS_ITEM
+    if not item.is_dir():
+        raise LoraCheckpointError(f"{d / str(step)} has no {PARAMS_ITEM}/ (an unfinished or foreign checkpoint); "
+                         f"steps present: {steps}.")
+    return step, item
+
+
+def read_lora_config(checkpoint_dir: str | Path) -> dict:
+    """``lora_config.json`` written by training: targets, rank, alpha, ... (the only source of rank and alpha)."""
+    if not Path(checkpoint_dir).is_dir():
+        resolve_step(checkpoint_dir)  # raises the "does not exist" error
+    path = Path(checkpoint_dir) / METADATA
+    if not path.is_file():
+        raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds (rank, alpha, targets). "
+                         f"Checkpoints written by `gemma_tpu_helpers train` have it.")
+    meta = json.loads(path.read_text())
+    missing = [k for k in ("targets", "rank", "alpha") if k not in meta]
+    if missing:
+        raise LoraCheckpointError(f"{path} lacks {missing}.")
+    return meta
+
+
+def _flatten(tree, prefix=()) -> dict[str, object]:
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flatten(v, (*prefix, str(k))))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(_flatten(v, (*prefix, str(i))))
+    else:
+        out["/".join(prefix)] = tree
+    return out
+
+
+def _strip_value(path: str) -> str:
+    return path[: -len("/value")] if path.endswith("/value") else path
+
+
+def restore_lora(checkpoint_dir: str | Path, step: int | None = None) -> tuple[int, dict[str, np.ndarray]]:
+    """``(step, {"layers/0/attn/q_einsum/w_lora_a": array, ...})``: the LoRA params as host numpy arrays.
+
+    Reads only ``<step>/model_params`` (not the optimizer state), with every leaf restored as ``np.ndarray``: no
+    device, no mesh, no sharding. A checkpoint written by several processes (multi-host training) restores the same
+    way: Orbax reassembles each global array from the pieces the processes wrote.
+    """
+    import orbax.checkpoint as ocp
+
+    step, item = resolve_step(checkpoint_dir, step)
+    ckptr = ocp.PyTreeCheckpointer()
+    try:
+        meta = ckptr.metadata(item)
+        tree_meta = getattr(meta, "item_metadata", None) or getattr(meta, "tree", None) or meta
+        restore_args = _map_leaves(tree_meta, lambda _: ocp.RestoreArgs(restore_type=np.ndarray))
+        tree = ckptr.restore(item, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    except LoraCheckpointError:
+        raise
+    except Exception as e:  # truncated / corrupt directories fail in many ways inside Orbax and TensorStore
+        raise LoraCheckpointError(f"Could not restore the LoRA params from {item}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}. The checkpoint is incomplete or damaged; "
+                         f"pick another step (steps: {list_steps(checkpoint_dir)}) or retrain.") from e
+    flat = {_strip_value(k): np.asarray(v) for k, v in _flatten(_to_plain(tree)).items()}
+    if not flat:
+        raise LoraCheckpointError(f"{item} holds no arrays.")
+    return step, flat
+
+
+def _to_plain(tree):
+    """nnx.State / mappings / sequences -> plain nested dicts (orbax may hand back State-like mappings)."""
+    if hasattr(tree, "to_pure_dict"):
+        tree = tree.to_pure_dict()
+    if isinstance(tree, dict) or (hasattr(tree, "items") and not isinstance(tree, np.ndarray)):
+        return {k: _to_plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_to_plain(v) for v in tree]
+    return tree
+
+
+def _map_leaves(tree, fn):
+    if isinstance(tree, dict) or (hasattr(tree, "items") and not hasattr(tree, "shape")):
+        return {k: _map_leaves(v, fn) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_leaves(v, fn) for v in tree)
+    return fn(tree)
+
+
+def lora_digest(arrays: dict[str, np.ndarray]) -> str:
+    """A short digest of LoRA arrays (paths and bytes): which LoRA a merged directory or an adapter was made from."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def write_lora_checkpoint(checkpoint_dir: str | Path, arrays: dict[str, np.ndarray], meta: dict, step: int = 1) -> Path:
+    """Save ``arrays`` (flat tunix paths) as ``<checkpoint_dir>/<step>/model_params`` + ``lora_config.json``, in the
+    nested layout tunix's ``PeftTrainer`` saves (``layers -> 0 -> attn -> q_einsum -> w_lora_a``)."""
+    import orbax.checkpoint as ocp
+
+    checkpoint_dir = Path(checkpoint_dir)
+    tree: dict = {}
+    for path, arr in arrays.items():
+        node = tree
+        parts = path.split("/")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = np.asarray(arr)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    (checkpoint_dir / METADATA).write_text(json.dumps(meta, indent=1))
+    ckptr = ocp.PyTreeCheckpointer()
+    ckptr.save((checkpoint_dir / str(step) / PARAMS_ITEM).resolve(), tree, force=True)
+    return checkpoint_dir

@@ -1,0 +1,135 @@
+"""The merge's plan: which HF tensor gets which ΔW, from a LoRA checkpoint's arrays and the base's config.
+
+Read from :mod:`layout`'s table (tunix module -> HF tensor(s), shapes, the ΔW reshape): a module's LoRA is checked
+against the table's shapes for this base, and each row on it gives one :class:`Delta` (a ``kv_einsum`` gives two:
+k is ``B[:, 0]``, v is ``B[:, 1]``, with one shared A). Used by the merge, the PEFT export and the exercises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from . import layout
+from .errors import GemmaTpuError
+from .gemma4 import KEY_PREFIX
+
+
+class LoraMismatchError(GemmaTpuError, ValueError):
+    """LoRA arrays that do not fit the base or their lora_config.json (another model, missing or extra modules)."""
+
+
+def hf_name(layer: int, target: str) -> str:
+    """The HF tensor of ``target`` on ``layer`` (``model.language_model.layers.3.self_attn.k_proj.weight``)."""
+    (row,) = {r.hf_module: r for r in layout.ROWS if r.target == target}.values()
+    return layout.hf_key(layer, row)
+
+
+@dataclasses.dataclass
+class Delta:
+    """One HF tensor's LoRA update: ΔW = scale · (A2 · B2)ᵀ, with A2 (in, r) and B2 (r, out)."""
+
+    hf: str  # full HF tensor name
+    module: str  # tunix module path, e.g. layers/3/attn/kv_einsum
+    target: str  # HF target name (q_proj ...)
+    a: np.ndarray  # (in, r)
+    b: np.ndarray  # (r, out)
+    scale: float
+    note: str = ""
+
+    @property
+    def shape(self) -> tuple[int, int]:  # HF [out, in]
+        return (self.b.shape[1], self.a.shape[0])
+
+    def delta(self) -> np.ndarray:
+        """ΔW in fp32, HF layout [out, in]."""
+        return (np.float32(self.scale) * (self.a.astype(np.float32) @ self.b.astype(np.float32))).T
+
+
+def group_modules(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """``{"layers/0/attn/q_einsum": {"a": A, "b": B}}``; raises LoraMismatchError on paths that are not tunix LoRA
+    params of a module in the layout table."""
+    modules: dict[str, dict] = {}
+    for path, arr in arrays.items():
+        parsed = layout.parse_lora_path(path)
+        if not parsed or parsed[2] != layout.rows_of_module(parsed[1])[0].param:
+            raise LoraMismatchError(f"Unexpected LoRA param {path!r} in the checkpoint (not a tunix Gemma 4 "
+                                    f"attention/MLP module). Was it trained by this course?")
+        layer, module, _, ab = parsed
+        key = f"layers/{layer}/{module}"
+        if ab in modules.setdefault(key, {}):
+            raise LoraMismatchError(f"{key} has two LoRA {ab.upper()} params.")
+        modules[key][ab] = arr
+    for key, ab in modules.items():
+        if set(ab) != {"a", "b"}:
+            raise LoraMismatchError(f"{key} has LoRA {sorted(ab)} but needs both a and b.")
+    return modules
+
+
+_NOTES = {("attn/kv_einsum", "k_proj"): "k = B[:, 0] (shares A with v)",
+          ("attn/kv_einsum", "v_proj"): "v = B[:, 1] (shares A with k)",
+          ("attn/k_einsum", "k_proj"): "global k=v layer: K is also V, no v_proj"}
+
+
+def plan(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[Delta]:
+    """Every HF tensor update the checkpoint implies, checked against the LoRA config and the base config.
+
+    Raises LoraMismatchError when a module is missing or extra (wrong number of layers), or a shape does not fit
+    (another base model: other heads or widths), or the rank is not the recorded one.
+    """
+    rank, alpha = int(meta["rank"]), float(meta["alpha"])
+    scale = alpha / rank
+    targets = layout.check_targets(meta["targets"])
+    n_layers = text_config["num_hidden_layers"]
+    if meta.get("num_layers") not in (None, n_layers):
+        raise LoraMismatchError(f"The LoRA was trained on a {meta['num_layers']}-layer base, but this base has "
+                                f"{n_layers} layers: wrong base model (lora_config.json "
+                                f"base_model={meta.get('base_model')!r}).")
+    modules = group_modules(arrays)
+    expected = layout.modules(text_config, targets)
+    extra = sorted(set(modules) - set(expected), key=_natural)
+    missing = sorted(set(expected) - set(modules), key=_natural)
+    if extra:
+        raise LoraMismatchError(f"The checkpoint has LoRA for {len(extra)} module(s) this base/config does not have "
+                                f"or that lora_config.json does not target, e.g. {extra[:3]} (base has {n_layers} "
+                                f"layers; targets {list(targets)}): wrong base model?")
+    if missing:
+        raise LoraMismatchError(f"The checkpoint lacks LoRA for {len(missing)} targeted module(s), e.g. "
+                                f"{missing[:3]}: the checkpoint and its lora_config.json disagree, or the base is "
+                                f"another model.")
+    deltas = []
+    for key in sorted(modules, key=_natural):
+        layer, rows = expected[key]
+        a, b = modules[key]["a"], modules[key]["b"]
+        a_shape, b_shape = rows[0].a(layer, rank), rows[0].b(layer, rank)
+        if tuple(a.shape) != tuple(a_shape) or tuple(b.shape) != tuple(b_shape):
+            raise LoraMismatchError(f"{key}: LoRA A {tuple(a.shape)} / B {tuple(b.shape)} do not fit this base, "
+                                    f"which needs A {tuple(a_shape)} / B {tuple(b_shape)} (rank {rank}): the base is "
+                                    f"another model (other heads/widths) than the one trained on.")
+        for row in rows:
+            a2, b2 = layout.delta_factors(row, a, b, rank)
+            deltas.append(Delta(layout.hf_key(layer.index, row), key, row.target, a2, b2, scale,
+                                _NOTES.get((row.module, row.target), "")))
+    return deltas
+
+
+def _natural(s: str):
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", s)]
+
+
+def mapping_table(deltas: list[Delta], arrays: dict[str, np.ndarray] | None = None):
+    """tunix module -> HF tensor, with the LoRA and HF shapes (pandas)."""
+    import pandas as pd
+
+    rows = []
+    for d in deltas:
+        row = {"tunix module": d.module, "HF tensor": d.hf.removeprefix(KEY_PREFIX), "HF shape [out, in]": d.shape,
+               "A2 (in, r)": d.a.shape, "B2 (r, out)": d.b.shape, "scale": d.scale, "note": d.note}
+        if arrays is not None:
+            for ab in ("a", "b"):
+                k = next(k for k in arrays if k.startswith(d.module + "/") and k.endswith(f"_lora_{ab}"))
+                row[f"LoRA {ab.upper()} (tunix)"] = tuple(arrays[k].shape)
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,100 @@
+"""The trained LoRA as an unmerged PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+For ``vllm --enable-lora`` and ``peft.PeftModel``. The keys and factors come from :mod:`layout`'s table through
+:mod:`merge_plan`, so PEFT's ΔW = (alpha/r)·B·A is the merge's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import layout
+from .errors import GemmaTpuError
+from .gemma4 import read_text_config
+from .infra import install_dir, temp_dir_beside
+from .lora import peft_target_modules
+from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
+from .merge import prepare_out_dir
+from .merge_plan import plan
+from .parity import load_hf
+
+
+def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = None, overwrite: bool = False) -> Path:
+    """Write the checkpoint's LoRA as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+    Keys are ``base_model.model.model.language_model.layers.N.{self_attn,mlp}.<target>.lora_{A,B}.weight``, with
+    ``lora_A`` = A2ᵀ (r, in) and ``lora_B`` = B2ᵀ (out, r), and ``lora_alpha``/``r`` from ``lora_config.json``, so
+    PEFT's ΔW = (alpha/r)·B·A equals the merge's. This is the naming vLLM 0.32 accepted for Gemma 4 (see
+    ``serve.make_test_adapter``); the multimodal-layout base loads it with ``PeftModel.from_pretrained``.
+
+    Caveat (vLLM): on a global k=v layer, a ``k_proj`` LoRA is applied by vLLM 0.32 to the K slice of its fused
+    ``qkv_proj`` only, while the model (tunix, transformers + PEFT, and the merged weights) uses that projection for V
+    too. So an unmerged adapter with global ``k_proj`` LoRA is served as a slightly different model; serve the merged
+    weights (they have no such gap), or train without global k (``serve.targets_without_global_k``).
+    """
+    from peft import LoraConfig
+    from safetensors.numpy import save_file
+
+    out_dir = Path(out_dir)
+    prepare_out_dir(out_dir, overwrite)
+    meta = read_lora_config(checkpoint_dir)
+    step, arrays = restore_lora(checkpoint_dir, step)
+    deltas = plan(arrays, meta, read_text_config(base_dir))
+    tensors = {}
+    for d in deltas:  # d.a = A2 (in, r), d.b = B2 (r, out): PEFT's lora_A = A2ᵀ, lora_B = B2ᵀ (layout.peft_factors)
+        key = layout.PEFT_PREFIX + d.hf.removesuffix(".weight")
+        tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(d.a.T.astype(np.float32))
+        tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(d.b.T.astype(np.float32))
+    targets = layout.check_targets({d.target for d in deltas})
+    cfg = LoraConfig(r=int(meta["rank"]), lora_alpha=float(meta["alpha"]), lora_dropout=0.0,
+                     target_modules=peft_target_modules(targets),  # the language model's, not the vision tower's
+                     base_model_name_or_path=str(meta.get("base_model") if meta.get("base_model") not in (None, "tiny")
+                                                 else Path(base_dir).resolve()))
+    tmp = temp_dir_beside(out_dir)
+    try:
+        cfg.save_pretrained(str(tmp))
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "adapter_source.json").write_text(json.dumps(
+            {"checkpoint_dir": str(Path(checkpoint_dir).resolve()), "step": step, "lora_sha256": lora_digest(arrays),
+             "tensors": len(tensors)}, indent=1) + "\n")
+        install_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:
+    """transformers + PEFT (fp32, unmerged adapter) logits."""
+    import torch
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(load_hf(base_dir), str(adapter_dir)).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.as_tensor(tokens, dtype=torch.long)).logits.double().numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CLI (wired in __main__.py)
+
+def add_export_arguments(p) -> None:
+    p.add_argument("--base", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+
+
+def main_export_adapter(args) -> int:
+    try:
+        out = export_peft_adapter(args.checkpoint, args.out, args.base, step=args.step, overwrite=args.overwrite)
+    except GemmaTpuError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote PEFT adapter {out}")
+    return 0

@@ -1,0 +1,353 @@
+"""Streaming safetensors shards: headers, a checkpoint's shard layout, and a shard rewritten with ΔW added.
+
+The format: a u64 header length, a JSON header (dtype, shape and byte range per tensor), raw data.
+:func:`write_merged_shard` keeps the input shard's header (the merged tensors keep dtype and shape, so every offset
+stays valid), copies untouched byte ranges with a kernel copy, and reads each targeted tensor alone, in row blocks of
+~1M elements: ``W + ΔW`` computed in fp32 and rounded once to the base dtype, each block one XLA computation on the
+host CPU (or the numpy reference, ``kernel="numpy"``). Peak memory is a few blocks, not a shard. Writing runs on a
+background thread, overlapping the math.
+
+A ΔW is anything with ``a`` (in, r), ``b`` (r, out), ``scale`` and ``shape`` (out, in): ``merge_plan.Delta``.
+Needs numpy (ml_dtypes for bf16; jax for the XLA kernel).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import GemmaTpuError
+from .gemma4 import CheckpointError, read_text_config
+
+INDEX = "model.safetensors.index.json"
+COPY_CHUNK = 64 << 20
+# Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
+# to stay in the caches and keep the memory bounded whatever the tensor's size.
+MERGE_BLOCK_ELEMENTS = 1 << 20
+MERGE_KERNELS = ("xla", "numpy")  # how targeted tensors are merged: XLA on the host CPU, or the numpy reference
+
+
+class SafetensorsError(GemmaTpuError, ValueError):
+    """A base checkpoint whose safetensors files, index or config cannot be streamed (the message says why)."""
+
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def _np_dtype(name: str):
+    if name == "BF16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in _DTYPES:
+        raise SafetensorsError(f"safetensors dtype {name} is not supported by the merge.")
+    return np.dtype(_DTYPES[name])
+
+
+def read_header(path: str | Path) -> tuple[dict, int]:
+    """``(header, data_start)`` of a safetensors file (the format: u64 header length, JSON header, raw data)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise SafetensorsError(f"{path} is not a safetensors file (shorter than 8 bytes).")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 << 20:
+            raise SafetensorsError(f"{path} is not a safetensors file (header length {n}).")
+        header = json.loads(f.read(n))
+    size = Path(path).stat().st_size
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise SafetensorsError(f"{path} is truncated: its header describes {8 + n + end} bytes, the file has {size}.")
+    return header, 8 + n
+
+
+def base_layout(base_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
+    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint. Raises SafetensorsError."""
+    base_dir = Path(base_dir)
+    try:
+        read_text_config(base_dir)
+    except CheckpointError as e:
+        raise SafetensorsError(str(e)) from e
+    index_path = base_dir / INDEX
+    if index_path.is_file():
+        index = json.loads(index_path.read_text())
+    elif (base_dir / "model.safetensors").is_file():  # a single-file checkpoint: same code, one shard
+        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in read_header(base_dir / "model.safetensors")[0]
+                                                if k != "__metadata__"}}
+    else:
+        raise SafetensorsError(f"{base_dir} has no {INDEX} (nor a single model.safetensors): cannot tell which shard holds "
+                         f"which tensor. Re-download the checkpoint with its index.")
+    shards: dict[str, list[str]] = {}
+    for name, shard in index["weight_map"].items():
+        shards.setdefault(shard, []).append(name)
+    entries = {}
+    for shard, names in shards.items():
+        path = base_dir / shard
+        if not path.is_file():
+            raise SafetensorsError(f"{INDEX} names shard {shard}, which is missing from {base_dir}.")
+        header, _ = read_header(path)
+        for name in names:
+            if name not in header:
+                raise SafetensorsError(f"{INDEX} puts {name} in {shard}, but that shard does not hold it.")
+            entries[name] = header[name]
+    return index, shards, entries
+
+
+def _copy_range(src, dst, offset: int, length: int) -> None:
+    """Copy ``length`` bytes at ``offset`` of ``src`` to the end of ``dst`` (a kernel copy when possible)."""
+    done = 0
+    if length and hasattr(os, "copy_file_range"):
+        dst.flush()
+        try:
+            while done < length:
+                n = os.copy_file_range(src.fileno(), dst.fileno(), min(length - done, 1 << 30), offset + done)
+                if n == 0:
+                    break
+                done += n
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+        dst.seek(0, os.SEEK_END)
+    src.seek(offset + done)
+    while done < length:
+        chunk = src.read(min(COPY_CHUNK, length - done))
+        if not chunk:
+            raise SafetensorsError(f"{src.name} ended early.")
+        dst.write(chunk)
+        done += len(chunk)
+
+
+class _Writer:
+    """Writes and kernel copies into ``dst``, in order, on one background thread, so that disk writes overlap the
+    ΔW math (file writes release the GIL). At most ``depth`` items wait in the queue (bounded memory). An error in the
+    thread (e.g. ENOSPC) is raised in the caller at its next call or at ``close``."""
+
+    def __init__(self, src_path: Path, dst, depth: int = 2):
+        import queue
+        import threading
+
+        self.src = open(src_path, "rb")  # its own handle: the caller reads with another
+        self.dst, self.error = dst, None
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while (item := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    if isinstance(item, tuple):
+                        _copy_range(self.src, self.dst, *item)
+                    else:
+                        self.dst.write(item)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    self.error = e
+
+    def _check(self):
+        if self.error is not None:
+            raise self.error
+
+    def write(self, data: bytes):
+        self._check()
+        self.q.put(data)
+
+    def copy(self, offset: int, length: int):
+        self._check()
+        if length:
+            self.q.put((offset, length))
+
+    def close(self):
+        self.q.put(None)
+        self.thread.join()
+        self.src.close()
+        self._check()
+
+
+def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str = "xla") -> dict[str, float]:
+    """Write ``dst_path`` = ``src_path`` with ``deltas`` added; returns {tensor: max |ΔW| applied}.
+
+    The header is copied unchanged (same dtypes and shapes, so the same offsets). The data is written in file order:
+    the byte ranges between merged tensors by a kernel copy (bit for bit, no Python buffers), each merged tensor read
+    alone, in row blocks, ``W + ΔW`` computed in fp32 and rounded once to the base dtype (``kernel``: see
+    :func:`_write_merged_tensor`). Peak memory: a few blocks of ~4 MB. Writing runs on a background thread,
+    overlapping the math.
+    """
+    header, start = read_header(src_path)
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    todo = sorted((k for k in header if k in deltas), key=lambda k: header[k]["data_offsets"][0])
+    applied = {}
+    with open(src_path, "rb") as src, open(dst_path, "wb") as dst:
+        out = _Writer(src_path, dst)
+        try:
+            out.copy(0, start)  # length + header, verbatim
+            cursor = 0  # data bytes written so far
+            for name in todo:
+                entry, d = header[name], deltas[name]
+                b0, b1 = entry["data_offsets"]
+                if tuple(entry["shape"]) != d.shape:
+                    raise SafetensorsError(f"{name}: base shape {tuple(entry['shape'])} but the LoRA gives {d.shape}: the "
+                                     f"base is another model than the one trained on.")
+                out.copy(start + cursor, b0 - cursor)
+                applied[name] = _write_merged_tensor(src, out, start + b0, entry, d, kernel)
+                cursor = b1
+            out.copy(start + cursor, end - cursor)
+        finally:
+            out.close()
+    return applied
+
+
+def _block_rows(in_dim: int) -> int:
+    """Rows per merge block: a power of two near ``MERGE_BLOCK_ELEMENTS / in_dim``. The out dims of the 31B and
+    of the bench model are multiples of it, so each input width compiles one XLA block kernel."""
+    limit = max(1, MERGE_BLOCK_ELEMENTS // in_dim)
+    return 1 << (limit.bit_length() - 1)
+
+
+def merge_block_numpy(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: np.float32) -> tuple[np.ndarray, float]:
+    """The reference merge of one row block: ``w + scale·(a·b)ᵀ`` in fp32 (numpy/BLAS), rounded once to ``w``'s
+    dtype; ``a`` (in, r) and ``b`` (r, rows) fp32. Returns (merged block, max |ΔW|)."""
+    dw = (a @ b).T  # rows of (A2·B2)ᵀ
+    dw *= scale
+    merged = np.add(w, dw, dtype=np.float32)
+    return merged.astype(w.dtype), float(np.abs(dw).max())
+
+
+_BITS = {"bfloat16": np.uint16, "float32": np.uint32}  # the dtypes of the XLA kernel (the course's checkpoints)
+
+
+@functools.cache
+def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
+    """The jitted merge of one row block on the host CPU, for a bf16 or fp32 base: ``(w_bits, bᵀ, aᵀ, scale) ->
+    (merged_bits, max |ΔW|, exact)``, the same arithmetic as :func:`merge_block_numpy`: ΔW = fl(scale·(bᵀ·aᵀ)) in
+    fp32, one fp32 add, one round-to-nearest-even (done on the bits; NaN becomes the quiet NaN ml_dtypes gives).
+    Only the dot's summation order may differ from numpy's BLAS.
+
+    XLA:CPU contracts ``w + scale·d`` into one fused multiply-add (one rounding instead of two). That is exact only
+    for a power-of-two scale (``fuse_scale``: one XLA call per block); any other scale gets ΔW from a first call and
+    the add in a second, so the product is rounded first, as in numpy.
+
+    XLA:CPU flushes subnormal floats to zero (FTZ/DAZ). ``exact`` is False for a block where that could change the
+    result (a subnormal base element, or a nonzero base element whose fp32 sum came out zero); the caller then
+    merges that block with numpy. Left uncovered: ΔW elements that are themselves subnormal (|ΔW| < 1.2e-38).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    bf16 = dtype_name == "bfloat16"
+
+    def scaled_delta(bt, at, scale):
+        return scale * jnp.dot(bt, at, precision=lax.Precision.HIGHEST)
+
+    def add_and_round(w_bits, dw):
+        if bf16:
+            w = lax.bitcast_convert_type(w_bits.astype(jnp.uint32) << 16, jnp.float32)
+            mag, exp_bits = w_bits & 0x7FFF, w_bits & 0x7F80
+        else:
+            w = lax.bitcast_convert_type(w_bits, jnp.float32)
+            mag, exp_bits = w_bits & 0x7FFFFFFF, w_bits & 0x7F800000
+        m = w + dw
+        u = lax.bitcast_convert_type(m, jnp.uint32)
+        if bf16:
+            rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            out = jnp.where(jnp.isnan(m), ((u >> 16) & 0x8000) | 0x7FC0, rounded).astype(jnp.uint16)
+        else:
+            out = u
+        flushed = ((exp_bits == 0) & (mag != 0)) | (((u & 0x7FFFFFFF) == 0) & (mag != 0))
+        return out, jnp.max(jnp.abs(dw)), ~jnp.any(flushed)
+
+    if fuse_scale:
+        return jax.jit(lambda w_bits, bt, at, scale: add_and_round(w_bits, scaled_delta(bt, at, scale)))
+    delta_fn, add_fn = jax.jit(scaled_delta), jax.jit(add_and_round)
+    return lambda w_bits, bt, at, scale: add_fn(w_bits, delta_fn(bt, at, scale))
+
+
+def _read_block(src, nbytes: int, align: int = 64) -> np.ndarray:
+    """The next ``nbytes`` of ``src`` in a new ``align``-byte-aligned uint8 array (XLA can use it without a copy)."""
+    buf = np.empty(nbytes + align, np.uint8)
+    start = (-buf.ctypes.data) % align
+    block = buf[start:start + nbytes]
+    if src.readinto(memoryview(block)) != nbytes:
+        raise SafetensorsError(f"{src.name} ended early.")
+    return block
+
+
+def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel: str = "xla") -> float:
+    """Read one base tensor, add its ΔW in fp32, write it in the base dtype, in row blocks of about
+    ``MERGE_BLOCK_ELEMENTS`` elements, so the temporaries stay small whatever the tensor's size. Returns max |ΔW|.
+
+    ``kernel="xla"`` (bf16/fp32 bases): each block is one jitted XLA computation on the host CPU (both cores, the
+    casts fused with the add); block ``i + 1`` is read while block ``i`` computes. ``"numpy"``: today's reference
+    arithmetic (:func:`merge_block_numpy`), also used for other dtypes and for blocks the XLA kernel flags.
+    """
+    if kernel not in MERGE_KERNELS:
+        raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
+    dtype = _np_dtype(entry["dtype"])
+    out_dim, in_dim = entry["shape"]
+    rows = _block_rows(in_dim)
+    a = d.a.astype(np.float32)  # (in, r)
+    b = d.b.astype(np.float32)  # (r, out)
+    scale = np.float32(d.scale)
+    fast = kernel == "xla" and dtype.name in _BITS
+    if fast:
+        import jax
+
+        cpu = jax.devices("cpu")[0]
+        fn = _xla_block_kernel(dtype.name, fuse_scale=bool(np.frexp(scale)[0] == 0.5))  # a power of two
+        at = jax.device_put(np.ascontiguousarray(a.T), cpu)
+        bt = np.ascontiguousarray(b.T)  # (out, r): its row blocks are contiguous
+        scale_dev = jax.device_put(scale, cpu)
+    biggest = 0.0
+    pending: list = []  # (w, r0, r1, kernel outputs) of the block in flight
+
+    def finish(w, r0, r1, res):
+        nonlocal biggest
+        bits, dmax, exact = res
+        if bool(exact):
+            out.write(np.asarray(bits))
+            biggest = max(biggest, float(dmax))
+        else:
+            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
+            out.write(merged)
+            biggest = max(biggest, dmax)
+
+    src.seek(offset)
+    for r0 in range(0, out_dim, rows):
+        r1 = min(out_dim, r0 + rows)
+        w = _read_block(src, (r1 - r0) * in_dim * dtype.itemsize).view(dtype).reshape(r1 - r0, in_dim)
+        if not fast:
+            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
+            out.write(merged)
+            biggest = max(biggest, dmax)
+            continue
+        # a fresh aligned buffer per block: XLA reads it in place (may_alias), no copy
+        res = fn(jax.device_put(w.view(_BITS[dtype.name]), cpu, may_alias=True), jax.device_put(bt[r0:r1], cpu), at,
+                 scale_dev)
+        if pending:
+            finish(*pending.pop())
+        pending.append((w, r0, r1, res))
+    if pending:
+        finish(*pending.pop())
+    return biggest
+
+
+def ulp_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Elementwise distance in units in the last place between two float arrays of one dtype (bf16, fp16, fp32):
+    how many representable values lie between them (0 where the bits are equal; +0 and -0 are 0 apart)."""
+    if x.dtype != y.dtype or x.shape != y.shape:
+        raise ValueError(f"ulp_distance needs equal dtypes and shapes, got {x.dtype}{x.shape} and {y.dtype}{y.shape}")
+    bits = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+    sign = np.int64(1) << (8 * x.dtype.itemsize - 1)
+
+    def ordered(v):
+        u = np.ascontiguousarray(v).view(bits).astype(np.int64)
+        return np.where(u & sign, -(u & (sign - 1)), u)
+
+    return np.abs(ordered(x) - ordered(y))

@@ -1,0 +1,139 @@
+"""Check a merged checkpoint: transformers and tunix on the merged files against tunix base + the checkpoint's LoRA.
+
+The reference is the tunix base with the LoRA restored from the Orbax checkpoint (:func:`lora_model`); the merged
+files are run through transformers (torch CPU fp32) and through tunix, on the same tokens. :func:`perturbed_lora`
+gives a LoRA strong enough for the check to see a wrong layout (a trained B after a few steps is ~1e-3).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import gemma4, lora, parity, profiles
+from . import mesh as mesh_lib
+from .errors import GemmaTpuError
+from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
+from .merge import MERGE_INFO, read_merge_info
+
+
+class VerifyError(GemmaTpuError, ValueError):
+    """A checkpoint's LoRA that does not fit the LoRA model built from its lora_config.json."""
+
+
+def perturbed_lora(arrays: dict[str, np.ndarray], seed: int = 0, b_std: float = 0.05) -> dict[str, np.ndarray]:
+    """The same LoRA with random B (trained B starts at zero and stays small in a 2-step run): a strong signal for
+    layout tests, where a wrong transpose or a k/v swap moves the logits by O(1)."""
+    rng = np.random.default_rng(seed)
+    return {k: (rng.standard_normal(v.shape).astype(v.dtype) * b_std if k.endswith("_lora_b") else v)
+            for k, v in arrays.items()}
+
+
+def lora_model(base_dir, checkpoint_dir, mesh, step: int | None = None, arrays=None):
+    """The tunix base + the checkpoint's LoRA (fp32), the reference a merge must reproduce."""
+    import jax
+    from flax import nnx
+
+    meta = read_lora_config(checkpoint_dir)
+    if arrays is None:
+        _, arrays = restore_lora(checkpoint_dir, step)
+    model = gemma4.load_model(base_dir, mesh, dtype="float32")
+    model, _ = lora.apply_lora(model, meta["targets"], int(meta["rank"]), float(meta["alpha"]), 0.0)
+    state = nnx.state(model, nnx.LoRAParam)
+    flat = nnx.to_flat_state(state)
+    seen = set()
+    for path, var in flat:
+        key = "/".join(map(str, path))
+        if key not in arrays:
+            raise VerifyError(f"The LoRA model has {key}, which the checkpoint lacks.")
+        cur = var.value
+        if tuple(cur.shape) != tuple(arrays[key].shape):
+            raise VerifyError(f"{key}: model {tuple(cur.shape)} vs checkpoint {tuple(arrays[key].shape)}.")
+        var.value = jax.device_put(np.asarray(arrays[key], dtype=cur.dtype), cur.sharding)
+        seen.add(key)
+    if set(arrays) - seen:
+        raise VerifyError(f"Checkpoint params not in the LoRA model: {sorted(set(arrays) - seen)[:3]}")
+    nnx.update(model, nnx.from_flat_state(flat))
+    return model
+
+
+def _stats(ours: np.ndarray, ref: np.ndarray) -> dict:
+    diff = float(np.abs(ours - ref).max())
+    scale = float(np.abs(ref).max())
+    return {"max_abs": diff, "scale": scale, "rel": diff / max(scale, 1e-30)}
+
+
+def verify(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40, seed: int = 0,
+           bound: float | None = None) -> dict:
+    """Check a merged checkpoint; returns a dict with a row per comparison and ``ok``.
+
+    (a) transformers (torch CPU fp32) on the merged files vs tunix base + LoRA restored from the checkpoint;
+    (b) the merged files loaded into tunix vs the same tunix base + LoRA;
+    plus, for scale, how far the LoRA moves the logits at all (tunix base vs base + LoRA): a check is only as strong
+    as that effect is large compared with the bound. Relative = max |Δlogit| / max |logit of the reference|. tunix
+    forwards are jitted (``parity.tunix_logits``). An fp32 base is needed for the 1e-4 bound (a bf16 merge rounds W+ΔW
+    to bf16); the TPU profiles verify on the tiny model, like the parity check.
+    """
+    bound = parity.DEFAULT_REL_BOUND if bound is None else bound
+    mesh = mesh if mesh is not None else mesh_lib.make_mesh(profiles.get_profile("smoke"))
+    step, arrays = restore_lora(checkpoint_dir, step)
+    info = read_merge_info(merged_dir)
+    text = gemma4.read_text_config(merged_dir)
+    tokens = parity.sample_tokens(text["vocab_size"], seq_len, seed)
+    ref_model = lora_model(base_dir, checkpoint_dir, mesh, step, arrays=arrays)
+    ref = parity.tunix_logits(ref_model, tokens, mesh)
+    del ref_model
+    base_logits = parity.tunix_logits(gemma4.load_model(base_dir, mesh, dtype="float32"), tokens, mesh)
+    hf = parity.load_hf(merged_dir)
+    hf_logits, _ = parity.hf_logits_and_hidden(hf, tokens)
+    del hf
+    merged_tunix = parity.tunix_logits(gemma4.load_model(merged_dir, mesh, dtype="float32"), tokens, mesh)
+    rows = [
+        {"comparison": "(a) transformers(merged) vs tunix(base + LoRA)", **_stats(hf_logits, ref), "bound": bound},
+        {"comparison": "(b) tunix(merged) vs tunix(base + LoRA)", **_stats(merged_tunix, ref), "bound": bound},
+        {"comparison": "LoRA effect: tunix(base) vs tunix(base + LoRA)", **_stats(base_logits, ref), "bound": None},
+    ]
+    ok = all(r["rel"] <= bound for r in rows[:2])
+    return {"ok": ok, "step": step, "bound": bound, "seq_len": seq_len, "rows": rows,
+            "merge_step": info.get("step") if info else None,
+            # does merge_info.json say this very LoRA was merged (None: not merged by merge_lora)?
+            "same_lora_as_merge": (info.get("lora_sha256") == lora_digest(arrays)) if info else None,
+            "max_rel": max(r["rel"] for r in rows[:2]), "lora_effect_rel": rows[2]["rel"]}
+
+
+def verify_table(result: dict):
+    import pandas as pd
+
+    return pd.DataFrame(result["rows"]).rename(columns={"max_abs": "max |Δlogit|", "scale": "logit scale",
+                                                        "rel": "relative"})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The CLI (wired in __main__.py)
+
+def add_verify_arguments(p) -> None:
+    p.add_argument("--base", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--merged", required=True)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=40)
+    p.add_argument("--profile", default=None, help="JAX devices/mesh profile (default: smoke)")
+
+
+def main_verify(args) -> int:
+    prof = profiles.configure_jax(args.profile or "smoke")
+    try:
+        res = verify(args.base, args.checkpoint, args.merged, step=args.step, mesh=mesh_lib.make_mesh(prof),
+                     seq_len=args.seq_len)
+    except GemmaTpuError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in res["rows"]:
+        b = f"(bound {r['bound']:.0e})" if r["bound"] else ""
+        print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
+              f"relative {r['rel']:.3e} {b}")
+    if res["same_lora_as_merge"] is False:
+        print(f"note: {args.merged}/{MERGE_INFO} records another LoRA than step {res['step']} of {args.checkpoint}")
+    print("verify: OK" if res["ok"] else "verify: FAILED")
+    return 0 if res["ok"] else 1
