@@ -357,6 +357,10 @@ def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = Tr
     return out
 
 
+# The arrays of a packed micro-batch (``batches`` yields them, ``step.model_inputs`` reads them) and their dtypes.
+BATCH_DTYPES = {"tokens": np.int32, "loss_mask": np.int8, "segment_ids": np.int32, "positions": np.int32}
+
+
 @dataclasses.dataclass
 class Packed:
     """Fixed-length rows holding one or more examples each.

@@ -116,36 +116,26 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
     import dataclasses
 
     import jax
-    import optax
     import pandas as pd
     import torch
-    from flax import nnx
     from peft import LoraConfig, get_peft_model
 
-    from . import gemma4, lora, parity, train
+    from . import gemma4, parity, remat, step
 
     spec = dataclasses.replace(profile.train, learning_rate=learning_rate, warmup_steps=2, micro_batch=batch,
                                grad_accum=1)
     batches = _batches(base_dir, steps, batch, seq_len)
 
-    # tunix + qwix: the same loss function and optimizer the trainer uses
+    # tunix + qwix: the train step, loss and optimizer training runs (step.train_step), one update per batch
     model = gemma4.load_model(base_dir, mesh, dtype="float32")
-    model, _ = lora.apply_lora(model, PARITY_TARGETS, rank, alpha, 0.0, seed=seed)
+    model = remat.lora_then_remat(model, rank, alpha, "none", seed=seed, targets=PARITY_TARGETS)
     init = _jax_lora_arrays(model)
-    tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
-                     optax.adamw(train.lr_schedule(spec, steps), weight_decay=spec.weight_decay))
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
-
-    @nnx.jit
-    def step(model, optimizer, inputs):
-        loss, grads = nnx.value_and_grad(lambda m: train.loss_fn(m, **inputs), argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
-        optimizer.update(model, grads)
-        return loss
-
+    optimizer = step.optimizer_for(model, spec, steps)
+    train_step = step.jitted()
     jax_losses = []
     with jax.set_mesh(mesh):
         for b in batches:
-            jax_losses.append(float(step(model, optimizer, train.model_inputs(b))))
+            jax_losses.append(float(train_step(model, optimizer, b)[0]))
 
     # HF PEFT on torch CPU
     hf = parity.load_hf(base_dir)
@@ -159,7 +149,7 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
     peft_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=spec.weight_decay)
-    schedule = train.lr_schedule(spec, steps)
+    schedule = step.lr_schedule(spec, steps)
     torch_losses = []
     peft_model.train()
     for s, b in enumerate(batches):

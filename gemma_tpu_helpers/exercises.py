@@ -290,7 +290,7 @@ def _judge_04_policy(answer):
     except UnknownPolicyError:
         return f"{answer!r} is not a policy of this course: the names are the keys of remat.POLICIES"
     if name != "decoder":
-        return f"{name!r} is: {POLICIES[name][1]}; that is not the policy asked for"
+        return f"{name!r} is: {POLICIES[name]}; that is not the policy asked for"
     return None
 
 

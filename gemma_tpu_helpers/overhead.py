@@ -1,8 +1,8 @@
 """What do the helpers cost? The train step through :func:`train.train` against a bare tunix loop (notebook 06).
 
 The bare loop is the least a tunix user writes for the same run: tunix's own safetensors loader, raw
-``qwix.apply_lora_to_model``, ``PeftTrainer`` with the same loss, optimizer, batches and gradient accumulation, and
-nothing else (no checks, metrics file, hooks that read the loss, evaluation or checkpoints). Both loops compute
+``qwix.apply_lora_to_model``, tunix's own ``PeftTrainer`` step with the same loss, optimizer, batches and gradient
+accumulation (``step.loss_fn``, ``step.build_optimizer``), and nothing else (no checks, metrics file, hooks that read the loss, evaluation or checkpoints). Both loops compute
 the same thing, so their losses agree; the step-time ratio is what the helpers add.
 """
 
@@ -27,7 +27,7 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
     from tunix.models.gemma4 import params_safetensors
     from tunix.sft import hooks, peft_trainer
 
-    from . import data, gemma4, lora, train
+    from . import data, gemma4, lora, step, train
     from . import mesh as mesh_lib
 
     t = profile.train
@@ -54,9 +54,9 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
             lambda self, *a, **k: None
 
     with mesh_lib.trainer_context(mesh):
-        trainer = peft_trainer.PeftTrainer(model, train.build_optimizer(t, total), config)
+        trainer = peft_trainer.PeftTrainer(model, step.build_optimizer(t, total), config)
         trainer.with_training_hooks(Clock())
-        trainer.with_loss_fn(train.loss_fn).with_gen_model_input_fn(train.model_inputs)
+        trainer.with_loss_fn(step.loss_fn).with_gen_model_input_fn(step.model_inputs)
         trainer.train(data.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs))
     return {"loss": losses, "step_s": list(np.diff(ends))}
 

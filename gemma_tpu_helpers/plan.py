@@ -1,8 +1,8 @@
 """How much memory a profile needs per device: counted before anything is compiled, then asked of XLA.
 
 :func:`memory_estimate` counts parameters from the HF config analytically (the same config mapping the loader
-uses). Activations are not in it. :func:`aot_plan` gives XLA's own figures: it compiles the real LoRA train step
-(:func:`remat.make_train_step`) ahead of time for a TPU topology on this host (libtpu +
+uses). Activations are not in it. :func:`aot_plan` gives XLA's own figures: it compiles the train step that
+training runs (``step.train_step``) ahead of time for a TPU topology on this host (libtpu +
 ``jax.experimental.topologies``), from abstract params (``nnx.eval_shape``, no weights), and reads the compiled executable's per-chip memory analysis.
 
 The 60 decoder layers are unrolled, so a full compile takes minutes. The plan compiles two shallow variants with
@@ -13,6 +13,7 @@ which is also how the extrapolation error is measured.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 from . import layout
+from .errors import GemmaTpuError
+from .infra import config_hash, write_atomic
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -105,7 +108,7 @@ _FIGURES = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak
 _COSTS = ("flops", "bytes_accessed")  # XLA's cost analysis, linear in the layers too (they are unrolled)
 
 
-class PlanError(ValueError):
+class PlanError(GemmaTpuError, ValueError):
     pass
 
 
@@ -152,88 +155,149 @@ def with_layers(text_config: dict, layers: int) -> dict:
     return c
 
 
-def _spec_for(shape, spec, mesh):
-    """The partition spec, with any axis that does not divide its dimension dropped (replicated)."""
-    from jax.sharding import PartitionSpec as P
-
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    out = []
-    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        names = (ax,) if isinstance(ax, str) else tuple(ax or ())
-        n = 1
-        for a in names:
-            n *= sizes.get(a, 1)
-        out.append(ax if ax is not None and dim % n == 0 and all(a in sizes for a in names) else None)
-    return P(*out)
-
-
-def abstract_train_step(text_config: dict, mesh, policy: str, rank: int, alpha: float, batch: int, seq_len: int,
-                        dtype: str = "bfloat16", learning_rate: float = 1e-4, weight_decay: float = 0.0):
-    """The LoRA train step of an abstract Gemma 4 (no weights) and its abstract, sharded arguments.
-
-    Base weights take tunix's partition specs on ``mesh``; LoRA params and the AdamW state are replicated (they
-    are small, and qwix's copied specs do not fit their shapes; see notebook 03). Returns ``(step, args)``.
-    """
-    import jax
-    from flax import nnx
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-    from tunix.models.gemma4 import model as gm
-
-    from . import remat
-    from .gemma4 import to_tunix_config
-
-    cfg = to_tunix_config(text_config, dtype=dtype)
-    model = nnx.eval_shape(lambda: remat._apply_lora(gm.Gemma4(cfg, rngs=nnx.Rngs(0)), rank, alpha, jit=False))
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    batch_axis = "fsdp" if batch % sizes.get("fsdp", 1) == 0 else None
-    act = NamedSharding(mesh, _spec_for((batch, seq_len, cfg.embed_dim), (batch_axis, None, "tp"), mesh))
-    logits = NamedSharding(mesh, _spec_for((batch, seq_len, cfg.num_embed), (batch_axis, None, "tp"), mesh))
-    replicated = NamedSharding(mesh, P())
-
-    step = remat.make_train_step(model, policy, rank, alpha, learning_rate=learning_rate, weight_decay=weight_decay,
-                                 act_sharding=act, logits_sharding=logits, donate=True)
-    lora, opt, frozen = step.init()
-    specs = nnx.get_partition_spec(frozen)
-
-    def sds(x, sharding):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-    frozen = jax.tree.map(lambda x, s: sds(x, NamedSharding(mesh, _spec_for(x.shape, s, mesh))), frozen, specs)
-    lora = jax.tree.map(lambda x: sds(x, replicated), lora)
-    opt = jax.tree.map(lambda x: sds(x, replicated), opt)
-    tokens = jax.ShapeDtypeStruct((batch, seq_len), jax.numpy.int32,
-                                  sharding=NamedSharding(mesh, P(batch_axis, None)))
-    step.fn = jax.jit(step.fn.__wrapped__, donate_argnums=(0, 1),
-                      out_shardings=(jax.tree.map(lambda x: x.sharding, lora),
-                                     jax.tree.map(lambda x: x.sharding, opt), replicated))
-    return step, (lora, opt, frozen, tokens)
-
-
 def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
                        batch: int | None = None, rank: int | None = None, alpha: float | None = None,
                        dtype: str | None = None) -> dict:
-    """AOT-compile the LoRA train step with ``layers`` layers for the profile's topology; XLA's per-chip bytes.
+    """AOT-compile the profile's train step (``step.train_step``: what ``train.train`` runs) with ``layers``
+    layers for the profile's topology; XLA's per-chip bytes and costs.
 
-    Defaults: the 31B config, the profile's micro-batch, LoRA rank/alpha and dtype.
+    The step is the training one: the profile's LoRA (targets, dropout), its optimizer (AdamW, schedule, clipping,
+    the non-finite skip), its gradient accumulation, the packed-row inputs and mask, the loss mask and the remat
+    policy, with every argument sharded as training shards it. Defaults: the 31B config, the profile's
+    micro-batch, LoRA rank/alpha and dtype.
     """
-    from . import remat
+    from . import remat, step
     from .gemma4 import profile_text_config
 
     remat_policy = remat.check_policy(remat_policy)
     mesh = topology_mesh(profile)
     text = with_layers(text_config or profile_text_config(profile), layers)
     batch = batch or profile.train.micro_batch
+    lora_spec = dataclasses.replace(profile.lora, **{k: v for k, v in (("rank", rank), ("alpha", alpha))
+                                                      if v is not None})
     t0 = time.perf_counter()
-    step, args = abstract_train_step(text, mesh, remat_policy, rank or profile.lora.rank, alpha or profile.lora.alpha,
-                                     batch, seq_len, dtype=dtype or profile.model.dtype,
-                                     learning_rate=profile.train.learning_rate,
-                                     weight_decay=profile.train.weight_decay)
-    compiled = step.fn.trace(*args).lower().compile()
+    args = step.abstract_arguments(text, mesh, lora_spec, profile.train, batch, seq_len,
+                                   dtype=dtype or profile.model.dtype, remat=remat_policy)
+    compiled = step.lower(*args, mesh).compile()
     seconds = time.perf_counter() - t0
     figures = remat.memory_figures(compiled)
     return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
             **cost_figures(compiled)}
+
+
+def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block", "decoder"), batch: int = 2,
+                     seq_len: int = 128, steps: int = 3, dtype: str = "float32", seed: int = 0,
+                     tpu_profile: str | None = "v5p-8", tpu_seq_len: int | None = None):
+    """For each remat policy, the profile's train step (``step.train_step``, LoRA first, then remat) on the model in
+    ``model_dir``:
+
+    * ``step ms``, ``compile s``, the losses and XLA's CPU memory analysis, from running it on ``mesh``;
+    * ``TPU temp MiB`` / ``TPU peak MiB``: the same step compiled ahead of time for ``tpu_profile``'s topology
+      (bf16, on that profile's mesh, at ``tpu_seq_len``, default ``seq_len``: activations dominate memory only
+      at training lengths; needs libtpu, skipped without it). XLA:CPU's buffer assignment does not reflect
+      rematerialisation (its temp bytes stay flat across policies, even for a plain MLP), so the memory effect is
+      read from the TPU compile.
+
+    Every policy starts from the same LoRA weights and rows, and updates every step (``grad_accum`` 1, no warmup):
+    the losses agree (remat changes memory and time, not the math).
+    """
+    import concurrent.futures
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pandas as pd
+    from flax import nnx
+
+    from . import profiles, remat, step
+    from .gemma4 import load_model, read_text_config
+
+    policies = [remat.check_policy(p) for p in policies]
+    spec = dataclasses.replace(profile.train, grad_accum=1, warmup_steps=0, micro_batch=batch, max_seq_len=seq_len)
+    lora = profile.lora
+    model = remat.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none", seed=seed,
+                                  targets=lora.targets, dropout=0.0)
+    start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))  # the step donates the model's arrays
+    tokens = np.random.default_rng(seed).integers(3, model.config.num_embed, (batch, seq_len), dtype=np.int32)
+    rows = {"tokens": tokens, "loss_mask": np.ones_like(tokens, np.int8), "segment_ids": np.ones_like(tokens),
+            "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), tokens.shape).copy()}
+    tpu = profiles.get_profile(tpu_profile) if tpu_profile and importlib.util.find_spec("libtpu") else None
+    text = read_text_config(model_dir)
+    tpu_profile_spec = dataclasses.replace(tpu, lora=dataclasses.replace(lora, dropout=0.0)) if tpu else None
+    rows_out = []
+    # The TPU compiles run in a background thread while this one compiles for the CPU mesh: XLA compiles release
+    # the GIL, so on a 2-core laptop they overlap. The CPU steps are timed only after every compile has finished.
+    compiled = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        aot = {policy: pool.submit(compile_train_step, tpu_profile_spec, policy, tpu_seq_len or seq_len,
+                                   text["num_hidden_layers"], text_config=text, batch=batch, dtype="bfloat16")
+               for policy in (policies if tpu is not None else ())}
+        for policy in policies:
+            remat.set_remat(model, policy)
+            optimizer = step.optimizer_for(model, spec, steps + 1)
+            t0 = time.perf_counter()
+            compiled[policy] = (step.lower(model, optimizer, rows, mesh).compile(), time.perf_counter() - t0,
+                                optimizer)
+        aot = {policy: future.result() for policy, future in aot.items()}
+    for policy in policies:
+        fn, compile_s, optimizer = compiled.pop(policy)
+        nnx.update(model, jax.tree.map(jnp.copy, start))  # every policy from the same LoRA weights
+        remat.set_remat(model, policy)
+        mem = remat.memory_figures(fn)
+        losses = [float(jax.block_until_ready(fn(model, optimizer, rows)[0]))]  # warm-up step
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            losses.append(float(jax.block_until_ready(fn(model, optimizer, rows)[0])))
+        step_ms = 1000 * (time.perf_counter() - t0) / max(steps, 1)
+        row = {"policy": policy, "step ms": step_ms, "compile s": compile_s, "first loss": losses[0],
+               "last loss": losses[-1], "CPU temp MiB": mem["temp_bytes"] / 2**20}
+        if policy in aot:
+            row.update({"TPU temp MiB": aot[policy]["temp_bytes"] / 2**20,
+                        "TPU peak MiB": aot[policy]["peak_bytes"] / 2**20, "TPU compile s": aot[policy]["compile_s"]})
+        rows_out.append(row)
+    remat.set_remat(model, "none")
+    df = pd.DataFrame(rows_out)
+    if tpu is not None and "none" in policies:
+        df["TPU temp vs none"] = df["TPU temp MiB"] / float(df.loc[df.policy == "none", "TPU temp MiB"].iloc[0])
+    df.attrs["tpu_profile"] = tpu.name if tpu is not None else None
+    df.attrs["shape"] = {"batch": batch, "seq_len": seq_len, "tpu_seq_len": tpu_seq_len or seq_len,
+                         "rank": lora.rank}
+    return df
+
+
+def cached_compare(run_dir, profile: Profile, **kwargs):
+    """:func:`compare_policies`, cached as JSON in ``run_dir/remat/`` (keyed by the profile and the arguments)."""
+    import pandas as pd
+
+    key_args = {k: (str(v) if k in ("model_dir", "mesh") else v) for k, v in sorted(kwargs.items())}
+    key_args["mesh"] = str(dict(zip(kwargs["mesh"].axis_names, kwargs["mesh"].devices.shape)))
+    key_args["profile"] = [profile.name, dataclasses.asdict(profile.lora), dataclasses.asdict(profile.train)]
+    path = Path(run_dir) / "remat" / f"compare_{config_hash(key_args, 10)}.json"
+    if path.is_file():
+        value, cached = json.loads(path.read_text()), True
+    else:
+        df = compare_policies(profile, **kwargs)
+        value, cached = {"rows": df.to_dict(orient="records"), "attrs": df.attrs}, False
+        write_atomic(path, json.dumps(value, indent=1, default=str))
+    df = pd.DataFrame(value["rows"])
+    df.attrs.update(value["attrs"], cached=cached)
+    return df
+
+
+def plot_policies(df, title: str = "Remat policies: the LoRA train step"):
+    """Bar charts of temp memory and step time per policy; returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    mem = "TPU temp MiB" if "TPU temp MiB" in df else "CPU temp MiB"
+    where = f"AOT for {df.attrs.get('tpu_profile')}" if mem.startswith("TPU") else "XLA:CPU"
+    ax1.bar(df["policy"], df[mem], color="tab:blue")
+    ax1.set_ylabel(f"temp memory, MiB per chip ({where})")
+    ax2.bar(df["policy"], df["step ms"], color="tab:orange")
+    ax2.set_ylabel("step time (ms)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def cost_figures(compiled) -> dict:
@@ -360,15 +424,12 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
     if path.is_file():
         return {**json.loads(path.read_text()), "cached": True}
     result = aot_plan(profile, remat, seq_len, layers, **kwargs)
-    from .course import write_atomic
-
     write_atomic(path, json.dumps(result, indent=1, default=str))
     return {**result, "cached": False}
 
 
 # The course's settings: three remat policies and a nnx.remat policy on the v5p-8, and the v6e-8, at seq 3072.
-COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v5p-8", "dots_no_batch"),
-                ("v6e-8", "block"))
+COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v6e-8", "block"))
 
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
 # `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled

@@ -8,7 +8,6 @@ merge step reads. Metrics go to ``<run>/train/metrics.jsonl`` (one line per opti
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -17,7 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from . import data as data_lib
-from .course import write_atomic
+from . import gemma4, lora, remat
+from . import mesh as mesh_lib
+from . import step as step_lib
+from .errors import GemmaTpuError
+from .infra import config_hash, write_atomic
 from .multihost import is_main, process_rows
 from .profiles import Profile
 
@@ -25,49 +28,12 @@ METADATA = "lora_config.json"
 DONE = "done.json"  # in <run>/train/: written when a run reaches its last step
 
 
-class TrainingError(RuntimeError):
+class TrainingError(GemmaTpuError, RuntimeError):
     pass
 
 
 class NonFiniteLossError(TrainingError):
     pass
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The loss: integer labels over packed rows
-
-def token_nll(logits, labels):
-    """Next-token NLL per position for integer ``labels``: ``logsumexp(logits) - logits[label]``, no one-hot.
-
-    The label's logit is picked by a masked reduction (``where(iota == label)``, summed), which XLA fuses into one
-    pass and which stays sharded along the vocabulary. ``take_along_axis`` - what optax's integer-label
-    cross-entropy uses - all-gathers vocab-sharded logits first: +1.5 GiB per chip for the 31B at seq 3072 on a
-    v5p-8 (measured with ``plan.aot_plan``). Computed in the logits' dtype: cast them first for fp32.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    vocab = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
-    picked = jnp.sum(jnp.where(vocab == labels[..., None], logits, 0.0), axis=-1)
-    return jax.nn.logsumexp(logits, axis=-1) - picked
-
-
-def masked_token_nll(logits, tokens, loss_mask, segment_ids):
-    """Sum of next-token NLL over assistant targets that stay inside their example, and their count."""
-    import jax.numpy as jnp
-
-    nll = token_nll(logits[:, :-1].astype(jnp.float32), tokens[:, 1:])
-    valid = ((loss_mask[:, 1:] > 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])).astype(jnp.float32)
-    return jnp.sum(nll * valid), jnp.sum(valid)
-
-
-def model_inputs(batch) -> dict:
-    """What the loss function gets: tokens, loss mask, per-example positions and the block-diagonal causal mask."""
-    import jax.numpy as jnp
-
-    return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
-                positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
-                attention_mask=data_lib.attention_mask_from_segments(batch["segment_ids"]))
 
 
 class GlobalBatches:
@@ -95,49 +61,14 @@ class GlobalBatches:
         return (self.to_global(b) for b in self.ds)
 
 
-def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
-    """Mean NLL per assistant target token of a micro-batch."""
-    import jax.numpy as jnp
-
-    logits, _ = model(input_tokens, positions, None, attention_mask)
-    total, count = masked_token_nll(logits, input_tokens, loss_mask, segment_ids)
-    return total / jnp.maximum(count, 1.0)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Optimizer
-
-def lr_schedule(spec, total_steps: int):
-    """Linear warmup from 0 to the peak, then cosine decay to 0 at ``total_steps`` (as HF's cosine-with-warmup)."""
-    import optax
-
-    if spec.schedule != "cosine":
-        raise ValueError(f"Unknown schedule {spec.schedule!r}; this course implements 'cosine'.")
-    warmup = min(spec.warmup_steps, max(total_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(0.0, spec.learning_rate, warmup, max(total_steps, warmup + 1), 0.0)
-
-
-def build_optimizer(spec, total_steps: int):
-    """AdamW with the profile's schedule, weight decay and grad clipping. A non-finite update is skipped
-    (``optax.apply_if_finite``), so a NaN step leaves the LoRA params - and the next checkpoint - as they were."""
-    import optax
-
-    tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
-                     optax.adamw(lr_schedule(spec, total_steps), weight_decay=spec.weight_decay))
-    return optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoint metadata: what LoRA this checkpoint holds
 
 def lora_metadata(profile: Profile, text_config: dict) -> dict:
-    from .lora import regex_for, validate_targets
-
-    targets = list(validate_targets(profile.lora.targets))
-    config_hash = hashlib.sha256(json.dumps(text_config, sort_keys=True).encode()).hexdigest()[:16]
+    targets = list(lora.validate_targets(profile.lora.targets))
     return {"targets": targets, "rank": profile.lora.rank, "alpha": profile.lora.alpha,
-            "dropout": profile.lora.dropout, "qwix_regex": regex_for(targets), "base_model": profile.model.source,
-            "base_config_sha256": config_hash, "num_layers": text_config["num_hidden_layers"]}
+            "dropout": profile.lora.dropout, "qwix_regex": lora.regex_for(targets), "base_model": profile.model.source,
+            "base_config_sha256": config_hash(text_config), "num_layers": text_config["num_hidden_layers"]}
 
 
 def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
@@ -249,18 +180,18 @@ def total_steps(profile: Profile, train_rows: int) -> int:
 
 
 def _apply_lora(model, profile: Profile, seed: int):
-    """The profile's LoRA on ``model``. qwix creates the LoRA params by running the model once on a dummy batch;
-    run eagerly, that forward cannot unpack an array that spans several processes, so with more than one process
-    it runs under ``nnx.jit`` (the same params: the random init does not depend on how it runs)."""
+    """The profile's LoRA on ``model``, then its remat policy (``remat.lora_then_remat``: the only working order).
+    qwix creates the LoRA params by running the model once on a dummy batch; run eagerly, that forward cannot
+    unpack an array that spans several processes, so with more than one process it runs under ``nnx.jit`` (the
+    same params: the random init does not depend on how it runs)."""
     import jax
     from flax import nnx
-
-    from . import lora
 
     spec = profile.lora
 
     def go(m):
-        return lora.apply_lora(m, spec.targets, spec.rank, spec.alpha, spec.dropout, seed=seed)[0]
+        return remat.lora_then_remat(m, spec.rank, spec.alpha, profile.train.remat, seed=seed, targets=spec.targets,
+                                     dropout=spec.dropout)
 
     return nnx.jit(go)(model) if jax.process_count() > 1 else go(model)
 
@@ -282,9 +213,6 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     import orbax.checkpoint as ocp
     from transformers import AutoTokenizer
     from tunix.sft import peft_trainer
-
-    from . import gemma4
-    from . import mesh as mesh_lib
 
     t = profile.train
     overrides = {k: v for k, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)) if v is not None}
@@ -319,13 +247,9 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
                              for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs, rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
 
-    schedule = lr_schedule(t, steps)
+    schedule = step_lib.lr_schedule(t, steps)
     model = gemma4.load_model(base, mesh, dtype=profile.model.dtype)
-    model = _apply_lora(model, profile, t.seed)
-    if t.remat != "none":
-        from tunix.models.gemma4 import model as gm
-
-        model.config.remat_config = getattr(gm.RematConfig, t.remat.upper())  # after LoRA, never before
+    model = _apply_lora(model, profile, t.seed)  # LoRA, then remat
     main = is_main()
     options = ocp.CheckpointManagerOptions(save_interval_steps=t.checkpoint_every, max_to_keep=t.keep_checkpoints,
                                            enable_async_checkpointing=False)
@@ -338,13 +262,12 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with mesh_lib.trainer_context(mesh):
-        trainer = peft_trainer.PeftTrainer(model, build_optimizer(t, steps), config)
+        trainer = step_lib.make_trainer(model, t, steps, config)  # runs step.train_step: what `plan` compiles
         start_step = trainer.train_steps
         if main:
             _trim_metrics(metrics_path, start_step)
         recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix, write=main)
         trainer.with_training_hooks(recorder)
-        trainer.with_loss_fn(loss_fn).with_gen_model_input_fn(model_inputs)
         try:
             trainer.train(train_ds, eval_ds)
         except BaseException:

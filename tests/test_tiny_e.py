@@ -134,26 +134,6 @@ def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
     assert r.returncode == 0 and "verify: OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
-@pytest.mark.slow  # about 100 s here; it guards the AOT plan's step, which is slow-tier too
-def test_decoder_loop_computes_the_e2b_model(e2b_dir):
-    """remat's decoder loop (the AOT plan's train step) follows tunix's forward on the E structure: per-layer
-    inputs and KV-shared layers reading an earlier layer's K/V in the same pass."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from gemma_tpu_helpers import remat
-
-    mesh = jax.make_mesh((8, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    model = remat.lora_then_remat(gemma4.load_model(e2b_dir, mesh), 8, 16.0, "none")
-    t = jnp.asarray(np.random.default_rng(0).integers(3, 1000, (2, 24)), jnp.int32)
-    positions, mask = remat.causal_inputs(t)
-    ref = np.asarray(model(t, positions, None, mask)[0])
-    for policy in ("none", "dots"):
-        out = np.asarray(nnx.jit(lambda m, t: m(t))(remat.decoder_loop(model, policy, 8, 16.0), t))
-        np.testing.assert_allclose(out, ref, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("variant", ["e2b", "e4b"])
 def test_param_count_is_what_tunix_holds(variant):
     """plan.param_count (the memory estimate) against the abstract tunix model of the real E config."""

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import train
+from gemma_tpu_helpers import step, train
 from conftest import REPO
 
 STEPS, EVERY = 4, 2
@@ -123,7 +123,7 @@ def test_token_nll_is_optax_integer_label_cross_entropy():
 
     logits = jax.random.normal(jax.random.key(0), (2, 7, 1024)) * 30.0  # softcap-sized logits
     labels = jax.random.randint(jax.random.key(1), (2, 7), 0, 1024)
-    ours = jax.jit(train.token_nll)(logits, labels)
+    ours = jax.jit(step.token_nll)(logits, labels)
     ref = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=1e-4)
-    assert not np.allclose(np.asarray(ours), np.asarray(jax.jit(train.token_nll)(logits, (labels + 1) % 1024)))
+    assert not np.allclose(np.asarray(ours), np.asarray(jax.jit(step.token_nll)(logits, (labels + 1) % 1024)))

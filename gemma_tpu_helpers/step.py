@@ -1,0 +1,261 @@
+"""The one LoRA train step: what ``train.train`` runs, and what ``plan`` compiles ahead of time for a TPU.
+
+A memory claim holds only for the step that runs (MaxText's ``train_compile`` rule). So there is one step here, and
+every user of a train step takes it from this module:
+
+* ``train.train`` runs it through tunix's ``PeftTrainer`` (:func:`make_trainer`: a ``PeftTrainer`` whose
+  ``create_train_step_fn``, tunix's extension point, returns :func:`train_step`, jitted by :func:`jitted`);
+* ``plan`` AOT-compiles it for a TPU topology on abstract arguments (:func:`abstract_arguments`, :func:`lower`);
+* the remat policy comparison (``plan.compare_policies``), the overhead check and the PEFT equivalence run call it.
+
+The step of one micro-batch: the packed rows' inputs (:func:`model_inputs`: positions, block-diagonal causal mask),
+the assistant-token NLL with integer labels (:func:`loss_fn`), gradients of the ``nnx.LoRAParam`` leaves only, and
+the optimizer update: AdamW with warmup-cosine, gradient clipping, a non-finite update skipped
+(:func:`build_optimizer`) and gradient accumulation (``optax.MultiSteps``, as ``PeftTrainer`` wraps it:
+:func:`accumulating`). The remat policy is tunix's switch on the model (``remat.set_remat``), so it is inside the
+step too.
+"""
+
+from __future__ import annotations
+
+from . import data as data_lib
+from . import mesh as mesh_lib
+from . import remat as remat_lib
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss: integer labels over packed rows
+
+
+def token_nll(logits, labels):
+    """Next-token NLL per position for integer ``labels``: ``logsumexp(logits) - logits[label]``, no one-hot.
+
+    The label's logit is picked by a masked reduction (``where(iota == label)``, summed), which XLA fuses into one
+    pass and which stays sharded along the vocabulary. ``take_along_axis`` - what optax's integer-label
+    cross-entropy uses - all-gathers vocab-sharded logits first: +1.5 GiB per chip for the 31B at seq 3072 on a
+    v5p-8 (measured with ``plan.aot_plan``). Computed in the logits' dtype: cast them first for fp32.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    vocab = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == labels[..., None], logits, 0.0), axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - picked
+
+
+def masked_token_nll(logits, tokens, loss_mask, segment_ids):
+    """Sum of next-token NLL over assistant targets that stay inside their example, and their count."""
+    import jax.numpy as jnp
+
+    nll = token_nll(logits[:, :-1].astype(jnp.float32), tokens[:, 1:])
+    valid = ((loss_mask[:, 1:] > 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])).astype(jnp.float32)
+    return jnp.sum(nll * valid), jnp.sum(valid)
+
+
+def model_inputs(batch) -> dict:
+    """What the loss function gets: tokens, loss mask, per-example positions and the block-diagonal causal mask."""
+    import jax.numpy as jnp
+
+    return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
+                positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
+                attention_mask=data_lib.attention_mask_from_segments(batch["segment_ids"]))
+
+
+def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
+    """Mean NLL per assistant target token of a micro-batch."""
+    import jax.numpy as jnp
+
+    logits, _ = model(input_tokens, positions, None, attention_mask)
+    total, count = masked_token_nll(logits, input_tokens, loss_mask, segment_ids)
+    return total / jnp.maximum(count, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The optimizer
+
+
+def lr_schedule(spec, total_steps: int):
+    """Linear warmup from 0 to the peak, then cosine decay to 0 at ``total_steps`` (as HF's cosine-with-warmup)."""
+    import optax
+
+    if spec.schedule != "cosine":
+        raise ValueError(f"Unknown schedule {spec.schedule!r}; this course implements 'cosine'.")
+    warmup = min(spec.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(0.0, spec.learning_rate, warmup, max(total_steps, warmup + 1), 0.0)
+
+
+def build_optimizer(spec, total_steps: int):
+    """AdamW with the profile's schedule, weight decay and grad clipping, per optimizer update. A non-finite
+    update is skipped (``optax.apply_if_finite``), so a NaN step leaves the LoRA params - and the next
+    checkpoint - as they were. ``PeftTrainer`` adds the gradient accumulation (:func:`accumulating`)."""
+    import optax
+
+    tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
+                     optax.adamw(lr_schedule(spec, total_steps), weight_decay=spec.weight_decay))
+    return optax.apply_if_finite(tx, max_consecutive_errors=1_000_000)
+
+
+def accumulating(spec, total_steps: int):
+    """What one micro-step updates with: :func:`build_optimizer` inside ``optax.MultiSteps`` over
+    ``spec.grad_accum`` micro-batches, exactly as ``PeftTrainer`` wraps it from ``gradient_accumulation_steps``."""
+    import optax
+
+    return optax.MultiSteps(build_optimizer(spec, total_steps), spec.grad_accum)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The step
+
+
+def train_step(model, optimizer, batch):
+    """One micro-step on a LoRA ``model``: ``(loss, aux=None, grad norm)``, the LoRA params and ``optimizer``
+    (an ``nnx.Optimizer`` over ``nnx.LoRAParam``) updated in place. The body of tunix's
+    ``PeftTrainer._train_step`` for a LoRA model, with our inputs and loss."""
+    import optax
+    from flax import nnx
+
+    inputs = model_inputs(batch)
+    grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))
+    loss, grads = grad_fn(model, **inputs)
+    grad_norm = optax.global_norm(grads)
+    optimizer.update(model, grads)
+    return loss, None, grad_norm
+
+
+def jitted():
+    """:func:`train_step` under ``nnx.jit`` with the model *and* the optimizer state donated.
+
+    ``nnx.jit`` returns the whole state of the graphs it was given, the frozen base weights included. tunix's
+    ``PeftTrainer`` donates only the optimizer, so XLA copies every base weight into a new output buffer each
+    step: a second copy of the weights on every chip (measured: +2.2 GB per chip for 6 layers of the 31B on a
+    v5p-8, about +15 GiB for all 60). Donating the model lets those outputs alias their inputs.
+    """
+    from flax import nnx
+
+    return nnx.jit(train_step, donate_argnames=("model", "optimizer"))
+
+
+def make_trainer(model, spec, total_steps: int, config):
+    """tunix's ``PeftTrainer`` running :func:`train_step` with :func:`build_optimizer` (``config`` is its
+    ``TrainingConfig``; its ``gradient_accumulation_steps`` must be ``spec.grad_accum``). Eval runs the same loss."""
+    import functools
+
+    from tunix.sft import peft_trainer
+
+    if config.gradient_accumulation_steps != spec.grad_accum:
+        raise ValueError(f"TrainingConfig accumulates {config.gradient_accumulation_steps} micro-batches, the "
+                         f"profile {spec.grad_accum}: build the config from the profile.")
+
+    class LoraTrainer(peft_trainer.PeftTrainer):
+        def create_train_step_fn(self):
+            return train_step
+
+        def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
+            """tunix's, with :func:`jitted` (the model donated too) as the train step it calls."""
+            train_fn, eval_fn = super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
+            if skip_jit:
+                return train_fn, eval_fn
+            if cache_nnx_graph:
+                raise ValueError("cache_nnx_graph is not supported by this trainer (train.train does not use it).")
+            if getattr(train_fn, "donates_model", False) is not True:
+                train_fn = functools.partial(jitted(), self.model, self.optimizer)
+                train_fn.donates_model = True
+                self._jitted_train_step_fn = train_fn  # tunix's cache of the jitted step (cleared by clear_jit_cache)
+            return train_fn, eval_fn
+
+    trainer = LoraTrainer(model, build_optimizer(spec, total_steps), config)
+    return trainer.with_loss_fn(loss_fn).with_gen_model_input_fn(model_inputs)
+
+
+def optimizer_for(model, spec, total_steps: int):
+    """The ``nnx.Optimizer`` ``PeftTrainer`` builds for a LoRA model (for runs and compiles outside the trainer)."""
+    from flax import nnx
+
+    return nnx.Optimizer(model, accumulating(spec, total_steps), wrt=nnx.LoRAParam)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Abstract arguments: the same step, compiled for a topology without weights
+
+
+def _spec_for(shape, spec, mesh):
+    """The partition spec, with any axis that does not divide its dimension dropped (replicated)."""
+    from jax.sharding import PartitionSpec as P
+
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    out = []
+    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (ax,) if isinstance(ax, str) else tuple(ax or ())
+        n = 1
+        for a in names:
+            n *= sizes.get(a, 1)
+        out.append(ax if ax is not None and dim % n == 0 and all(a in sizes for a in names) else None)
+    return P(*out)
+
+
+def _place(node, mesh) -> None:
+    """Give every abstract leaf of an nnx graph node its sharding on ``mesh`` (its partition-spec metadata)."""
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+
+    state = nnx.state(node)
+    specs = nnx.get_partition_spec(state)
+    placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, _spec_for(x.shape, s, mesh))), state, specs)
+    nnx.update(node, placed)
+
+
+def batch_axis(mesh, batch: int):
+    """The mesh axis the batch is split over: ``fsdp`` when it divides the batch (as in training), else none."""
+    return "fsdp" if batch % dict(zip(mesh.axis_names, mesh.devices.shape)).get("fsdp", 1) == 0 else None
+
+
+def abstract_batch(mesh, batch: int, seq_len: int) -> dict:
+    """A packed micro-batch's shapes and dtypes (``data.BATCH_DTYPES``), split over the batch axis."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(mesh, P(batch_axis(mesh, batch), None))
+    return {k: jax.ShapeDtypeStruct((batch, seq_len), dt, sharding=sharding)
+            for k, dt in data_lib.BATCH_DTYPES.items()}
+
+
+def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: int, seq_len: int,
+                       dtype: str = "bfloat16", remat: str = "none", total_steps: int = 1000):
+    """``(model, optimizer, batch)`` of :func:`train_step` with no weights (``nnx.eval_shape``), each leaf sharded
+    on ``mesh`` as training shards it (tunix's partition specs; qwix's LoRA params and the optimizer state take
+    their base weight's). LoRA and remat as training applies them (``remat.lora_then_remat``)."""
+    from flax import nnx
+    from tunix.models.gemma4 import model as gm
+
+    from . import gemma4
+
+    policy = remat_lib.check_policy(remat)
+    cfg = gemma4.to_tunix_config(text_config, dtype=dtype)
+
+    def build():
+        return remat_lib.lora_then_remat(gm.Gemma4(cfg, rngs=nnx.Rngs(0)), lora_spec.rank, lora_spec.alpha, policy,
+                                         targets=lora_spec.targets, dropout=lora_spec.dropout)
+
+    model = nnx.eval_shape(build)
+    optimizer = nnx.eval_shape(lambda m: optimizer_for(m, train_spec, total_steps), model)
+    _place(model, mesh)
+    _place(optimizer, mesh)
+    return model, optimizer, abstract_batch(mesh, batch, seq_len)
+
+
+def lower(model, optimizer, batch, mesh):
+    """:func:`jitted` lowered for these (abstract or concrete) arguments, under the mesh context tunix trains in."""
+    with mesh_lib.trainer_context(mesh):
+        return jitted().lower(model, optimizer, batch)
+
+
+def fingerprint(lowered) -> str:
+    """A digest of a lowered step's StableHLO with locations stripped: equal digests, the same program."""
+    import hashlib
+    import re
+
+    text = lowered.as_text()
+    text = re.sub(r"loc\([^)]*\)|#loc\d*( = .*)?", "", text)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
