@@ -419,3 +419,31 @@ def test_every_merge_error_is_a_gemma_tpu_error_and_a_value_error():
     for cls in (lora_checkpoint.LoraCheckpointError, merge_plan.LoraMismatchError, safetensors_io.SafetensorsError,
                 merge.MergeError, merge.OutputExistsError, verify.VerifyError):
         assert issubclass(cls, GemmaTpuError) and issubclass(cls, ValueError), cls
+
+
+@pytest.mark.slow  # ~55 s; test_tiny_e's smoke-e CLI walk covers the same path through training in the default run
+def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
+    """The E2B replica (KV-shared layers with no k/v, a double-wide MLP there) with a synthetic LoRA on every target:
+    the merge touches exactly the table's HF tensors, and both checks and PEFT agree with tunix base + LoRA."""
+    from gemma_tpu_helpers import layout, parity, profiles, tiny
+    from gemma_tpu_helpers import mesh as mesh_lib
+
+    mesh = mesh_lib.make_mesh(profiles.get_profile("smoke-e"))  # tp=1: the replica has one KV head
+    base = tiny.write_tiny_model(tmp_path / "base", variant="e2b")
+    text = gemma4.read_text_config(base)
+    arrays = layout.synthetic_lora(text, layout.TARGETS, 4, std=0.05)
+    meta = {"targets": list(layout.TARGETS), "rank": 4, "alpha": 8.0, "num_layers": text["num_hidden_layers"]}
+    ckpt = lora_checkpoint.write_lora_checkpoint(tmp_path / "ckpt", arrays, meta, step=1)
+    result = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False)
+    expected = {layout.hf_key(L.index, r) for L in layout.layers(text) for r in layout.rows_for(L)}
+    assert result.merged_tensors == len(expected)
+    assert {d.hf for d in merge_plan.plan(arrays, meta, text)} == expected
+    assert not [k for k in expected if int(k.split(".")[3]) in gemma4.kv_shared_layers(text) and "_proj" in k
+                and k.split(".")[-2] in ("k_proj", "v_proj")]
+    res = verify.verify(base, ckpt, result.out_dir, mesh=mesh)
+    assert res["ok"] and res["lora_effect_rel"] > 100 * parity.DEFAULT_REL_BOUND, verify.verify_table(res)
+    adapter = peft_export.export_peft_adapter(ckpt, tmp_path / "adapter", base)
+    tokens = parity.sample_tokens(text["vocab_size"], 24)
+    merged_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(result.out_dir), tokens)
+    gap = np.abs(peft_export.peft_logits(base, adapter, tokens) - merged_logits).max() / np.abs(merged_logits).max()
+    assert gap <= parity.DEFAULT_REL_BOUND
