@@ -19,6 +19,7 @@ step too.
 from __future__ import annotations
 
 from . import data as data_lib
+from . import gemma4, sharding
 from . import mesh as mesh_lib
 from . import remat as remat_lib
 
@@ -151,15 +152,18 @@ def make_trainer(model, spec, total_steps: int, config):
 
         def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
             """tunix's, with :func:`jitted` (the model donated too) as the train step it calls."""
+            from flax import nnx
+
             train_fn, eval_fn = super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
-            if skip_jit:
+            if skip_jit or getattr(train_fn, "donates_model", False):
                 return train_fn, eval_fn
+            fn = jitted()  # bound to the model and optimizer as tunix binds its own (PeftTrainer.train caches them)
             if cache_nnx_graph:
-                raise ValueError("cache_nnx_graph is not supported by this trainer (train.train does not use it).")
-            if getattr(train_fn, "donates_model", False) is not True:
-                train_fn = functools.partial(jitted(), self.model, self.optimizer)
-                train_fn.donates_model = True
-                self._jitted_train_step_fn = train_fn  # tunix's cache of the jitted step (cleared by clear_jit_cache)
+                train_fn = functools.partial(nnx.cached_partial(fn, self.model, self.optimizer))
+            else:
+                train_fn = functools.partial(fn, self.model, self.optimizer)
+            train_fn.donates_model, train_fn.jitted = True, fn
+            self._jitted_train_step_fn = train_fn  # tunix's cache of the jitted step (cleared by clear_jit_cache)
             return train_fn, eval_fn
 
     trainer = LoraTrainer(model, build_optimizer(spec, total_steps), config)
@@ -177,31 +181,20 @@ def optimizer_for(model, spec, total_steps: int):
 # Abstract arguments: the same step, compiled for a topology without weights
 
 
-def _spec_for(shape, spec, mesh):
-    """The partition spec, with any axis that does not divide its dimension dropped (replicated)."""
-    from jax.sharding import PartitionSpec as P
-
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    out = []
-    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        names = (ax,) if isinstance(ax, str) else tuple(ax or ())
-        n = 1
-        for a in names:
-            n *= sizes.get(a, 1)
-        out.append(ax if ax is not None and dim % n == 0 and all(a in sizes for a in names) else None)
-    return P(*out)
-
-
 def _place(node, mesh) -> None:
-    """Give every abstract leaf of an nnx graph node its sharding on ``mesh`` (its partition-spec metadata)."""
+    """Give every abstract leaf of an nnx graph node its sharding on ``mesh``: its partition-spec metadata, with
+    any mesh axis that cannot divide its dimension dropped (``sharding.divisible_spec``, notebook 03's fix)."""
     import jax
     from flax import nnx
     from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     state = nnx.state(node)
     specs = nnx.get_partition_spec(state)
     placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=NamedSharding(mesh, _spec_for(x.shape, s, mesh))), state, specs)
+        x.shape, x.dtype, sharding=NamedSharding(mesh, P(*sharding.divisible_spec(x.shape, tuple(s), sizes)))),
+        state, specs)
     nnx.update(node, placed)
 
 
@@ -228,8 +221,6 @@ def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: in
     their base weight's). LoRA and remat as training applies them (``remat.lora_then_remat``)."""
     from flax import nnx
     from tunix.models.gemma4 import model as gm
-
-    from . import gemma4
 
     policy = remat_lib.check_policy(remat)
     cfg = gemma4.to_tunix_config(text_config, dtype=dtype)

@@ -22,8 +22,10 @@ def trainer_program(smoke, tiny_dir, mesh):
     config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
     with mesh_lib.trainer_context(mesh):
         trainer = step.make_trainer(model, t, 10, config)
-        jitted, _ = trainer.jit_train_and_eval_step()  # what PeftTrainer.train calls for every micro-batch
-    lowered = jitted.func.lower(*jitted.args, step.abstract_batch(mesh, t.micro_batch, t.max_seq_len))
+        # what PeftTrainer.train(...) calls for every micro-batch (it caches the graph: cache_nnx_graph=True)
+        train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
+        lowered = train_fn.jitted.lower(trainer.model, trainer.optimizer,
+                                        step.abstract_batch(mesh, t.micro_batch, t.max_seq_len))
     return trainer, lowered
 
 
@@ -41,6 +43,8 @@ def plan_program(smoke, tiny_dir, mesh, **changes):
 def test_the_trainer_runs_step_train_step(trainer_program):
     trainer, _ = trainer_program
     assert trainer.create_train_step_fn() is step.train_step
+    train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
+    assert train_fn.donates_model and train_fn.func.__wrapped__ is train_fn.jitted  # cached graph over step.jitted()
     assert trainer.loss_fn is step.loss_fn and trainer.gen_model_input_fn is step.model_inputs  # eval: same loss
 
 
