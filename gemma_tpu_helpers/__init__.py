@@ -20,7 +20,7 @@ below; the notebooks' "Use it in your project" cells name those files.
 LAYERS = (
     ("core", ("errors", "infra", "compat", "chat_format")),
     ("config", ("profiles",)),
-    ("models", ("gemma4", "tiny", "hub", "base", "mesh", "multihost", "data", "layout")),
+    ("models", ("gemma4", "tiny", "hub", "base_model", "mesh", "multihost", "data", "layout")),
     ("step", ("lora", "sharding", "parity", "remat", "step")),
     ("workflows", ("train", "plan", "overhead", "equivalence", "lora_checkpoint", "merge_plan", "safetensors_io",
                    "merge", "verify", "peft_export", "serve", "greedy", "adapters",

@@ -9,7 +9,34 @@ from pathlib import Path
 
 import numpy as np
 
-from . import hub, preflight, profiles
+from . import (
+    base_model,
+    bench,
+    cost,
+    course,
+    data,
+    evaluate,
+    exercises,
+    gemma4,
+    lora,
+    merge,
+    multihost,
+    parity,
+    peft_export,
+    plan,
+    preflight,
+    profiles,
+    serve,
+    sharding,
+    site,
+    tiny,
+    train,
+    verify,
+    workshop,
+)
+from . import mesh as mesh_lib
+from .errors import run_cli
+from .gemma4 import load_model
 
 
 def _profile_arg(p: argparse.ArgumentParser) -> None:
@@ -20,11 +47,9 @@ def _profile_arg(p: argparse.ArgumentParser) -> None:
 def cmd_setup(args) -> int:
     """Step 00: versions, devices, profile, course map and the profile's memory estimate."""
     if args.check:  # workshop: is this machine ready? one screen, a fix per item (gemma_tpu_helpers.workshop)
-        from . import workshop
 
         return workshop.main_check(args)
     prof = profiles.configure_jax(args.profile)
-    from . import course, gemma4, plan
 
     print(f"profile: {prof.name} - {prof.description}")
     failed = []
@@ -36,7 +61,7 @@ def cmd_setup(args) -> int:
         print(f"  {k:18s} {v}")
     if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
         print("devices:", json.dumps(course.devices()))
-    text = gemma4.profile_text_config(prof)
+    text = base_model.profile_text_config(prof)
     est = plan.memory_estimate(prof, text)
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
@@ -49,14 +74,8 @@ def cmd_setup(args) -> int:
 
 def cmd_tiny_model(args) -> int:
     """Write the tiny Gemma 4 checkpoint (31B structure, real on-disk layout, trained tokenizer)."""
-    from . import tiny
-
-    try:
-        out = tiny.write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, overwrite=args.overwrite,
-                                    variant=args.variant)
-    except (ValueError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = tiny.write_tiny_model(args.out_dir, seed=args.seed, layers=args.layers, overwrite=args.overwrite,
+                                variant=args.variant)
     shards = sorted(p.name for p in Path(out).glob("*.safetensors"))
     print(f"wrote {out}: {len(shards)} safetensors shards + index, config, generation config, tokenizer")
     return 0
@@ -66,16 +85,9 @@ def cmd_parity(args) -> int:
     """tunix vs transformers logits (and, with --layers, hidden states per layer) on a checkpoint."""
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)
-    from . import mesh as mesh_lib
-    from . import parity
-    from .gemma4 import CheckpointError, load_model
 
-    try:
-        mesh = mesh_lib.make_mesh(prof)
-        model = load_model(args.model_dir, mesh, dtype="float32")
-    except (CheckpointError, mesh_lib.MeshError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    mesh = mesh_lib.make_mesh(prof)
+    model = load_model(args.model_dir, mesh, dtype="float32")
     stats = parity.compare_logits(args.model_dir, mesh, seq_len=args.seq_len, model=model)
     print(f"max |dlogit|: {stats['max_abs']:.3e}  logit scale: {stats['scale']:.3f}  relative: {stats['rel']:.3e}"
           f"  (bound {args.bound:.0e})")
@@ -90,26 +102,18 @@ def cmd_mesh(args) -> int:
     """Step 01: the profile's mesh, the tp sizes the model allows, and the trainer mesh-context probe."""
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # a TPU profile needs its TPU, free; checked before JAX is imported
-    from . import gemma4
-    from . import mesh as mesh_lib
 
-    try:
-        mesh = mesh_lib.make_mesh(prof)
-    except mesh_lib.MeshError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    mesh = mesh_lib.make_mesh(prof)
     print(f"mesh {dict(mesh.shape)}:\n{mesh_lib.describe(mesh).to_string()}")
-    text = gemma4.profile_text_config(prof) if prof.model.source != "tiny" else gemma4.read_text_config(gemma4.ensure_base(prof))
+    text = base_model.profile_text_config(prof) if prof.model.source != "tiny" else gemma4.read_text_config(base_model.ensure_base(prof))
     print(mesh_lib.tp_table(text).to_string(index=False))
     if args.probe:
-        print(mesh_lib.compare_trainer_contexts(gemma4.ensure_check_model(prof), mesh).to_string(index=False))
+        print(mesh_lib.compare_trainer_contexts(base_model.ensure_check_model(prof), mesh).to_string(index=False))
     return 0
 
 
 def cmd_report(args) -> int:
     """Write runs/<profile>/report.md from the figures the notebooks recorded."""
-    from . import course
-
     prof = profiles.get_profile(args.profile)
     print(course.write_report(prof.run_dir(args.runs)))
     return 0
@@ -117,8 +121,6 @@ def cmd_report(args) -> int:
 
 def cmd_demo(args) -> int:
     """Run every notebook in order under the profile; executed copies and report.md go to runs/<profile>/."""
-    from . import course
-
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
     results = course.run_notebooks(prof.name, run_dir)
@@ -132,20 +134,14 @@ def cmd_lora(args) -> int:
     """Step 02: which tunix module gets LoRA for each HF target, per layer."""
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
-    from . import lora
 
-    try:
-        print(lora.report_for_profile(prof, regex=args.regex).to_string(index=False))
-    except (lora.LoraConfigError, lora.LoraCoverageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    print(lora.report_for_profile(prof, regex=args.regex).to_string(index=False))
     return 0
 
 
 def cmd_sharding(args) -> int:
     """Step 03: per-device bytes, audit flags and the fix plan for the profile's model on its mesh."""
     prof = profiles.configure_jax(args.profile)
-    from . import sharding
 
     summary, _, changes = sharding.plan_for_profile(prof)
     print((summary / 2**30).round(3).to_string())
@@ -155,18 +151,14 @@ def cmd_sharding(args) -> int:
 
 def cmd_plan(args) -> int:
     """Step 04: per-chip memory plan; --aot: XLA's compiled figures for the profile's TPU topology (libtpu, no TPU)."""
-    from . import plan
-
     return plan.main_plan(args.profile, args.aot, args.remat, args.seq_len, args.layers)
 
 
 def cmd_data_stats(args) -> int:
     """Step 05: packed vs pad-to-max token use for the profile's data."""
     prof = profiles.get_profile(args.profile)
-    tokenizer_dir = hub.ensure_tokenizer(prof, base=args.base)  # the tokenizer files alone, never the weights
+    tokenizer_dir = base_model.ensure_tokenizer(prof, base=args.base)  # the tokenizer files alone, never the weights
     from transformers import AutoTokenizer
-
-    from . import data
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if args.show_example is not None:  # one example as it is trained: the loss span inside ⟦ ⟧
@@ -191,31 +183,20 @@ def cmd_train(args) -> int:
     """Step 06: LoRA training with checkpoints; resumes from the latest checkpoint in the run dir."""
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)
-    from . import multihost
 
     if args.coordinator:
         local = None
         if prof.hardware.platform == "cpu" and args.coordinator != "auto":
             n = args.num_processes or 1
             if prof.hardware.num_devices % n:
-                print(f"error: profile {prof.name!r} has {prof.hardware.num_devices} devices, which do not divide "
-                      f"into {n} processes.", file=sys.stderr)
-                return 2
+                raise multihost.MultihostError(f"profile {prof.name!r} has {prof.hardware.num_devices} devices, "
+                                               f"which do not divide into {n} processes.")
             local = prof.hardware.num_devices // n
-        try:
-            multihost.initialize(args.coordinator, args.num_processes, args.process_id, local_devices=local,
-                                 timeout_s=args.join_timeout)
-        except multihost.MultihostError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    from . import train
+        multihost.initialize(args.coordinator, args.num_processes, args.process_id, local_devices=local,
+                             timeout_s=args.join_timeout)
 
-    try:
-        result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
-                             checkpoint_every=args.checkpoint_every)
-    except train.TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
+                         checkpoint_every=args.checkpoint_every)
     if not multihost.is_main():
         return 0
     m = result.metrics.dropna(subset=["loss"])
@@ -226,33 +207,23 @@ def cmd_train(args) -> int:
 
 def cmd_launch(args) -> int:
     """Multi-host: print (or --run) the commands that run a step on every worker of a TPU pod (or local workers)."""
-    from . import multihost
-
     step = args.step[1:] if args.step[:1] == ["--"] else args.step
     env = dict(kv.split("=", 1) for kv in args.env)
-    try:
-        commands = multihost.launch_commands(args.workers, step, tpu=args.tpu, zone=args.zone,
-                                             coordinator=args.coordinator, workdir=args.workdir,
-                                             python=args.python or (sys.executable if not args.tpu else ".venv/bin/python"),
-                                             env=env)
-    except multihost.MultihostError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    commands = multihost.launch_commands(args.workers, step, tpu=args.tpu, zone=args.zone,
+                                         coordinator=args.coordinator, workdir=args.workdir,
+                                         python=args.python or (sys.executable if not args.tpu else ".venv/bin/python"),
+                                         env=env)
     print(multihost.format_commands(commands), flush=True)
     return multihost.run_commands(commands, timeout_s=args.timeout) if args.run else 0
 
 
 def cmd_eval(args) -> int:
     """Step 09: VerilogEval-style pass@k with iverilog (from a server or a completions file)."""
-    from . import evaluate
-
     return evaluate.main_eval(args)
 
 
 def cmd_cost(args) -> int:
     """Step 10: TPU-vs-GPU training cost and $ per million output tokens."""
-    from . import cost
-
     return cost.main_cost(args)
 
 
@@ -293,8 +264,6 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_arg(p)
     p.add_argument("--probe", action="store_true", help="run one trainer step under each mesh context")
     p.set_defaults(func=cmd_mesh)
-
-    from . import bench, cost, evaluate, merge, peft_export, serve, verify
 
     p = sub.add_parser("lora", help="02: LoRA coverage report (HF target names -> tunix modules, per layer)")
     _profile_arg(p)
@@ -379,8 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.main_bench)
 
-    from . import exercises, site
-
     p = sub.add_parser("solutions", help="workshop: the exercises' tasks and solutions, for teachers (e.g. solutions 02)")
     exercises.add_arguments(p)
     p.set_defaults(func=exercises.main_solutions)
@@ -403,11 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, hub.HubError, preflight.PreflightError) as e:  # bad input or set-up: a message, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_cli(args.func, args)
 
 
 if __name__ == "__main__":

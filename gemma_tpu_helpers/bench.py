@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cost, infra, profiles, serve
-from .errors import GemmaTpuError
+from .errors import GemmaTpuError, run_cli
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
 DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)
@@ -505,9 +505,6 @@ def main_bench(args) -> int:
         df = sweep(url, model, input_lens, qps, args.output_len, args.num_prompts, out,
                    tokenizer=args.tokenizer or (args.serve_model if args.serve_model else None), api_key=api_key,
                    timeout=args.timeout)
-    except (GemmaTpuError, ValueError) as e:  # BenchError, ServeError, a bad profile name
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     finally:
         if server is not None:
             server.stop()
@@ -522,7 +519,7 @@ def main(argv=None) -> int:
     """``python -m gemma_tpu_helpers.bench ...`` (the same as the ``bench`` sub-command)."""
     p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers bench",
                                               description=main_bench.__doc__))
-    return main_bench(p.parse_args(argv))
+    return run_cli(main_bench, p.parse_args(argv))
 
 
 if __name__ == "__main__":

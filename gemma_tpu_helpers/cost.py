@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from .errors import GemmaTpuError
+from .errors import GemmaTpuError, run_cli
 from .profiles import PRICES_DATE, PRICES_USD_PER_HOUR
 
 DEFAULT_TPU = "v5p-8"
@@ -161,21 +161,17 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main_cost(args) -> int:
     """``cost``: the training-cost comparison and/or USD per million output tokens."""
-    try:
-        prices = parse_price_overrides(args.price)
-        training = args.tpu_hours is not None or args.gpu_hours is not None
-        serving = args.throughput is not None or args.platform is not None
-        if not training and not serving:
-            raise CostError("give --tpu-hours and --gpu-hours (training), or --throughput and --platform (serving)")
-        if training and (args.tpu_hours is None or args.gpu_hours is None):
-            raise CostError("the training comparison needs both --tpu-hours and --gpu-hours")
-        if serving and (args.throughput is None or args.platform is None):
-            raise CostError("the serving cost needs both --throughput and --platform")
-        train_df = training_comparison(args.tpu_hours, args.gpu_hours, args.tpu, args.gpu, prices) if training else None
-        serve_df = serving_comparison({args.platform: args.throughput}, prices) if serving else None
-    except CostError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prices = parse_price_overrides(args.price)
+    training = args.tpu_hours is not None or args.gpu_hours is not None
+    serving = args.throughput is not None or args.platform is not None
+    if not training and not serving:
+        raise CostError("give --tpu-hours and --gpu-hours (training), or --throughput and --platform (serving)")
+    if training and (args.tpu_hours is None or args.gpu_hours is None):
+        raise CostError("the training comparison needs both --tpu-hours and --gpu-hours")
+    if serving and (args.throughput is None or args.platform is None):
+        raise CostError("the serving cost needs both --throughput and --platform")
+    train_df = training_comparison(args.tpu_hours, args.gpu_hours, args.tpu, args.gpu, prices) if training else None
+    serve_df = serving_comparison({args.platform: args.throughput}, prices) if serving else None
     note = f" (overridden: {', '.join(sorted(prices))})" if prices else ""
     print(f"prices: list prices of {PRICES_DATE}, on-demand, us-central1{note}")
     if train_df is not None:
@@ -191,7 +187,7 @@ def main_cost(args) -> int:
 
 def main(argv=None) -> int:
     p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.cost", description=main_cost.__doc__))
-    return main_cost(p.parse_args(argv))
+    return run_cli(main_cost, p.parse_args(argv))
 
 
 if __name__ == "__main__":

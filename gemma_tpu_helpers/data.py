@@ -12,7 +12,15 @@ and a fenced ```` ```verilog ```` block. :func:`training_target` picks what is t
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import re
 from pathlib import Path
+
+import numpy as np
+
+from .chat_format import GEMMA3_CHAT_TEMPLATE
+from .errors import GemmaTpuError
 
 DATA_DIR = Path(__file__).parent / "data"
 SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
@@ -23,7 +31,7 @@ REQUIRED = ("prompt", "response")
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-class DataError(ValueError):
+class DataError(GemmaTpuError, ValueError):
     pass
 
 
@@ -97,12 +105,6 @@ def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Chat format, loss mask, packing (notebook 05)
-
-import bisect  # noqa: E402
-import dataclasses  # noqa: E402
-import re  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 THINK_RE = re.compile(r"<think>.*?</think>\s*", re.S)
 ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.S)  # an unclosed <answer> runs to the end
@@ -311,8 +313,6 @@ def compare_chat_formats(tokenizer, messages: list[dict]):
     or plain-text pieces), and whether a loss mask can be built (the error if not).
     """
     import pandas as pd
-
-    from .chat_format import GEMMA3_CHAT_TEMPLATE
 
     rows = []
     for name, template, marker in (("Gemma 4 (this tokenizer's)", None, "<|turn>"),

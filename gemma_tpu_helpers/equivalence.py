@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import layout
+from . import data, gemma4, layout, parity, remat, step
 from .profiles import GPU_RECIPE, Profile
 
 # tunix gives k and v one LoRA A on local layers (one kv_einsum); PEFT gives each its own. The parity run leaves
@@ -25,8 +25,6 @@ def settings_table(profile: Profile, lengths, gpu: dict = GPU_RECIPE):
     ``lengths`` are the token counts of the training examples (e.g. ``data.codev_like_lengths()`` for CodeV-R1).
     """
     import pandas as pd
-
-    from . import data
 
     lengths = np.asarray(lengths)
     t, lo = profile.train, profile.lora
@@ -70,8 +68,6 @@ def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
     """Fixed rows for the parity run: whole shipped examples of at most ``seq_len`` tokens, one per row (reused
     in turn when there are fewer than ``n_steps * batch``)."""
     from transformers import AutoTokenizer
-
-    from . import data
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = [e for e in data.tokenize_rows(data.load_rows("shipped"), tokenizer, progress=False)
@@ -119,8 +115,6 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
     import pandas as pd
     import torch
     from peft import LoraConfig, get_peft_model
-
-    from . import gemma4, parity, remat, step
 
     spec = dataclasses.replace(profile.train, learning_rate=learning_rate, warmup_steps=2, micro_batch=batch,
                                grad_accum=1)

@@ -10,3 +10,15 @@ from __future__ import annotations
 
 class GemmaTpuError(Exception):
     """An expected failure with a message for the user (the CLI prints it and exits 2)."""
+
+
+def run_cli(command, args) -> int:
+    """Run a CLI command ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no
+    traceback) and exits 2. Every command of ``python -m gemma_tpu_helpers`` goes through here, once."""
+    import sys
+
+    try:
+        return command(args)
+    except (GemmaTpuError, ValueError, FileExistsError) as e:  # bad input or set-up (ValueError: argparse values)
+        print(f"error: {e}", file=sys.stderr)
+        return 2

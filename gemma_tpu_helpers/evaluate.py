@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 
 from . import infra, profiles
 from .data import SHIPPED_EVAL
-from .errors import GemmaTpuError
+from .errors import GemmaTpuError, run_cli
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
 CATEGORIES = ("pass", "mismatch", "compile_error", "runtime_error", "timeout", "no_code")
@@ -989,49 +989,41 @@ def _calibration_dir(args) -> Path:
 def main_eval(args) -> int:
     """``eval``: sample (``--url``) or read (``--completions``) answers, simulate them, print pass@k with the
     simulator version, raw and over the calibrated problems; or ``--calibrate`` the problem set first."""
-    try:
-        ks = _parse_ks(args.k or ("1" if getattr(args, "preset", None) else "1,5"))
-        if args.out and Path(args.out).exists() and not args.overwrite:
-            raise EvalError(f"{args.out} exists; pass --overwrite to replace it")
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if getattr(args, "tasks", None) else None
-        problems = load_problems(args.problems, tasks=tasks)
-        simulator_tools()
-        version = simulator_version()
-        print(f"simulator: Icarus Verilog {version} ({simulator_tools()[0]})")
-        cache_dir = _calibration_dir(args)
-        if getattr(args, "calibrate", False):
-            cal = calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)
-            print(cal.summary())
-            for row in cal.table().itertuples():
-                print(f"  {row.task_id}: {row.category} [{row.official}] {row.detail}")
-            print(f"cached in {cal.path}")
-            warning = version_warning(version)
-            if warning:
-                print(warning, file=sys.stderr)
-            return 0
-        if args.url:
-            if not args.model:
-                raise EvalError("--url needs --model (the name the server serves; see `curl URL/v1/models`)")
-            sampling = _sampling(args)
-            completions = sample_completions(args.url, args.model, problems, n=sampling["n"],
-                                             temperature=sampling["temperature"], max_tokens=args.max_tokens,
-                                             api_key=args.api_key, timeout=args.request_timeout,
-                                             top_p=sampling["top_p"])
-        else:
-            completions = read_completions(args.completions)
-        results, _ = score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers)
-        scored = [p for p in problems if p.task_id in set(results["task_id"])]
-        calibration = find_calibration(scored, cache_dir)
-        lines = score_lines(results, ks, calibration)
-    except GemmaTpuError as e:  # EvalError, ServerError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    ks = _parse_ks(args.k or ("1" if getattr(args, "preset", None) else "1,5"))
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        raise EvalError(f"{args.out} exists; pass --overwrite to replace it")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if getattr(args, "tasks", None) else None
+    problems = load_problems(args.problems, tasks=tasks)
+    simulator_tools()
+    version = simulator_version()
+    print(f"simulator: Icarus Verilog {version} ({simulator_tools()[0]})")
+    cache_dir = _calibration_dir(args)
+    if getattr(args, "calibrate", False):
+        cal = calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)
+        print(cal.summary())
+        for row in cal.table().itertuples():
+            print(f"  {row.task_id}: {row.category} [{row.official}] {row.detail}")
+        print(f"cached in {cal.path}")
+        warning = version_warning(version)
+        if warning:
+            print(warning, file=sys.stderr)
+        return 0
+    if args.url:
+        if not args.model:
+            raise EvalError("--url needs --model (the name the server serves; see `curl URL/v1/models`)")
+        sampling = _sampling(args)
+        completions = sample_completions(args.url, args.model, problems, n=sampling["n"],
+                                         temperature=sampling["temperature"], max_tokens=args.max_tokens,
+                                         api_key=args.api_key, timeout=args.request_timeout,
+                                         top_p=sampling["top_p"])
+    else:
+        completions = read_completions(args.completions)
+    results, _ = score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers)
+    scored = [p for p in problems if p.task_id in set(results["task_id"])]
+    calibration = find_calibration(scored, cache_dir)
+    lines = score_lines(results, ks, calibration)
     if args.out:
-        try:
-            write_jsonl_atomic(args.out, records(results), overwrite=args.overwrite)
-        except FileExistsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        write_jsonl_atomic(args.out, records(results), overwrite=args.overwrite)
         print(f"wrote {len(results)} results to {args.out}")
     counts = category_counts(results)
     n_tasks = results["task_id"].nunique()
@@ -1051,7 +1043,7 @@ def main_eval(args) -> int:
 def main(argv=None) -> int:
     p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.evaluate",
                                               description=main_eval.__doc__))
-    return main_eval(p.parse_args(argv))
+    return run_cli(main_eval, p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,21 @@ import numbers
 import re
 from typing import Any, Callable
 
+from .bench import PAPER_TRAINING_HOURS
+from .cost import cost_per_million_output_tokens, price, training_comparison
+from .data import codev_like_lengths, token_use_for_lengths
+from .errors import GemmaTpuError
+from .evaluate import pass_at_k
+from .gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
+from .layout import synthetic_lora
+from .lora import HF_TARGETS, regex_for, tunix_module
+from .merge_plan import plan
+from .profiles import GPU_RECIPE, get_profile
+from .remat import POLICIES, UnknownPolicyError, check_policy
+from .serve import ServeError, hbm_per_chip
+from .sharding import bytes_per_device, divisible_spec, indivisible_dims
+from .tiny import tiny_text_config
+
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"
 REL_TOL = 1e-3  # numeric answers: relative tolerance (enough for hand-rounded figures to 3 significant digits)
 MAX_CHIPS = 8  # the slices of this course (v5p-8, v6e-8) have at most 8 chips
@@ -93,6 +108,10 @@ def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)
 
 
+class ExerciseError(GemmaTpuError, LookupError):
+    """No exercise of that name or notebook."""
+
+
 class _Wrong(Exception):
     """Raised inside a judge: the message is the reason."""
 
@@ -113,14 +132,10 @@ def _choice(answer, choices: dict[str, str]) -> str:
 
 
 def _cfg31b() -> dict:
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
-
     return GEMMA4_31B_TEXT_CONFIG
 
 
 def _judge_01_tp(answer):
-    from .gemma4 import head_divisibility_problems, valid_tp_sizes
-
     tp = _int(answer, "an integer tp size")
     if not 1 <= tp <= MAX_CHIPS:
         return f"tp={tp} does not fit on a slice of {MAX_CHIPS} chips (tp counts chips: 1..{MAX_CHIPS})"
@@ -151,9 +166,6 @@ def _judge_01_context(answer):
 
 def _module_paths(text_config: dict) -> tuple[list[str], list[str]]:
     """(every projection module path that should get LoRA, module paths that should not), as tunix names them."""
-    from .gemma4 import layer_kinds
-    from .lora import HF_TARGETS, tunix_module
-
     k_eq_v = bool(text_config.get("attention_k_eq_v"))
     targets, others = [], ["embedder", "final_norm"]
     for i, kind in enumerate(layer_kinds(text_config)):
@@ -198,15 +210,10 @@ def _judge_02_regex(answer):
 
 
 def _solution_02_regex() -> str:
-    from .lora import HF_TARGETS, regex_for  # lora imports only `re` at import time
-
     return regex_for(HF_TARGETS)
 
 
 def _judge_02_module(answer):
-    from .gemma4 import layer_kinds
-    from .lora import tunix_module
-
     c = _cfg31b()
     kinds = layer_kinds(c)
     if not isinstance(answer, dict) or set(answer) != {0, 5}:
@@ -236,8 +243,6 @@ _SPEC_MESH = {"fsdp": 1, "tp": 8}
 
 
 def _judge_03_spec(answer):
-    from .sharding import _bytes_per_device, _divisible_spec, _indivisible
-
     if not isinstance(answer, (tuple, list)) or len(answer) != len(_SPEC_SHAPE):
         return f"give a tuple of {len(_SPEC_SHAPE)} entries (a mesh axis name or None per dim of {_SPEC_SHAPE})"
     spec = tuple(answer)
@@ -247,12 +252,12 @@ def _judge_03_spec(answer):
     used = [e for e in spec if e is not None]
     if len(used) != len(set(used)):
         return "a mesh axis can shard only one dim of an array"
-    bad = _indivisible(_SPEC_SHAPE, spec, _SPEC_MESH)
+    bad = indivisible_dims(_SPEC_SHAPE, spec, _SPEC_MESH)
     if bad:
         return "the mesh still cannot divide it: " + "; ".join(bad)
-    ref = _divisible_spec(_SPEC_SHAPE, _SPEC_GIVEN, _SPEC_MESH)
-    mine_b = _bytes_per_device(_SPEC_SHAPE, "bfloat16", spec, _SPEC_MESH)
-    ref_b = _bytes_per_device(_SPEC_SHAPE, "bfloat16", ref, _SPEC_MESH)
+    ref = divisible_spec(_SPEC_SHAPE, _SPEC_GIVEN, _SPEC_MESH)
+    mine_b = bytes_per_device(_SPEC_SHAPE, "bfloat16", spec, _SPEC_MESH)
+    ref_b = bytes_per_device(_SPEC_SHAPE, "bfloat16", ref, _SPEC_MESH)
     if mine_b > ref_b:
         return (f"it divides, but replicates more than it must: {mine_b / 2**20:.0f} MiB per device where "
                 f"{ref_b / 2**20:.0f} MiB is possible")
@@ -281,8 +286,6 @@ def _judge_04_order(answer):
 
 
 def _judge_04_policy(answer):
-    from .remat import POLICIES, UnknownPolicyError, check_policy
-
     if not isinstance(answer, str):
         return "give a policy name as a string (a key of remat.POLICIES)"
     try:
@@ -399,8 +402,6 @@ _USE_MAX_LEN = 3072
 
 
 def _judge_05_use(answer):
-    from .data import token_use_for_lengths
-
     x = _number(answer)
     use = token_use_for_lengths(list(_USE_LENGTHS), _USE_MAX_LEN)
     if _close(x, use["pad_to_max"]):
@@ -418,8 +419,6 @@ def _judge_05_use(answer):
 
 
 def _judge_06_accum(answer):
-    from .profiles import GPU_RECIPE, get_profile
-
     accum = _int(answer, "an integer grad_accum")
     gpu = GPU_RECIPE["world_size"] * GPU_RECIPE["per_device_batch"] * GPU_RECIPE["grad_accum"]
     micro = get_profile("v5p-8").train.micro_batch
@@ -436,9 +435,6 @@ _STEPS_EXAMPLES, _STEPS_MAX_LEN = 10_000, 3072
 
 
 def _steps_reference() -> tuple[int, int]:
-    from .data import codev_like_lengths, token_use_for_lengths
-    from .profiles import get_profile
-
     t = get_profile("v5p-8").train
     rows = token_use_for_lengths(codev_like_lengths(_STEPS_EXAMPLES), _STEPS_MAX_LEN)["packed_rows"]
     return rows, t.micro_batch * t.grad_accum
@@ -461,10 +457,6 @@ _MERGE_RANK, _MERGE_ALPHA = 4, 8.0
 
 def _merge_case(target: str):
     """(A, B, scale, reference ΔW) for layer 0's ``target`` from a synthetic LoRA, through merge.plan."""
-    from .layout import synthetic_lora
-    from .merge_plan import plan
-    from .tiny import tiny_text_config
-
     cfg = tiny_text_config()
     arrays = synthetic_lora(cfg, [target], _MERGE_RANK, seed=1)
     meta = {"rank": _MERGE_RANK, "alpha": _MERGE_ALPHA, "targets": [target]}
@@ -540,8 +532,6 @@ def serving_profile(flags: dict):
     """The v6e-8 profile with ``flags`` as its serving settings (what ``serve.hbm_per_chip`` judges)."""
     import dataclasses as dc
 
-    from .profiles import get_profile
-
     prof = get_profile("v6e-8")
     return dc.replace(prof, serve=dc.replace(
         prof.serve, tensor_parallel=int(flags["tensor_parallel_size"]), max_model_len=int(flags["max_model_len"]),
@@ -549,9 +539,6 @@ def serving_profile(flags: dict):
 
 
 def _judge_08_flags(answer):
-    from .profiles import get_profile
-    from .serve import ServeError, hbm_per_chip
-
     if not isinstance(answer, dict):
         return f"give a dict with the keys {', '.join(_FLAG_KEYS)}"
     for k in answer:
@@ -594,8 +581,6 @@ _PASS_KS = (1, 5)
 
 
 def _judge_09_pass(answer):
-    from .evaluate import pass_at_k
-
     x = _number(answer)
     want = pass_at_k(_PASS_N, _PASS_C, _PASS_K)
     if _close(x, want):
@@ -609,8 +594,6 @@ def _judge_09_pass(answer):
 
 
 def _judge_09_mean(answer):
-    from .evaluate import pass_at_k
-
     if not isinstance(answer, dict) or set(answer) != set(_PASS_KS):
         return f"give a dict {{k: pass@k}} with the keys {', '.join(map(str, _PASS_KS))}"
     n_all, c_all = sum(n for n, _ in _PASS_COUNTS), sum(c for _, c in _PASS_COUNTS)
@@ -631,9 +614,6 @@ _SERVE_TOK_S = 1400.0  # a round output throughput for the exercise (tokens/s)
 
 
 def _judge_10_ratio(answer):
-    from .bench import PAPER_TRAINING_HOURS
-    from .cost import training_comparison
-
     x = _number(answer)
     t = training_comparison(PAPER_TRAINING_HOURS["v5p-8"], PAPER_TRAINING_HOURS["2xH100"])
     if _close(x, t.attrs["cost_ratio"], 5e-3):
@@ -646,8 +626,6 @@ def _judge_10_ratio(answer):
 
 
 def _judge_10_per_million(answer):
-    from .cost import cost_per_million_output_tokens, price
-
     x = _number(answer)
     want = cost_per_million_output_tokens(_SERVE_TOK_S, "v6e-8")
     if _close(x, want, 5e-3):
@@ -848,8 +826,8 @@ def format_solutions(notebook: str | int | None = None) -> str:
     """Tasks and solutions as text (``python -m gemma_tpu_helpers solutions 02``)."""
     chosen = keys(notebook)
     if not chosen:
-        raise KeyError(f"No exercises for notebook {notebook!r}; notebooks with exercises: "
-                       f"{', '.join(sorted({e.notebook for e in EXERCISES.values()}))}.")
+        raise ExerciseError(f"No exercises for notebook {notebook!r}; notebooks with exercises: "
+                            f"{', '.join(sorted({e.notebook for e in EXERCISES.values()}))}.")
     blocks = []
     for k in chosen:
         ex = EXERCISES[k]
@@ -863,11 +841,5 @@ def add_arguments(p) -> None:
 
 
 def main_solutions(args) -> int:
-    import sys
-
-    try:
-        print(format_solutions(args.notebook))
-    except (KeyError, ValueError) as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 2
+    print(format_solutions(args.notebook))
     return 0

@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+from .errors import GemmaTpuError
+
 # The text config of google/gemma-4-31B-it (the fields this course reads), as in its config.json "text_config".
 GEMMA4_31B_TEXT_CONFIG: dict = {
     "model_type": "gemma4_text",
@@ -77,7 +79,7 @@ KEY_PREFIX = "model.language_model."
 MULTIMODAL_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(GemmaTpuError, ValueError):
     """A checkpoint directory that cannot be loaded as a Gemma 4 text model."""
 
 
@@ -139,6 +141,34 @@ def _tunix_kv_sharing(c: dict, pattern) -> dict:
     if c.get("use_double_wide_mlp"):
         fields["override_kv_shared_ffw_hidden"] = 2 * c["intermediate_size"]
     return fields
+
+
+def attn_dims(c: dict, kind: str) -> tuple[int, int]:
+    """(kv heads, head dim) of a layer kind."""
+    if kind == "global":
+        return (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
+    return c["num_key_value_heads"], c["head_dim"]
+
+
+def param_count(c: dict) -> int:
+    """Parameters of a Gemma 4 text model as tunix holds them (tied embedding counted once).
+
+    E2B/E4B add the per-layer input embedding (vocab x layers x P), its projections and norms; E2B doubles the
+    MLP of the KV-shared layers, whose k/v weights tunix keeps (unused) and which are counted too."""
+    d, n = c["hidden_size"], c["num_attention_heads"]
+    pl, layers = c.get("hidden_size_per_layer_input") or 0, c["num_hidden_layers"]
+    shared = kv_shared_layers(c)
+    total = c["vocab_size"] * d + d  # embedding + final norm
+    if pl:  # per-layer input embedding table, model projection and its norm
+        total += c.get("vocab_size_per_layer_input", c["vocab_size"]) * layers * pl + d * layers * pl + pl
+    for i, kind in enumerate(layer_kinds(c)):
+        k, h = attn_dims(c, kind)
+        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
+        kv = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * k * h
+        total += 2 * d * n * h + kv + 3 * d * f + 4 * d + 2 * h + 1  # q, o, k(/v), mlp, norms, scalar
+        if pl:
+            total += 2 * d * pl + d  # per-layer input gate and projection, post norm
+    return total
 
 
 def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "none"):
@@ -277,52 +307,3 @@ class _towers_skipped_quietly:
 
     def __exit__(self, *exc):
         self._logger.removeFilter(self._filter)
-
-
-HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-E2B-it": "e2b", "google/gemma-4-E4B-it": "e4b"}
-
-
-def profile_text_config(profile) -> dict:
-    """A profile's text config without reading any file: its tiny replica's, or the real model's it names."""
-    if profile.model.source == "tiny":
-        from .tiny import tiny_text_config
-
-        return tiny_text_config(profile.model.tiny_layers, profile.model.tiny_variant)
-    if profile.model.source not in HUB_IDS:
-        raise CheckpointError(f"No built-in config for {profile.model.source!r}; known: {sorted(HUB_IDS)}.")
-    return TEXT_CONFIGS[HUB_IDS[profile.model.source]]
-
-
-def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | None = None) -> Path:
-    """The profile's base checkpoint in ``base`` (default ``runs/<profile>/base``): the tiny model is built on first
-    use; the real one is downloaded from the Hugging Face Hub, or its download resumed, when incomplete.
-
-    Every download failure (offline, no token, licence not accepted, wrong id, too little disk) raises
-    ``hub.HubError`` with a one-line fix, before any weights move (see ``hub.download``)."""
-    from . import hub
-
-    if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
-        check_checkpoint(base)
-        return Path(base)
-    base = Path(base) if base else Path(run_dir or profile.run_dir()) / "base"
-    if profile.model.source == "tiny":
-        from .tiny import ensure_tiny_model
-
-        return ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
-                                 variant=profile.model.tiny_variant)
-    hub.ensure_checkpoint(profile.model.source, base)
-    check_checkpoint(base)
-    return base
-
-
-def ensure_check_model(profile, run_dir: str | Path | None = None) -> Path:
-    """A checkpoint small enough for host-side checks (parity, probes): the base in smoke, else the tiny model.
-
-    transformers cannot hold the 31B in fp32 on a host, so TPU profiles run these checks on the tiny Gemma 4,
-    whose head counts keep the 31B's ratios (it loads on the same meshes).
-    """
-    if profile.model.source == "tiny":
-        return ensure_base(profile, run_dir)
-    from .tiny import ensure_tiny_model
-
-    return ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny")

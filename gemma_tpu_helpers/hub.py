@@ -1,4 +1,4 @@
-"""Fetching from the Hugging Face Hub: the base checkpoint (what ``gemma4.ensure_base`` downloads) and the tokenizer
+"""Fetching from the Hugging Face Hub: the base checkpoint (what ``base_model.ensure_base`` downloads) and the tokenizer
 alone (for the steps that only tokenize).
 
 Before a byte of weights moves, :func:`download` asks the Hub for the repository's metadata and checks, in order:
@@ -233,27 +233,3 @@ def ensure_checkpoint(repo_id: str, target: str | os.PathLike) -> Path:
 
 def has_tokenizer(d: str | os.PathLike) -> bool:
     return any((Path(d) / f).is_file() for f in TOKENIZER_FILES)
-
-
-def ensure_tokenizer(profile, run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:
-    """A directory ``AutoTokenizer.from_pretrained`` can load for the profile, without downloading weights.
-
-    ``base`` (a checkpoint dir) when given; the smoke profile's tiny base (built on first use); the real base when it
-    is already downloaded; else ``runs/<profile>/tokenizer`` with the tokenizer files alone (a few MB).
-    """
-    if base is not None:
-        if not has_tokenizer(base):
-            raise HubError(f"{base} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): pass a checkpoint "
-                           f"directory with --base, or leave it out to fetch the profile's tokenizer.")
-        return Path(base)
-    run_dir = Path(run_dir or profile.run_dir())
-    if profile.model.source == "tiny":
-        from .gemma4 import ensure_base
-
-        return ensure_base(profile, run_dir)
-    if has_tokenizer(run_dir / "base"):
-        return run_dir / "base"
-    out = run_dir / "tokenizer"
-    if not has_tokenizer(out):
-        download(profile.model.source, out, TOKENIZER_PATTERNS, what=f"the {profile.model.source} tokenizer")
-    return out

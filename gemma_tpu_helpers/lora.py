@@ -12,7 +12,7 @@ this module applies it with qwix and reports what got LoRA.
 
 from __future__ import annotations
 
-from . import compat, gemma4, layout
+from . import base_model, compat, gemma4, layout
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
 
@@ -336,7 +336,7 @@ def compare_regexes(model, regexes: dict[str, str], rank: int = 8, alpha: float 
 def report_for_profile(profile, regex: str | None = None, model=None):
     """Coverage summary for a profile's base model: ours (HF targets) or a raw qwix ``regex``. Abstract (fast)."""
     if model is None:
-        base = gemma4.ensure_base(profile)
+        base = base_model.ensure_base(profile)
         model = gemma4.load_model(base, mesh_lib.make_mesh(profile), dtype=profile.model.dtype)
     spec = profile.lora
     if regex is not None:

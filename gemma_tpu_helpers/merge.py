@@ -25,14 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 import warnings
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import gemma4, lora_checkpoint, merge_plan, safetensors_io, train
+from . import base_model, gemma4, lora_checkpoint, merge_plan, safetensors_io, train
 from .errors import GemmaTpuError
 from .infra import config_hash, install_dir, temp_dir_beside
 from .multihost import is_main
@@ -193,7 +192,7 @@ def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = T
     """
     run_dir = Path(run_dir or profile.run_dir())
     ckpt = train.ensure_trained(profile, run_dir, progress=progress)
-    base = gemma4.ensure_base(profile, run_dir)
+    base = base_model.ensure_base(profile, run_dir)
     out = run_dir / "merged"
     info = read_merge_info(out)
     step = train.latest_step(ckpt)
@@ -216,11 +215,7 @@ def add_merge_arguments(p) -> None:
 
 
 def main_merge(args) -> int:
-    try:
-        r = merge_lora(args.base, args.checkpoint, args.out, step=args.step, overwrite=args.overwrite)
-    except GemmaTpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    r = merge_lora(args.base, args.checkpoint, args.out, step=args.step, overwrite=args.overwrite)
     print(f"merged step {r.step}: {r.merged_tensors} tensors with LoRA, {r.copied_tensors} copied, {r.shards} shards, "
           f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s -> {r.out_dir}")
     return 0

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+from .errors import GemmaTpuError
+from .gemma4 import head_divisibility_problems, load_model
 from .profiles import Profile
 
 
-class MeshError(ValueError):
+class MeshError(GemmaTpuError, ValueError):
     pass
 
 
@@ -75,8 +77,6 @@ def tp_table(text_config: dict, tp_sizes=(1, 2, 4, 8)):
     """Which tensor-parallel sizes a model config allows, and why the others fail."""
     import pandas as pd
 
-    from .gemma4 import head_divisibility_problems
-
     rows = []
     for tp in tp_sizes:
         problems = head_divisibility_problems(text_config, {"tp": tp})
@@ -140,8 +140,6 @@ def trainer_batch_sharding(model, mesh, context: str = "trainer", seq_len: int =
 def compare_trainer_contexts(model_dir, mesh):
     """The batch's sharding inside a tunix train step under ``jax.set_mesh`` alone vs :func:`trainer_context`."""
     import pandas as pd
-
-    from .gemma4 import load_model
 
     rows = []
     for context, how in (("set_mesh", "with jax.set_mesh(mesh):"), ("trainer", "with mesh_lib.trainer_context(mesh):")):

@@ -25,10 +25,13 @@ import socket
 import sys
 import time
 
+from .errors import GemmaTpuError
+from .profiles import cpu_xla_flags
+
 DEFAULT_TIMEOUT_S = 120
 
 
-class MultihostError(RuntimeError):
+class MultihostError(GemmaTpuError, RuntimeError):
     pass
 
 
@@ -154,7 +157,6 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             if xla_bridge.backends_are_initialized():
                 raise MultihostError("JAX already created its devices; call multihost.initialize() before any JAX "
                                      "computation (first thing in the script, or restart the kernel).")
-        from .profiles import cpu_xla_flags
 
         os.environ["XLA_FLAGS"] = cpu_xla_flags(local_devices, os.environ.get("XLA_FLAGS", ""))
     if num_processes > 1:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import data, gemma4, lora, step, train
+from . import mesh as mesh_lib
 from .profiles import Profile
 
 
@@ -26,9 +28,6 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
     from flax import nnx
     from tunix.models.gemma4 import params_safetensors
     from tunix.sft import hooks, peft_trainer
-
-    from . import data, gemma4, lora, step, train
-    from . import mesh as mesh_lib
 
     t = profile.train
     mesh = mesh_lib.make_mesh(profile)
@@ -69,8 +68,6 @@ def compare(profile: Profile, base_dir, run_dir, steps: int = 4, prepared=None):
     """
     import pandas as pd
     from transformers import AutoTokenizer
-
-    from . import data, train
 
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (the first step compiles); got {steps}.")

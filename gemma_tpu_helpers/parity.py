@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .gemma4 import layer_kinds, load_model, read_text_config
+
 # fp32 rounding alone gives ~1e-5 relative on the tiny models; a port bug gives O(1).
 DEFAULT_REL_BOUND = 1e-4
 
@@ -122,8 +124,6 @@ def compare_logits(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None
 
     Returns max |Δlogit|, the logit scale (max |logit|), their ratio ``rel``, and the max error per position.
     """
-    from .gemma4 import load_model, read_text_config
-
     text = read_text_config(model_dir)
     tokens = sample_tokens(text["vocab_size"], seq_len, seed)
     model = model if model is not None else load_model(model_dir, mesh, dtype="float32")
@@ -139,8 +139,6 @@ def compare_logits(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None
 def compare_layers(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None, hf_model=None):
     """A table (pandas) of max |Δh| after each decoder layer, tunix vs transformers, absolute and relative."""
     import pandas as pd
-
-    from .gemma4 import layer_kinds, load_model, read_text_config
 
     text = read_text_config(model_dir)
     tokens = sample_tokens(text["vocab_size"], seq_len, seed)
@@ -160,8 +158,6 @@ def rounding_budget(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=Non
     difference is float32 rounding, not a port bug.
     """
     import pandas as pd
-
-    from .gemma4 import load_model, read_text_config
 
     text = read_text_config(model_dir)
     tokens = sample_tokens(text["vocab_size"], seq_len, seed)

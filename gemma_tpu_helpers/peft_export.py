@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from . import layout
-from .errors import GemmaTpuError
 from .gemma4 import read_text_config
 from .infra import install_dir, temp_dir_beside
 from .lora import peft_target_modules
@@ -91,10 +89,6 @@ def add_export_arguments(p) -> None:
 
 
 def main_export_adapter(args) -> int:
-    try:
-        out = export_peft_adapter(args.checkpoint, args.out, args.base, step=args.step, overwrite=args.overwrite)
-    except GemmaTpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = export_peft_adapter(args.checkpoint, args.out, args.base, step=args.step, overwrite=args.overwrite)
     print(f"wrote PEFT adapter {out}")
     return 0

@@ -21,43 +21,24 @@ import os
 import time
 from pathlib import Path
 
-from . import layout
+from . import base_model, bench, data, layout, profiles, step
+from . import mesh as mesh_lib
+from . import remat as remat_lib
 from .errors import GemmaTpuError
+from .gemma4 import (
+    GEMMA4_31B_TEXT_CONFIG,
+    PATTERN,
+    attn_dims,
+    layer_kinds,
+    load_model,
+    param_count,
+    read_text_config,
+)
 from .infra import config_hash, write_atomic
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 GIB = 1024**3
-
-
-def _attn_dims(c: dict, kind: str) -> tuple[int, int]:
-    """(kv heads, head dim) of a layer kind."""
-    if kind == "global":
-        return (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
-    return c["num_key_value_heads"], c["head_dim"]
-
-
-def param_count(c: dict) -> int:
-    """Parameters of a Gemma 4 text model as tunix holds them (tied embedding counted once).
-
-    E2B/E4B add the per-layer input embedding (vocab x layers x P), its projections and norms; E2B doubles the
-    MLP of the KV-shared layers, whose k/v weights tunix keeps (unused) and which are counted too."""
-    from .gemma4 import kv_shared_layers, layer_kinds
-
-    d, n = c["hidden_size"], c["num_attention_heads"]
-    pl, layers = c.get("hidden_size_per_layer_input") or 0, c["num_hidden_layers"]
-    shared = kv_shared_layers(c)
-    total = c["vocab_size"] * d + d  # embedding + final norm
-    if pl:  # per-layer input embedding table, model projection and its norm
-        total += c.get("vocab_size_per_layer_input", c["vocab_size"]) * layers * pl + d * layers * pl + pl
-    for i, kind in enumerate(layer_kinds(c)):
-        k, h = _attn_dims(c, kind)
-        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
-        kv = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * k * h
-        total += 2 * d * n * h + kv + 3 * d * f + 4 * d + 2 * h + 1  # q, o, k(/v), mlp, norms, scalar
-        if pl:
-            total += 2 * d * pl + d  # per-layer input gate and projection, post norm
-    return total
 
 
 def lora_param_count(c: dict, rank: int, targets) -> int:
@@ -120,8 +101,6 @@ def require_libtpu() -> None:
 
 def topology_mesh(profile: Profile):
     """A mesh of abstract (compile-only) TPU devices for the profile's topology, with its mesh axes."""
-    from . import profiles
-
     require_libtpu()
     if not profile.hardware.tpu_topology:
         raise PlanError(f"Profile {profile.name!r} has no TPU topology; use a TPU profile such as v5p-8 or v6e-8.")
@@ -131,16 +110,12 @@ def topology_mesh(profile: Profile):
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
-    from . import mesh as mesh_lib
-
     topo = topologies.get_topology_desc(platform="tpu", topology_name=profile.hardware.tpu_topology)
     return mesh_lib.make_mesh(profile.mesh_shape, profile.mesh_axes, devices=topo.devices)
 
 
 def with_layers(text_config: dict, layers: int) -> dict:
     """The config with ``layers`` decoder layers (the sliding/global pattern repeated), same per-layer shapes."""
-    from .gemma4 import PATTERN
-
     if layers <= 0:
         raise PlanError(f"layers must be positive, got {layers}.")
     if text_config.get("num_kv_shared_layers"):
@@ -166,12 +141,9 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     policy, with every argument sharded as training shards it. Defaults: the 31B config, the profile's
     micro-batch, LoRA rank/alpha and dtype.
     """
-    from . import remat, step
-    from .gemma4 import profile_text_config
-
-    remat_policy = remat.check_policy(remat_policy)
+    remat_policy = remat_lib.check_policy(remat_policy)
     mesh = topology_mesh(profile)
-    text = with_layers(text_config or profile_text_config(profile), layers)
+    text = with_layers(text_config or base_model.profile_text_config(profile), layers)
     batch = batch or profile.train.micro_batch
     lora_spec = dataclasses.replace(profile.lora, **{k: v for k, v in (("rank", rank), ("alpha", alpha))
                                                       if v is not None})
@@ -180,7 +152,7 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
                                    dtype=dtype or profile.model.dtype, remat=remat_policy)
     compiled = step.lower(*args, mesh).compile()
     seconds = time.perf_counter() - t0
-    figures = remat.memory_figures(compiled)
+    figures = remat_lib.memory_figures(compiled)
     return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
             **cost_figures(compiled)}
 
@@ -209,13 +181,10 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
     import pandas as pd
     from flax import nnx
 
-    from . import profiles, remat, step
-    from .gemma4 import load_model, read_text_config
-
-    policies = [remat.check_policy(p) for p in policies]
+    policies = [remat_lib.check_policy(p) for p in policies]
     spec = dataclasses.replace(profile.train, grad_accum=1, warmup_steps=0, micro_batch=batch, max_seq_len=seq_len)
     lora = profile.lora
-    model = remat.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none", seed=seed,
+    model = remat_lib.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none", seed=seed,
                                   targets=lora.targets, dropout=0.0)
     start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))  # the step donates the model's arrays
     tokens = np.random.default_rng(seed).integers(3, model.config.num_embed, (batch, seq_len), dtype=np.int32)
@@ -233,7 +202,7 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
                                    text["num_hidden_layers"], text_config=text, batch=batch, dtype="bfloat16")
                for policy in (policies if tpu is not None else ())}
         for policy in policies:
-            remat.set_remat(model, policy)
+            remat_lib.set_remat(model, policy)
             optimizer = step.optimizer_for(model, spec, steps + 1)
             t0 = time.perf_counter()
             compiled[policy] = (step.lower(model, optimizer, rows, mesh).compile(), time.perf_counter() - t0,
@@ -242,8 +211,8 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
     for policy in policies:
         fn, compile_s, optimizer = compiled.pop(policy)
         nnx.update(model, jax.tree.map(jnp.copy, start))  # every policy from the same LoRA weights
-        remat.set_remat(model, policy)
-        mem = remat.memory_figures(fn)
+        remat_lib.set_remat(model, policy)
+        mem = remat_lib.memory_figures(fn)
         losses = [float(jax.block_until_ready(fn(model, optimizer, rows)[0]))]  # warm-up step
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -255,7 +224,7 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
             row.update({"TPU temp MiB": aot[policy]["temp_bytes"] / 2**20,
                         "TPU peak MiB": aot[policy]["peak_bytes"] / 2**20, "TPU compile s": aot[policy]["compile_s"]})
         rows_out.append(row)
-    remat.set_remat(model, "none")
+    remat_lib.set_remat(model, "none")
     df = pd.DataFrame(rows_out)
     if tpu is not None and "none" in policies:
         df["TPU temp vs none"] = df["TPU temp MiB"] / float(df.loc[df.policy == "none", "TPU temp MiB"].iloc[0])
@@ -334,17 +303,13 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
     31B). ``layers=N``: compile exactly N layers (``N=60`` is the full model: minutes). Batch is the profile's
     micro-batch, ``seq_len`` defaults to the profile's ``max_seq_len``, ``remat`` to ``profile.train.remat``.
     """
-    from . import profiles
-    from . import remat as remat_lib
-    from .gemma4 import profile_text_config
-
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
     policy = remat_lib.check_policy(remat or profile.train.remat)
     require_libtpu()
     if profile.hardware.platform != "tpu":
         raise PlanError(f"The AOT plan needs a TPU profile (v5p-8, v6e-8); {profile.name!r} runs on "
                         f"{profile.hardware.platform}.")
-    text = text_config or profile_text_config(profile)
+    text = text_config or base_model.profile_text_config(profile)
     seq_len = seq_len or profile.train.max_seq_len
     if text.get("num_kv_shared_layers"):  # E2B/E4B: full depth only (see with_layers)
         layers = layers or text["num_hidden_layers"]
@@ -414,8 +379,6 @@ def plan_table(plans: list[dict]):
 def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: str | None = None,
                     seq_len: int | None = None, layers: int | None = None, **kwargs) -> dict:
     """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``cached`` says which."""
-    from . import profiles
-
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
     key = plan_key(profile.name, remat or profile.train.remat, seq_len or profile.train.max_seq_len, layers)
     if kwargs.get("text_config") is not None:
@@ -428,7 +391,7 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
     return {**result, "cached": False}
 
 
-# The course's settings: three remat policies and a nnx.remat policy on the v5p-8, and the v6e-8, at seq 3072.
+# The course's settings: the three remat policies on the v5p-8, and the v6e-8, at seq 3072.
 COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v6e-8", "block"))
 
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
@@ -449,10 +412,6 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'v5p-8_decoder_seq3072_Lfit': [
         {"layers": 6, "compile_s": 678.8, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 1814118400, "alias_bytes": 283509248, "peak_bytes": 4266732416},
         {"layers": 12, "compile_s": 529.1, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 1931935744, "alias_bytes": 567017984, "peak_bytes": 6132503264},
-    ],
-    'v5p-8_dots_no_batch_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 326.9, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 3334291456, "alias_bytes": 283509248, "peak_bytes": 5786905472},
-        {"layers": 12, "compile_s": 114.0, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 4823629824, "alias_bytes": 567017984, "peak_bytes": 9024197344},
     ],
     # re-measured 2026-12-01 (load 4-8) with XLA's cost analysis (per chip, per micro-step); memory as before
     'v6e-8_block_seq3072_Lfit': [
@@ -483,9 +442,6 @@ def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COU
                  layers: int | None = None) -> list[dict]:
     """The AOT plans of ``settings``: from ``run_dir/plan/`` when cached there, compiled (and cached) when
     ``compute``, else the reference figures shipped with the course (``source`` says which)."""
-    from . import profiles
-    from .gemma4 import GEMMA4_31B_TEXT_CONFIG
-
     out = []
     for name, policy in settings:
         key = plan_key(name, policy, seq_len, layers)
@@ -499,8 +455,10 @@ def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COU
             prof = profiles.get_profile(name)
             points = REFERENCE_POINTS[key]
             depth = layers or (GEMMA4_31B_TEXT_CONFIG["num_hidden_layers"] if len(points) > 1 else points[0]["layers"])
+            step = ("the train step" if all(p.get("step") == "train" for p in points) else
+                    "the pre-#13 stand-in step (plain AdamW, replicated LoRA; recompile with plan --aot)")
             out.append({**assemble_plan(prof, policy, seq_len, REFERENCE_POINTS[key], depth),
-                        "source": f"reference ({REFERENCE_NOTE})"})
+                        "source": f"reference ({REFERENCE_NOTE}; {step})"})
     return out
 
 
@@ -520,9 +478,8 @@ def extrapolation_error(plan: dict, checks: list[dict]):
 
 # ---------------------------------------------------------------------------------------------- time and cost
 
-# Rematerialisation recomputes each layer's forward once in the backward pass (tunix BLOCK / DECODER); the dots
-# policies keep every matmul output, so they recompute only elementwise work.
-_RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1, "dots": 0, "dots_no_batch": 0}
+# Rematerialisation recomputes each layer's forward once in the backward pass (tunix BLOCK / DECODER).
+_RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1}
 
 
 def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, targets, policy: str) -> dict:
@@ -531,14 +488,12 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
     window is a mask), the frozen weights' backward through the activations only, LoRA's full backward, and the
     forward that ``policy`` recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the
     recompute (what the hardware runs)."""
-    from .gemma4 import layer_kinds
-
     t = set(targets)
     c, tokens = text_config, batch * seq_len
     d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
     frozen = attention = lora = 0.0
     for kind in layer_kinds(c):
-        k, h = _attn_dims(c, kind)
+        k, h = attn_dims(c, kind)
         kv_out = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * k * h
         frozen += 2 * tokens * (2 * d * n * h + d * kv_out + 3 * d * f)
         attention += 2 * 2 * batch * seq_len * seq_len * n * h  # q·kᵀ and p·v
@@ -561,8 +516,6 @@ def epoch_rows(profile: Profile, seed: int = 0) -> dict:
     """Rows of one epoch at the profile's ``max_seq_len``, packed vs padded, for CodeV-R1-like example lengths
     (``data.codev_like_lengths``: CodeV-R1's mean 922 and p99 2553 tokens) of the profile's ``max_rows`` (the
     paper's 10,000) examples, all of them trained on (as the paper's 1,249 steps were)."""
-    from . import bench, data
-
     n = profile.data.max_rows or bench.PAPER_TRAINING_ROWS
     lengths = data.codev_like_lengths(n=n, seed=seed)
     use = data.token_use_for_lengths(lengths, profile.train.max_seq_len)
@@ -577,23 +530,19 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     epoch at that MFU. ``plan`` is an :func:`aot_plan` result with the cost figures (compiled or extrapolated), of
     ``text_config`` (default: the profile's model) cut to the plan's layers. The analytic FLOP count covers the 31B's
     kind of model; it does not model E2B/E4B's per-layer inputs or KV-shared layers."""
-    from . import bench
-    from . import profiles as profiles_lib
-
     hw, tr = profile.hardware, profile.train
     if "flops" not in plan:
         raise PlanError(f"The plan for {plan['profile']} has no cost analysis (compiled before it was recorded); "
                         f"recompile it.")
     if not hw.peak_bf16_flops_per_chip or not hw.hbm_bytes_per_s_per_chip:
         raise PlanError(f"Profile {profile.name!r} names no chip peaks (profiles.CHIP_PEAK_BF16_FLOPS).")
-    from .gemma4 import profile_text_config
 
     chips, rows_per_step = hw.num_devices, tr.micro_batch * tr.grad_accum
     compute_s = plan["flops"] / hw.peak_bf16_flops_per_chip
     memory_s = plan["bytes_accessed"] / hw.hbm_bytes_per_s_per_chip
     micro_s = max(compute_s, memory_s)
     step_s = micro_s * tr.grad_accum
-    text = with_layers(text_config or profile_text_config(profile), plan["layers"])
+    text = with_layers(text_config or base_model.profile_text_config(profile), plan["layers"])
     analytic = analytic_step_flops(text, plan["batch"], plan["seq_len"], plan["lora_rank"], profile.lora.targets,
                                    plan["remat"])
     xla_total = plan["flops"] * chips
@@ -614,7 +563,7 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     out["roofline_usd"] = {k: h * price for k, h in out["roofline_hours"].items()}
     paper_hours = paper_hours if paper_hours is not None else bench.PAPER_TRAINING_HOURS[paper_profile]
     paper_steps = paper_steps if paper_steps is not None else bench.PAPER_TRAINING_STEPS
-    paper = profiles_lib.get_profile(paper_profile)
+    paper = profiles.get_profile(paper_profile)
     # the paper's run: paper_steps updates of its rows per step (8, padded to the same seq_len), at this step's
     # model FLOPs per row
     paper_rows = paper.train.micro_batch * paper.train.grad_accum
@@ -638,8 +587,6 @@ PREDICTION_SETTINGS = (("v5p-8", "block"), ("v5p-16", "block"), ("v6e-8", "block
 def course_predictions(run_dir: str | os.PathLike, compute: bool = False, settings=PREDICTION_SETTINGS) -> list[dict]:
     """:func:`predict_run` for each setting whose plan (:func:`course_plans`: cached, compiled when ``compute``, or
     the shipped reference) has XLA's cost analysis; the others are left out (compile them with ``plan --aot``)."""
-    from . import profiles
-
     out = []
     for p in course_plans(run_dir, compute=compute, settings=settings):
         if "flops" in p and p["layers"] >= p.get("model_layers", p["layers"]):
@@ -730,32 +677,22 @@ def format_plan(plan: dict) -> str:
 def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq_len: int | None = None,
               layers: int | None = None) -> int:
     """``python -m gemma_tpu_helpers plan``: the analytic estimate, and with ``aot`` XLA's compiled figures."""
-    import sys
-
-    from . import profiles
-    from . import remat as remat_lib
-    from .gemma4 import profile_text_config
-
     if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        profile = profiles.get_profile(profile_name)
-        if remat is not None:
-            remat_lib.check_policy(remat)
-        text = profile_text_config(profile)
-        est = memory_estimate(profile, text)
-        print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
-              f"({est['trainable_pct']:.2f}% trainable)")
-        print(memory_table(est).to_string(index=False))
-        if not aot:
-            print("(add --aot for XLA's compiled per-chip figures, activations included)")
-            return 0
-        if layers is not None and layers <= 0:
-            raise PlanError(f"--layers must be positive, got {layers}.")
-        plan = aot_plan(profile, remat, seq_len, layers)
-    except ValueError as e:  # PlanError, UnknownPolicyError, unknown profile
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    profile = profiles.get_profile(profile_name)
+    if remat is not None:
+        remat_lib.check_policy(remat)
+    text = base_model.profile_text_config(profile)
+    est = memory_estimate(profile, text)
+    print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
+          f"({est['trainable_pct']:.2f}% trainable)")
+    print(memory_table(est).to_string(index=False))
+    if not aot:
+        print("(add --aot for XLA's compiled per-chip figures, activations included)")
+        return 0
+    if layers is not None and layers <= 0:
+        raise PlanError(f"--layers must be positive, got {layers}.")
+    plan = aot_plan(profile, remat, seq_len, layers)
     print(format_plan(plan))
     if plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
         print(format_prediction(predict_run(plan, profile)))

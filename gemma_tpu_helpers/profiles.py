@@ -21,7 +21,7 @@ ENV_VAR = "GEMMA_TPU_PROFILE"
 # would hang the first metadata request for minutes.
 HUB_TIMEOUT_S = 30
 # Download sizes to plan disk with when the Hub cannot be asked (pre-flight offline); the Hub's metadata wins when it
-# answers. The 31B-it: 30.7 B text parameters (plan.param_count) in bf16 = 61.4 GB, plus the vision tower (27 layers,
+# answers. The 31B-it: 30.7 B text parameters (gemma4.param_count) in bf16 = 61.4 GB, plus the vision tower (27 layers,
 # hidden 1152), rounded up.
 DOWNLOAD_BYTES_FALLBACK = {"google/gemma-4-31B-it": 63 * 10**9}
 PREFLIGHT_PROBE_TIMEOUT_S = 20  # the TPU VM's metadata server and `tpu-info`, asked only where a TPU is visible

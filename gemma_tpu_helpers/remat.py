@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from . import lora
 from .errors import GemmaTpuError
+from .gemma4 import to_tunix_config
 
 # name -> description: tunix's model.config.remat_config values.
 POLICIES: dict[str, str] = {
@@ -135,8 +136,6 @@ def demonstrate_trap(text_config: dict, rank: int = 8, alpha: float = 16.0, poli
     import pandas as pd
     from flax import nnx
     from tunix.models.gemma4 import model as gm
-
-    from .gemma4 import to_tunix_config
 
     policy = check_policy(policy)
     if policy == "none":

@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import infra
-from .errors import GemmaTpuError
-from .gemma4 import kv_shared_layers, layer_kinds, profile_text_config
-from .plan import param_count
+from .base_model import profile_text_config
+from .errors import GemmaTpuError, run_cli
+from .gemma4 import attn_dims, kv_shared_layers, layer_kinds, param_count
 from .profiles import Profile, get_profile
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
@@ -257,13 +257,6 @@ export VLLM_XLA_CACHE_PATH=~/.cache/vllm_xla    # keep XLA compilations between 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-def _kv_dims(c: dict, kind: str) -> tuple[int, int]:
-    """(KV heads, head dim) of a layer kind: global layers have their own head count and size."""
-    if kind == "global":
-        return (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
-    return c["num_key_value_heads"], c["head_dim"]
-
-
 def _heads_per_chip(heads: int, tp: int) -> int:
     """KV heads each chip holds under vLLM's tensor parallelism: a share, or one replicated head when tp > heads."""
     if tp <= heads:
@@ -280,7 +273,7 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     """Per-chip HBM when vLLM serves the text model under ``profile.serve``: weights plus the KV cache of one
     ``max_model_len``-token sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
 
-    Weights: the text parameters (:func:`plan.param_count`) over ``tensor_parallel`` chips, except the K/V
+    Weights: the text parameters (:func:`gemma4.param_count`) over ``tensor_parallel`` chips, except the K/V
     projections of KV heads that are replicated (tp larger than the head count). KV cache: K and V for every layer
     (vLLM keeps a V slot on k=v layers too), the sliding layers counted at the full length (``kv_gib_per_sequence``,
     the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
@@ -299,7 +292,7 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     params = param_count(c)
     kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
     for i, kind in enumerate(layer_kinds(c)):
-        heads, head_dim = _kv_dims(c, kind)
+        heads, head_dim = attn_dims(c, kind)
         per_chip = _heads_per_chip(heads, tp)
         proj = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * heads * head_dim
         kv_proj += proj
@@ -681,22 +674,14 @@ def main_serve(args) -> int:
     TPU profiles (or ``--print-command``): print the command and exit. CPU: start the server; with
     ``--smoke-test``, send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
     """
-    try:
-        prof = get_profile(args.profile)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prof = get_profile(args.profile)
     api_key = infra.resolve_api_key(args.api_key)
-    try:
-        if prof.hardware.platform != "cpu" or args.print_command:
-            print(shell_line(prof, args.model, port=args.port or DEFAULT_PORT, api_key=api_key))
-            if prof.hardware.platform != "cpu":
-                print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof))
-            return 0
-        server = start(prof, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
-    except ServeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if prof.hardware.platform != "cpu" or args.print_command:
+        print(shell_line(prof, args.model, port=args.port or DEFAULT_PORT, api_key=api_key))
+        if prof.hardware.platform != "cpu":
+            print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof))
+        return 0
+    server = start(prof, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
 
     def _exit(signum, frame):  # `kill` or a closed tmux pane: leave through `with server:` so it stops the group
         raise SystemExit(128 + signum)
@@ -719,9 +704,6 @@ def main_serve(args) -> int:
             print(f"error: the server exited ({server.proc.returncode}). Log tail:\n{server.log_tail()}",
                   file=sys.stderr)
             return 1
-        except GemmaTpuError as e:  # ServeError, or infra's client
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt:
             return 0
 
@@ -730,7 +712,7 @@ def main(argv=None) -> int:
     """``python -m gemma_tpu_helpers.serve ...`` (the same as the ``serve`` sub-command)."""
     p = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers serve", description=__doc__.splitlines()[0])
     add_arguments(p)
-    return main_serve(p.parse_args(argv))
+    return run_cli(main_serve, p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import math
 
+from . import base_model, gemma4, lora
+from .errors import GemmaTpuError
+from .gemma4 import PATTERN
+
 _SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
 
 
-class ShardingError(ValueError):
+class ShardingError(GemmaTpuError, ValueError):
     """Annotations that cannot be applied on this mesh."""
 
 
@@ -74,7 +78,7 @@ def _params(model):
             yield tuple(path), v
 
 
-def _bytes_per_device(shape, dtype, spec, sizes) -> int:
+def bytes_per_device(shape, dtype, spec, sizes) -> int:
     per = list(shape)
     for i, entry in enumerate(spec or ()):
         if i < len(per) and entry is not None:
@@ -82,7 +86,7 @@ def _bytes_per_device(shape, dtype, spec, sizes) -> int:
     return math.prod(per) * _bits(dtype) // 8
 
 
-def _indivisible(shape, spec, sizes) -> list[str]:
+def indivisible_dims(shape, spec, sizes) -> list[str]:
     out = []
     for i, entry in enumerate(spec or ()):
         if i >= len(shape) or entry is None:
@@ -94,7 +98,8 @@ def _indivisible(shape, spec, sizes) -> list[str]:
 
 
 def _named(mesh, spec, ndim):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     spec = tuple(spec or ())
     return NamedSharding(mesh, P(*(spec + (None,) * (ndim - len(spec)))))
@@ -142,7 +147,7 @@ def audit(model, mesh):
         if not rank_ok:
             flags.append(f"spec rank {len(spec)} != array rank {ndim}"
                          + (" (base weight's spec copied onto a LoRA param?)" if is_lora else ""))
-        bad = _indivisible(shape, spec, sizes) if rank_ok else []
+        bad = indivisible_dims(shape, spec, sizes) if rank_ok else []
         flags += [f"cannot divide {b}" for b in bad]
         follows = None
         if is_lora and rank_ok:
@@ -161,7 +166,7 @@ def audit(model, mesh):
                 flags.append(f"annotation not applied (placed as {_fmt(placed)})")
         elif placed is not None and concrete_mesh:
             applied = False  # an annotation that cannot be applied is not in effect (already flagged above)
-        per_dev = _bytes_per_device(shape, dtype, spec if rank_ok else None, sizes)
+        per_dev = bytes_per_device(shape, dtype, spec if rank_ok else None, sizes)
         if placed is not None:
             placed_bytes = math.prod(value.sharding.shard_shape(shape)) * _bits(dtype) // 8
         else:
@@ -238,7 +243,7 @@ def _expected_lora_spec(model, path, shape, sizes) -> tuple | None:
     return tuple(None if n == 1 else e for n, e in zip(shape, derived))
 
 
-def _divisible_spec(shape, spec, sizes) -> tuple:
+def divisible_spec(shape, spec, sizes) -> tuple:
     """Drop only the mesh axes that cannot divide their dim (and repeated axes); keep everything else."""
     out, used = [], set()
     for i, entry in enumerate(spec):
@@ -289,9 +294,9 @@ def fix(model, mesh, apply: bool = True):
             reasons.append("LoRA spec derived from the base weight's layout")
         if new is not None:
             full = tuple(new) + (None,) * (ndim - len(new))
-            fitted = _divisible_spec(shape, full, sizes)
+            fitted = divisible_spec(shape, full, sizes)
             if fitted != full:
-                reasons.append("dropped the axis that cannot divide: " + ", ".join(_indivisible(shape, full, sizes)))
+                reasons.append("dropped the axis that cannot divide: " + ", ".join(indivisible_dims(shape, full, sizes)))
                 new = fitted
         placed_wrong = row["applied"] is False
         if new != spec:
@@ -307,7 +312,7 @@ def fix(model, mesh, apply: bool = True):
                 if placed_wrong and new == spec:
                     reasons.append("placed the array as annotated")
         if new != spec or moved:
-            after_bytes = _bytes_per_device(shape, value.dtype, new, sizes)
+            after_bytes = bytes_per_device(shape, value.dtype, new, sizes)
             changes.append({"path": key, "kind": type(v).__name__, "shape": shape, "spec before": _fmt(spec),
                             "spec after": _fmt(new), "placed before": row["placed"],
                             "bytes/device before": int(row["bytes/device placed"]), "bytes/device after": after_bytes,
@@ -358,8 +363,6 @@ def state_shardings(model, mesh):
 
 def one_period_config(text_config: dict) -> tuple[dict, int]:
     """The config cut to one sliding/global period (6 layers), and how many periods the full model has."""
-    from .gemma4 import PATTERN
-
     period = len(PATTERN)
     n = text_config["num_hidden_layers"]
     if n % period or list(text_config["layer_types"][:period]) * (n // period) != list(text_config["layer_types"]):
@@ -382,8 +385,6 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     import pandas as pd
     from flax import nnx
     from tunix.models.gemma4 import model as gm
-
-    from . import gemma4, lora
 
     cut, periods = one_period_config(text_config)
     cfg = gemma4.to_tunix_config(cut, dtype=dtype)
@@ -424,8 +425,6 @@ def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, 
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
-    from . import gemma4
-
     c = dict(text_config)
     if layer_types is not None:
         c.update(layer_types=list(layer_types), num_hidden_layers=len(layer_types))
@@ -463,8 +462,6 @@ def bytes_table(before, after, column: str = "bytes/device placed"):
 
 def plan_for_profile(profile):
     """``plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
-    from . import gemma4, tiny
-
-    text = gemma4.profile_text_config(profile)
+    text = base_model.profile_text_config(profile)
     return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
                               alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)

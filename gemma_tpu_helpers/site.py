@@ -274,11 +274,7 @@ def main_site(args) -> int:
     run_dir = prof.run_dir(args.runs)
     if (run_dir / "figures.json").is_file():
         course.write_report(run_dir)
-    try:
-        result = build(run_dir)
-    except SiteError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = build(run_dir)
     print(f"wrote {result['index']}: {result['pages']} pages, {result['bytes'] / 2**20:.1f} MiB")
     broken = broken_links(result["index"].parent)
     for b in broken:

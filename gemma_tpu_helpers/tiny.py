@@ -16,7 +16,8 @@ import shutil
 from pathlib import Path
 
 from . import chat_format, infra
-from .gemma4 import GEMMA4_31B_TEXT_CONFIG, PATTERN, TEXT_CONFIGS
+from .errors import GemmaTpuError
+from .gemma4 import GEMMA4_31B_TEXT_CONFIG, KEY_PREFIX, PATTERN, TEXT_CONFIGS, kv_shared_layers
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
 # head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
@@ -78,7 +79,7 @@ TINY_VISION = {
 }
 
 
-class OutputExistsError(FileExistsError):
+class OutputExistsError(GemmaTpuError, FileExistsError):
     pass
 
 
@@ -206,8 +207,6 @@ def _with_unused_shared_kv(model, text_cfg: dict) -> dict:
     """
     import torch
 
-    from .gemma4 import KEY_PREFIX, kv_shared_layers
-
     sd = model.state_dict()
     gen = torch.Generator().manual_seed(len(sd))
     for i in kv_shared_layers(text_cfg):
@@ -229,8 +228,14 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
     ``variant`` "31b" (default) replicates gemma-4-31B-it; "e2b" / "e4b" replicate the E models (per-layer input
     embeddings, KV-shared last layers, E2B's doubled MLP there, audio tower, the E chat template)."""
     import torch
-    from transformers import (Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig,
-                              Gemma4VisionConfig, GenerationConfig)
+    from transformers import (
+        Gemma4AudioConfig,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+        GenerationConfig,
+    )
 
     out_dir = Path(out_dir)
     text_cfg = tiny_text_config(layers, variant)  # validates layers before anything is written

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import base_model, gemma4, lora, remat
 from . import data as data_lib
-from . import gemma4, lora, remat
 from . import mesh as mesh_lib
 from . import step as step_lib
 from .errors import GemmaTpuError
@@ -220,7 +220,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         t = dataclasses.replace(t, **overrides)
         profile = dataclasses.replace(profile, train=t)
     run_dir = Path(run_dir or profile.run_dir())
-    base = gemma4.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
+    base = base_model.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
     mesh = mesh_lib.make_mesh(profile)
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:

@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from conftest import run_cli
 
 from gemma_tpu_helpers import cost, profiles
-from conftest import run_cli
 
 
 def test_default_prices_come_from_profiles_with_their_date():

@@ -1,10 +1,10 @@
 import json
 
 import nbformat
+from conftest import run_cli
 from nbformat.v4 import new_code_cell, new_notebook
 
 from gemma_tpu_helpers import course
-from conftest import run_cli
 
 
 def test_record_and_report(tmp_path):
@@ -48,6 +48,6 @@ def test_cli_help_lists_steps():
 def test_cli_setup_prints_the_memory_estimate():
     r = run_cli("setup", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})
     assert r.returncode == 2 and "pre-flight failed (tpu" in r.stderr, r.stderr[-2000:]  # the report, then: no TPU here
-    from gemma_tpu_helpers import gemma4, plan
+    from gemma_tpu_helpers import gemma4
 
-    assert f"{plan.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout
+    assert f"{gemma4.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout

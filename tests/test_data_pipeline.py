@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from gemma_tpu_helpers import data
-from conftest import run_cli
 
 
 @pytest.fixture(scope="module")

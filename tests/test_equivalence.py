@@ -1,6 +1,5 @@
 """The TPU recipe against the GPU recipe: the settings per update, and a loss-curve parity run with HF PEFT."""
 
-import pytest
 
 from gemma_tpu_helpers import data, equivalence, profiles
 

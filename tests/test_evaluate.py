@@ -18,9 +18,10 @@ import time
 from fractions import Fraction
 
 import pytest
+from conftest import run_cli
 
 from gemma_tpu_helpers import evaluate as ev
-from conftest import run_cli
+
 
 def _have_iverilog():
     try:

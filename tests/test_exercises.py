@@ -7,8 +7,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from conftest import REPO, run_cli
+
 from gemma_tpu_helpers import exercises
 
 KEYS = list(exercises.EXERCISES)

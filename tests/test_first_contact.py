@@ -18,8 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
-from conftest import REPO, run_cli
+from gemma_tpu_helpers import base_model
 
 REAL = "google/gemma-4-31B-it"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -195,10 +196,10 @@ def hub_resolves() -> bool:
 
 
 def v5p8_base(tmp_path):
-    """gemma4.ensure_base on the v5p-8 profile: the one place the real checkpoint is downloaded."""
-    from gemma_tpu_helpers import gemma4, profiles
+    """base_model.ensure_base on the v5p-8 profile: the one place the real checkpoint is downloaded."""
+    from gemma_tpu_helpers import profiles
 
-    return gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "runs" / "v5p-8")
+    return base_model.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "runs" / "v5p-8")
 
 
 @pytest.fixture
@@ -306,12 +307,12 @@ def small_disk(tmp_path):
 
 def test_disk_too_small_stops_before_downloading(fake_hub, small_disk, first_contact):
     """62 GB of shards (the Hub's sizes) against a 16 MB disk: one line, naming the ways out, nothing downloaded."""
-    from gemma_tpu_helpers import gemma4, hub, profiles
+    from gemma_tpu_helpers import hub, profiles
 
     use_endpoint(first_contact, fake_hub.url)
     first_contact.setenv("HF_TOKEN", "hf_accepted")
     with pytest.raises(hub.HubError) as e:
-        gemma4.ensure_base(profiles.get_profile("v5p-8"), small_disk / "v5p-8")
+        base_model.ensure_base(profiles.get_profile("v5p-8"), small_disk / "v5p-8")
     line = str(e.value)
     assert line.startswith(f"the {REAL} checkpoint needs 62.0 GB in {small_disk}/v5p-8/base, but its filesystem "
                            f"({small_disk}) has 17 MB free"), line
@@ -370,22 +371,22 @@ def tokenizer_files_names(hub):
 
 def test_base_dir_is_used_as_it_is_or_downloaded_into(tiny_dir, fake_hub, small_disk, first_contact, tmp_path):
     """--base DIR: a complete checkpoint there is used untouched, offline; an empty DIR is the download target."""
-    from gemma_tpu_helpers import gemma4, hub, profiles
+    from gemma_tpu_helpers import hub, profiles
 
     first_contact.setenv("HF_HUB_OFFLINE", "1")  # no Hub needed for a checkpoint that is already there
     first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
     stamp = {p.name: p.stat().st_mtime_ns for p in Path(tiny_dir).iterdir()}
     for name in ("v5p-8", "smoke"):
-        assert gemma4.ensure_base(profiles.get_profile(name), tmp_path / "r", base=tiny_dir) == Path(tiny_dir)
+        assert base_model.ensure_base(profiles.get_profile(name), tmp_path / "r", base=tiny_dir) == Path(tiny_dir)
     assert {p.name: p.stat().st_mtime_ns for p in Path(tiny_dir).iterdir()} == stamp
     assert not (tmp_path / "r").exists()
     with pytest.raises(hub.HubError, match=f"^HF_HUB_OFFLINE is set and {small_disk}/mine holds no downloaded"):
-        gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
+        base_model.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
     first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", False)
     use_endpoint(first_contact, fake_hub.url)
     first_contact.setenv("HF_TOKEN", "hf_accepted")
     with pytest.raises(hub.HubError, match=f"needs 62.0 GB in {small_disk}/mine, but"):
-        gemma4.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
+        base_model.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "r", base=small_disk / "mine")
 
 
 def test_ensure_base_resumes_an_incomplete_checkpoint(tmp_path):

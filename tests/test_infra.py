@@ -13,7 +13,6 @@ import pytest
 
 from gemma_tpu_helpers import errors, infra
 
-
 # ------------------------------------------------------------------------------------------------ atomic writes
 
 

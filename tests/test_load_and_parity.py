@@ -1,11 +1,11 @@
 import json
 import shutil
 
-import numpy as np
 import pytest
-
-from gemma_tpu_helpers import gemma4, mesh as mesh_lib, parity
 from conftest import run_cli
+
+from gemma_tpu_helpers import gemma4, parity
+from gemma_tpu_helpers import mesh as mesh_lib
 
 
 def test_loaded_model_is_sharded_on_the_mesh(tunix_model, mesh):

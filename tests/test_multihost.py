@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, run_cli
+
 from gemma_tpu_helpers import lora_checkpoint, train
 
 STEPS = 3  # step 1 runs at lr 0 (warmup), so steps 2-3 are the ones that test the optimizer across processes

@@ -9,10 +9,10 @@ import shutil
 
 import nbformat
 import pytest
+from conftest import REPO, run_cli
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from conftest import REPO, run_cli
 from gemma_tpu_helpers import course, site
 
 PLOT = """import matplotlib
@@ -146,7 +146,6 @@ def test_site_command_builds_the_profile_s_site(built, tmp_path):
 
 def test_license_and_citation_for_reuse():
     import tomllib
-
     import yaml
 
 

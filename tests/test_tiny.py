@@ -1,9 +1,9 @@
 import json
 
 import pytest
+from conftest import run_cli
 
 from gemma_tpu_helpers import gemma4, tiny
-from conftest import run_cli
 
 
 def test_layout_is_the_real_checkpoints(tiny_dir):

@@ -5,10 +5,10 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from safetensors import safe_open
 
-from conftest import run_cli
-from gemma_tpu_helpers import chat_format, gemma4, parity, profiles, tiny
+from gemma_tpu_helpers import base_model, chat_format, gemma4, parity, profiles, tiny
 
 E2B = "e2b"
 
@@ -136,17 +136,16 @@ def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
 
 @pytest.mark.parametrize("variant", ["e2b", "e4b"])
 def test_param_count_is_what_tunix_holds(variant):
-    """plan.param_count (the memory estimate) against the abstract tunix model of the real E config."""
+    """gemma4.param_count (the memory estimate) against the abstract tunix model of the real E config."""
     import jax
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
-    from gemma_tpu_helpers import plan
 
     cfg = gemma4.to_tunix_config(gemma4.TEXT_CONFIGS[variant], dtype="bfloat16")
     state = nnx.state(nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0))), nnx.Param)
     held = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
-    assert plan.param_count(gemma4.TEXT_CONFIGS[variant]) == held
+    assert gemma4.param_count(gemma4.TEXT_CONFIGS[variant]) == held
 
 
 @pytest.mark.parametrize("name,chip,model", [("colab-v5e-1", "v5e", "google/gemma-4-E2B-it"),
@@ -155,7 +154,7 @@ def test_colab_profiles_are_one_chip_e_models(name, chip, model):
     p = profiles.get_profile(name)
     assert p.hardware.num_devices == 1 and p.mesh_shape == (1, 1) and p.hardware.chip == chip
     assert p.hardware.tpu_topology == f"{chip}:1x1" and p.model.source == model
-    text = gemma4.profile_text_config(p)
+    text = base_model.profile_text_config(p)
     assert text["num_kv_shared_layers"] and not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
 
 

@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from gemma_tpu_helpers import step, train
-from conftest import REPO
 
 STEPS, EVERY = 4, 2
 
@@ -118,7 +118,6 @@ def test_batch_must_divide_fsdp(tiny_dir, smoke, tmp_path):
 
 def test_token_nll_is_optax_integer_label_cross_entropy():
     import jax
-    import jax.numpy as jnp
     import optax
 
     logits = jax.random.normal(jax.random.key(0), (2, 7, 1024)) * 30.0  # softcap-sized logits

@@ -3,8 +3,8 @@
 import shutil
 
 import pytest
-
 from conftest import run_cli
+
 from gemma_tpu_helpers import workshop
 
 NB = "02_lora_naming"

@@ -1,0 +1,76 @@
+"""The base checkpoint a profile trains on, and where it comes from: the tiny replica (built here) or the Hugging
+Face Hub (downloaded, or resumed). Also the profile's text config without reading a file, a small checkpoint for
+host-side checks, and a tokenizer directory without the weights.
+
+Above ``gemma4`` (the config mapping and loader), ``tiny`` (the replica builder) and ``hub`` (downloads), which
+know nothing of each other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import gemma4, hub, tiny
+
+HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-E2B-it": "e2b", "google/gemma-4-E4B-it": "e4b"}
+
+
+def profile_text_config(profile) -> dict:
+    """A profile's text config without reading any file: its tiny replica's, or the real model's it names."""
+    if profile.model.source == "tiny":
+        return tiny.tiny_text_config(profile.model.tiny_layers, profile.model.tiny_variant)
+    if profile.model.source not in HUB_IDS:
+        raise gemma4.CheckpointError(f"No built-in config for {profile.model.source!r}; known: {sorted(HUB_IDS)}.")
+    return gemma4.TEXT_CONFIGS[HUB_IDS[profile.model.source]]
+
+
+def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | None = None) -> Path:
+    """The profile's base checkpoint in ``base`` (default ``runs/<profile>/base``): the tiny model is built on first
+    use; the real one is downloaded from the Hugging Face Hub, or its download resumed, when incomplete.
+
+    Every download failure (offline, no token, licence not accepted, wrong id, too little disk) raises
+    ``hub.HubError`` with a one-line fix, before any weights move (see ``hub.download``)."""
+    if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
+        gemma4.check_checkpoint(base)
+        return Path(base)
+    base = Path(base) if base else Path(run_dir or profile.run_dir()) / "base"
+    if profile.model.source == "tiny":
+        return tiny.ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
+                                      variant=profile.model.tiny_variant)
+    hub.ensure_checkpoint(profile.model.source, base)
+    gemma4.check_checkpoint(base)
+    return base
+
+
+def ensure_check_model(profile, run_dir: str | Path | None = None) -> Path:
+    """A checkpoint small enough for host-side checks (parity, probes): the base in smoke, else the tiny model.
+
+    transformers cannot hold the 31B in fp32 on a host, so TPU profiles run these checks on the tiny Gemma 4,
+    whose head counts keep the 31B's ratios (it loads on the same meshes).
+    """
+    if profile.model.source == "tiny":
+        return ensure_base(profile, run_dir)
+    return tiny.ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny")
+
+
+def ensure_tokenizer(profile, run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:
+    """A directory ``AutoTokenizer.from_pretrained`` can load for the profile, without downloading weights.
+
+    ``base`` (a checkpoint dir) when given; the smoke profile's tiny base (built on first use); the real base when it
+    is already downloaded; else ``runs/<profile>/tokenizer`` with the tokenizer files alone (a few MB).
+    """
+    if base is not None:
+        if not hub.has_tokenizer(base):
+            raise hub.HubError(f"{base} holds no tokenizer ({' or '.join(hub.TOKENIZER_FILES)}): pass a checkpoint "
+                               f"directory with --base, or leave it out to fetch the profile's tokenizer.")
+        return Path(base)
+    run_dir = Path(run_dir or profile.run_dir())
+    if profile.model.source == "tiny":
+        return ensure_base(profile, run_dir)
+    if hub.has_tokenizer(run_dir / "base"):
+        return run_dir / "base"
+    out = run_dir / "tokenizer"
+    if not hub.has_tokenizer(out):
+        hub.download(profile.model.source, out, hub.TOKENIZER_PATTERNS, what=f"the {profile.model.source} tokenizer")
+    return out

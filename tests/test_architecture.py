@@ -1,0 +1,120 @@
+"""The package's declared layers hold: no import cycle, no private name imported from another module, no import
+that goes up a layer, every module declared, and this package's imports at the top of a file (only JAX, torch,
+vLLM and other heavy libraries are imported inside functions). Read from the source with ``ast``: nothing runs."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import gemma_tpu_helpers
+
+PKG = Path(gemma_tpu_helpers.__file__).parent
+LAYER_OF = {m: i for i, (_, mods) in enumerate(gemma_tpu_helpers.LAYERS) for m in mods}
+MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+
+
+def imports(module: str):
+    """(imported module, imported names, inside a function?) for each import of this package in ``module``."""
+    tree = ast.parse((PKG / f"{module}.py").read_text())
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f) if n is not f}
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("gemma_tpu_helpers."):
+                        out.append((a.name.split(".")[1], [], id(node) in inner))
+            continue
+        names = [a.name for a in node.names]
+        if node.level == 1 and node.module:
+            out.append((node.module.split(".")[0], names, id(node) in inner))
+        elif node.level == 1:  # from . import a, b
+            out.extend((n, [], id(node) in inner) for n in names)
+        elif node.module and node.module.startswith("gemma_tpu_helpers."):
+            out.append((node.module.split(".")[1], names, id(node) in inner))
+        elif node.module == "gemma_tpu_helpers":
+            out.extend((n, [], id(node) in inner) for n in names)
+    return out
+
+
+GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
+
+
+def test_every_module_is_in_a_layer():
+    assert set(MODULES) == set(LAYER_OF), (f"undeclared: {sorted(set(MODULES) - set(LAYER_OF))}; "
+                                           f"declared but missing: {sorted(set(LAYER_OF) - set(MODULES))}")
+
+
+def test_no_import_goes_up_a_layer():
+    up = [f"{m} ({gemma_tpu_helpers.LAYERS[LAYER_OF[m]][0]}) imports {t} ({gemma_tpu_helpers.LAYERS[LAYER_OF[t]][0]})"
+          for m in MODULES for t in GRAPH[m] if t in LAYER_OF and LAYER_OF[t] > LAYER_OF[m]]
+    assert not up, up
+
+
+def test_no_import_cycle():
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for t in GRAPH.get(m, []):
+            if state.get(t) == "open":
+                cycles.append(" -> ".join(path[path.index(t):] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in MODULES:
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_no_private_name_imported_from_another_module():
+    private = [f"{m} imports {t}.{n}" for m in MODULES for t, names, _ in imports(m) for n in names
+               if n.startswith("_") and t != m]
+    assert not private, private
+
+
+def test_this_packages_imports_are_at_the_top():
+    inner = [f"{m} imports {t} inside a function" for m in MODULES for t, _, is_inner in imports(m) if is_inner]
+    assert not inner, inner
+
+
+@pytest.mark.parametrize("module", ["infra", "chat_format", "compat"])
+def test_the_core_imports_only_the_error_base(module):
+    assert set(GRAPH[module]) <= {"errors"} and GRAPH["errors"] == []
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The checks can fail: an upward, private, function-level import in a scratch module is seen as such."""
+    (tmp_path / "scratch.py").write_text("def f():\n    from .site import _private\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", tmp_path)
+    (found,) = imports("scratch")
+    assert found == ("site", ["_private"], True)
+
+
+def closure(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for t in GRAPH.get(todo.pop(), []):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen - {module}
+
+
+def test_each_notebook_names_the_files_that_travel_together():
+    """A notebook's "Copy into your project" line lists exactly what its module imports from this package."""
+    import re
+
+    import nbformat
+
+    for path in sorted((PKG.parent / "notebooks").glob("*.ipynb")):
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(\w+)\.py` and what it imports from this "
+                      r"package: ([^(]*)\(", text)
+        assert m, f"{path.name} has no 'Copy into your project' line"
+        listed = set(re.findall(r"`(\w+)\.py`", m.group(2)))
+        assert listed == closure(m.group(1)), (path.name, sorted(listed ^ closure(m.group(1))))
