@@ -461,6 +461,17 @@ def attention_mask_from_segments(segment_ids):
     return same & causal[None]
 
 
+def causal_inputs(tokens):
+    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows (one example per row, no padding): the
+    packed-row inputs with a single segment, so every forward in the course takes its mask from one builder."""
+    import jax.numpy as jnp
+
+    tokens = jnp.asarray(tokens)
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    return tokens, positions, attention_mask_from_segments(jnp.ones((b, t), jnp.int32))
+
+
 def token_use_for_lengths(lengths, max_seq_len: int) -> dict:
     """Token use of packing vs pad-to-max for a list of example lengths (no tokenizer needed)."""
     fake = [(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in lengths]

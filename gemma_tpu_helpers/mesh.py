@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+from .data import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import head_divisibility_problems, load_model
 from .profiles import Profile
@@ -121,10 +122,8 @@ def trainer_batch_sharding(model, mesh, context: str = "trainer", seq_len: int =
         return jnp.mean(logits[..., 0] * input_mask)
 
     def model_input(x):
-        b, t = x.input_tokens.shape
-        return dict(input_tokens=x.input_tokens, input_mask=x.input_mask,
-                    positions=jnp.broadcast_to(jnp.arange(t), (b, t)),
-                    attention_mask=jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t)))
+        tokens, positions, mask = causal_inputs(x.input_tokens)
+        return dict(input_tokens=tokens, input_mask=x.input_mask, positions=positions, attention_mask=mask)
 
     batch_size = mesh.shape.get("fsdp", 1) * 2
     batch = peft_trainer.TrainingInput(input_tokens=np.full((batch_size, seq_len), 8, np.int32),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import causal_inputs
 from .gemma4 import layer_kinds, load_model, read_text_config
 
 # fp32 rounding alone gives ~1e-5 relative on the tiny models; a port bug gives O(1).
@@ -21,20 +22,6 @@ DEFAULT_REL_BOUND = 1e-4
 def sample_tokens(vocab_size: int, seq_len: int, seed: int = 0, batch: int = 1) -> np.ndarray:
     """Random token ids that avoid the special tokens (ids < 8)."""
     return np.random.RandomState(seed).randint(8, vocab_size, size=(batch, seq_len)).astype(np.int32)
-
-
-def _causal_inputs(tokens: np.ndarray):
-    import jax.numpy as jnp
-
-    b, t = tokens.shape
-    positions = jnp.tile(jnp.arange(t)[None], (b, 1))
-    mask = jnp.tile(jnp.tril(jnp.ones((t, t), dtype=bool))[None], (b, 1, 1))
-    return jnp.asarray(tokens), positions, mask
-
-
-def causal_inputs(tokens: np.ndarray):
-    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows: what the tunix forward takes."""
-    return _causal_inputs(tokens)
 
 
 def _jit(fn):
@@ -69,7 +56,7 @@ def forward(model, tokens, positions, mask, mesh):
 
 
 def tunix_logits(model, tokens: np.ndarray, mesh) -> np.ndarray:
-    toks, positions, mask = _causal_inputs(tokens)
+    toks, positions, mask = causal_inputs(tokens)
     return np.asarray(forward(model, toks, positions, mask, mesh), dtype=np.float64)
 
 
@@ -77,7 +64,7 @@ def tunix_hidden_states(model, tokens: np.ndarray, mesh) -> list[np.ndarray]:
     """[embeddings, after layer 0, ..., after layer L-1] from the tunix model, run layer by layer."""
     import jax
 
-    toks, positions, mask = _causal_inputs(tokens)
+    toks, positions, mask = causal_inputs(tokens)
     out = []
     with jax.set_mesh(mesh):
         x = _embed()(model.embedder, toks)

