@@ -625,33 +625,6 @@ def rendered_prompt(model_dir, messages, tokenizer=None, enable_thinking: bool =
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
 
 
-def parity_table(jax_tokens, jax_margins, vllm_out: dict):
-    """Position by position: JAX token, vLLM token, equal, JAX's top-2 logit gap and vLLM's top-2 logprob gap.
-
-    (A logprob gap equals the logit gap: log-softmax only shifts all logits of a position by the same amount.)
-    """
-    import pandas as pd
-
-    rows = []
-    for i, (j, v) in enumerate(zip(jax_tokens, vllm_out["token_ids"], strict=True)):
-        top = vllm_out["top"][i] if i < len(vllm_out["top"]) else []
-        gap = top[0][1] - top[1][1] if len(top) >= 2 else float("nan")
-        rows.append({"position": i, "jax token": j, "vllm token": v, "equal": j == v,
-                     "jax top-2 gap": round(jax_margins[i], 4), "vllm top-2 gap": round(gap, 4)})
-    return pd.DataFrame(rows)
-
-
-def parity_summary(table) -> dict:
-    """How many leading tokens agree, and whether a first divergence sits on a near-tie."""
-    eq = table["equal"].tolist()
-    prefix = eq.index(False) if False in eq else len(eq)
-    out = {"n": len(eq), "equal_prefix": prefix, "all_equal": prefix == len(eq),
-           "min_jax_gap": float(table["jax top-2 gap"].min())}
-    if prefix < len(eq):
-        out["first_divergence_jax_gap"] = float(table["jax top-2 gap"].iloc[prefix])
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- CLI logic
 
 SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
