@@ -10,7 +10,6 @@ from importlib import metadata
 from pathlib import Path
 
 from . import infra
-from .infra import write_atomic  # noqa: F401  (train, plan, remat still import course.write_atomic; use infra's)
 from .multihost import is_main
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
