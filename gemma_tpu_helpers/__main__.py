@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="04: per-chip memory plan (--aot: XLA's AOT-compiled figures, no TPU needed)")
     _profile_arg(p)
     p.add_argument("--aot", action="store_true", help="AOT-compile the LoRA train step for the profile's TPU topology (needs libtpu)")
-    p.add_argument("--remat", default=None, help="none | block | decoder | dots | dots_no_batch (default: the profile's)")
+    p.add_argument("--remat", default=None, help="none | block | decoder (default: the profile's)")
     p.add_argument("--seq-len", type=int, default=None, help="default: the profile's max_seq_len")
     p.add_argument("--layers", type=int, default=None,
                    help="compile exactly N layers (60 = the full 31B, for make bench); default: 6 and 12, extrapolated")

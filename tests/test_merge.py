@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers import gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify
-from gemma_tpu_helpers.errors import GemmaTpuError
+from gemma_tpu_helpers.errors import GemmaTpuError, run_cli
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 
@@ -308,8 +308,8 @@ def test_step_and_cli(tiny_dir, trained, tmp_path):
     assert merge.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--step", "1",
                                           "--out", str(out)])) == 0
     assert merge.read_merge_info(out)["step"] == 1
-    assert merge.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
-                                          str(out)])) == 2  # not empty, no --overwrite
+    assert run_cli(merge.main_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
+                                                   str(out)])) == 2  # not empty, no --overwrite: a message
     assert merge.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
                                           str(out), "--overwrite"])) == 0
     assert merge.read_merge_info(out)["step"] == 2

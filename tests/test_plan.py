@@ -7,6 +7,7 @@ import pytest
 from conftest import run_cli
 
 from gemma_tpu_helpers import gemma4, plan, profiles, tiny
+from gemma_tpu_helpers.errors import run_cli
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -31,7 +32,7 @@ def test_extrapolation_is_an_exact_line_fit():
 
 
 def test_unknown_policy_is_a_clear_error(capsys):
-    assert plan.main_plan("v5p-8", aot=True, remat="selective") == 2
+    assert run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="selective"), None) == 2
     err = capsys.readouterr().err
     assert "Unknown remat policy 'selective'" in err and "none, block, decoder." in err
 
@@ -39,7 +40,7 @@ def test_unknown_policy_is_a_clear_error(capsys):
 def test_missing_libtpu_says_pip_install(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    assert plan.main_plan("v5p-8", aot=True, remat="block") == 2
+    assert run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="block"), None) == 2
     assert "pip install libtpu" in capsys.readouterr().err
 
 
