@@ -397,7 +397,7 @@ COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
 # `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
 # from them when it does not compile (smoke profile). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
-REFERENCE_NOTE = "measured 2026-11-29 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
+REFERENCE_NOTE = "measured 2026-11-29 to 12-01 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
 # A setting with a single 6-layer point is shown as compiled (6 layers), not extrapolated.
 REFERENCE_POINTS: dict[str, list[dict]] = {
     # the train step (step.train_step), compiled 11:24-11:34 UTC 2026-12-01 (#13)
@@ -413,10 +413,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 678.8, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 1814118400, "alias_bytes": 283509248, "peak_bytes": 4266732416},
         {"layers": 12, "compile_s": 529.1, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 1931935744, "alias_bytes": 567017984, "peak_bytes": 6132503264},
     ],
-    # re-measured 2026-12-01 (load 4-8) with XLA's cost analysis (per chip, per micro-step); memory as before
+    # the train step (step.train_step), compiled 12:15-12:52 UTC 2026-12-01 (#13)
     'v6e-8_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 791.3, "argument_bytes": 1368122880, "output_bytes": 283510656, "temp_bytes": 2459893760, "alias_bytes": 283509248, "peak_bytes": 3828018048, "flops": 10669366706176, "bytes_accessed": 65539723264, "optimal_seconds": None},
-        {"layers": 12, "compile_s": 778.2, "argument_bytes": 2383907328, "output_bytes": 567020256, "temp_bytes": 2922577920, "alias_bytes": 567017984, "peak_bytes": 5306487520, "flops": 19236986552320, "bytes_accessed": 122844078080, "optimal_seconds": None},
+        {"layers": 6, "compile_s": 2470.4, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 2669527040, "alias_bytes": 1233700864, "peak_bytes": 3903279616, "flops": 10816038371328, "bytes_accessed": 76474204160, "optimal_seconds": None, "step": "train"},
+        {"layers": 12, "compile_s": 2174.5, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 3323117568, "alias_bytes": 2115070976, "peak_bytes": 5438241728, "flops": 19535866363904, "bytes_accessed": 126368800768, "optimal_seconds": None, "step": "train"},
     ],
     # re-measured 2026-12-01 (load 4-8) with XLA's cost analysis (per chip, per micro-step); memory as before
     'v5p-16_block_seq3072_Lfit': [
