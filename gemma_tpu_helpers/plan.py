@@ -405,9 +405,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 720.3, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 2031353856, "alias_bytes": 2256259072, "peak_bytes": 4443968000, "flops": 18770382815232, "bytes_accessed": 75245109248, "optimal_seconds": 0.0684, "step": "train"},
         {"layers": 12, "compile_s": 601.2, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 2405842944, "alias_bytes": 3807865856, "peak_bytes": 6526368704, "flops": 33344599359488, "bytes_accessed": 142446018560, "optimal_seconds": 0.1243, "step": "train"},
     ],
+    # the train step (step.train_step), compiled 12:57-13:02 UTC 2026-12-01 (#13)
     'v5p-8_none_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 395.1, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 4888428544, "alias_bytes": 283509248, "peak_bytes": 7341042560},
-        {"layers": 12, "compile_s": 377.6, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 8145649664, "alias_bytes": 567017984, "peak_bytes": 12346217184},
+        {"layers": 6, "compile_s": 345.8, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 4565663744, "alias_bytes": 2256259072, "peak_bytes": 6978277888, "flops": 15169028620288, "bytes_accessed": 60369510400, "optimal_seconds": 0.0551, "step": "train"},
+        {"layers": 12, "compile_s": 298.1, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 7405305856, "alias_bytes": 3807865856, "peak_bytes": 11525831616, "flops": 26145412087808, "bytes_accessed": 111599501312, "optimal_seconds": 0.0973, "step": "train"},
     ],
     'v5p-8_decoder_seq3072_Lfit': [
         {"layers": 6, "compile_s": 678.8, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 1814118400, "alias_bytes": 283509248, "peak_bytes": 4266732416},
