@@ -410,9 +410,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 345.8, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 4565663744, "alias_bytes": 2256259072, "peak_bytes": 6978277888, "flops": 15169028620288, "bytes_accessed": 60369510400, "optimal_seconds": 0.0551, "step": "train"},
         {"layers": 12, "compile_s": 298.1, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 7405305856, "alias_bytes": 3807865856, "peak_bytes": 11525831616, "flops": 26145412087808, "bytes_accessed": 111599501312, "optimal_seconds": 0.0973, "step": "train"},
     ],
+    # the train step (step.train_step), compiled 13:07-13:12 UTC 2026-12-01 (#13)
     'v5p-8_decoder_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 678.8, "argument_bytes": 2452612608, "output_bytes": 283510656, "temp_bytes": 1814118400, "alias_bytes": 283509248, "peak_bytes": 4266732416},
-        {"layers": 12, "compile_s": 529.1, "argument_bytes": 4200565248, "output_bytes": 567020256, "temp_bytes": 1931935744, "alias_bytes": 567017984, "peak_bytes": 6132503264},
+        {"layers": 6, "compile_s": 247.7, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 1787920384, "alias_bytes": 2256259072, "peak_bytes": 4200534528, "flops": 20325882396672, "bytes_accessed": 77807157248, "optimal_seconds": 0.0726, "step": "train"},
+        {"layers": 12, "compile_s": 319.1, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 1889533952, "alias_bytes": 3807865856, "peak_bytes": 6010059712, "flops": 36455615299584, "bytes_accessed": 146989219840, "optimal_seconds": 0.1325, "step": "train"},
     ],
     # the train step (step.train_step), compiled 12:15-12:52 UTC 2026-12-01 (#13)
     'v6e-8_block_seq3072_Lfit': [
