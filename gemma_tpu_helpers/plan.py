@@ -420,10 +420,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 2470.4, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 2669527040, "alias_bytes": 1233700864, "peak_bytes": 3903279616, "flops": 10816038371328, "bytes_accessed": 76474204160, "optimal_seconds": None, "step": "train"},
         {"layers": 12, "compile_s": 2174.5, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 3323117568, "alias_bytes": 2115070976, "peak_bytes": 5438241728, "flops": 19535866363904, "bytes_accessed": 126368800768, "optimal_seconds": None, "step": "train"},
     ],
-    # re-measured 2026-12-01 (load 4-8) with XLA's cost analysis (per chip, per micro-step); memory as before
+    # the train step (step.train_step), compiled 13:15-13:20 UTC 2026-12-01 (#13)
     'v5p-16_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 220.4, "argument_bytes": 1368122880, "output_bytes": 283510656, "temp_bytes": 2898280448, "alias_bytes": 283509248, "peak_bytes": 4266404736, "flops": 18646856368128, "bytes_accessed": 82310881280, "optimal_seconds": 0.0712},
-        {"layers": 12, "compile_s": 304.3, "argument_bytes": 2383907328, "output_bytes": 567020256, "temp_bytes": 3415031808, "alias_bytes": 567017984, "peak_bytes": 5798941408, "flops": 33095646445568, "bytes_accessed": 155846295552, "optimal_seconds": 0.1296},
+        {"layers": 6, "compile_s": 205.1, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 3711254528, "alias_bytes": 1233700864, "peak_bytes": 4945007104, "flops": 19026333925376, "bytes_accessed": 145136664576, "optimal_seconds": 0.0986, "step": "train"},
+        {"layers": 12, "compile_s": 307.9, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 6188777472, "alias_bytes": 2115070976, "peak_bytes": 8303901632, "flops": 33861738168320, "bytes_accessed": 276900937728, "optimal_seconds": 0.1823, "step": "train"},
     ],
 }
 
