@@ -46,12 +46,14 @@ def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | N
 def ensure_check_model(profile, run_dir: str | Path | None = None) -> Path:
     """A checkpoint small enough for host-side checks (parity, probes): the base in smoke, else the tiny model.
 
-    transformers cannot hold the 31B in fp32 on a host, so TPU profiles run these checks on the tiny Gemma 4,
-    whose head counts keep the 31B's ratios (it loads on the same meshes).
+    transformers cannot hold the 31B in fp32 on a host, so TPU profiles run these checks on the tiny replica of
+    their model (the 31B's; E2B's / E4B's on the Colab profiles), whose head counts keep the real model's ratios
+    (it loads on the same meshes).
     """
     if profile.model.source == "tiny":
         return ensure_base(profile, run_dir)
-    return tiny.ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny")
+    return tiny.ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny",
+                                  variant=HUB_IDS.get(profile.model.source, "31b"))
 
 
 def ensure_tokenizer(profile, run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> Path:

@@ -68,3 +68,14 @@ def test_memory_estimate_scales_with_devices():
     base = est["per_device_bytes"]["base params (sharded)"]
     assert base == pytest.approx(gemma4.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) * 2 / 4)
     assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip
+
+
+def test_a_colab_profile_checks_on_the_replica_of_its_own_model(tmp_path):
+    """Parity and probes on colab-v6e-1 run on the tiny E4B (KV-shared layers, per-layer inputs), not the 31B's."""
+    from gemma_tpu_helpers import base_model
+
+    check = base_model.ensure_check_model(profiles.get_profile("colab-v6e-1"), tmp_path)
+    text = gemma4.read_text_config(check)
+    wanted = tiny.tiny_text_config(None, "e4b")
+    assert text["num_kv_shared_layers"] == wanted["num_kv_shared_layers"] > 0
+    assert text["hidden_size_per_layer_input"] == wanted["hidden_size_per_layer_input"] > 0
