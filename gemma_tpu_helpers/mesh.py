@@ -6,6 +6,7 @@ import contextlib
 import warnings
 
 from .data import causal_inputs
+from . import profiles
 from .errors import GemmaTpuError
 from .gemma4 import head_divisibility_problems, load_model
 from .profiles import Profile
@@ -42,6 +43,15 @@ def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...]
             f"{len(devices)} together ({jax.local_device_count()} here). The mesh spans every process's devices: "
             f"pick a mesh whose product is {len(devices)}, or change the number of processes."
         )
+    if size != len(devices) and isinstance(profile_or_shape, Profile) and devices[0].platform == "tpu":
+        fits = [p.name for p in profiles.PROFILES.values()
+                if p.hardware.platform == "tpu" and p.hardware.num_devices == len(devices)]
+        raise MeshError(
+            f"Profile {profile_or_shape.name!r} needs {size} TPU chips but this runtime has {len(devices)} "
+            f"({devices[0].device_kind}). "
+            + (f"Use a profile made for {len(devices)} chip(s): {', '.join(fits)} (GEMMA_TPU_PROFILE or --profile)"
+               + (" - a Colab TPU has one chip and trains Gemma 4 E2B / E4B there." if len(devices) == 1 else ".")
+               if fits else f"No profile here has {len(devices)} chips: pick a slice with {size}."))
     if size != len(devices):
         raise MeshError(
             f"Mesh {dict(zip(axes, shape))} needs {size} devices but {len(devices)} are visible "

@@ -377,6 +377,9 @@ def default_profile_name() -> str:
     accel = os.environ.get("TPU_ACCELERATOR_TYPE", "")
     if accel in PROFILES:
         return accel
+    named = [p.name for p in PROFILES.values() if accel and p.hardware.accelerator_type == accel]
+    if len(named) == 1:  # Cloud's name for the slice, e.g. v5litepod-1 (a Colab v5e runtime) -> colab-v5e-1
+        return named[0]
     raise ValueError(
         f"A TPU is visible but {ENV_VAR} is not set. Set it to one of: {', '.join(PROFILES)} "
         f"(e.g. `export {ENV_VAR}=v5p-8`)."

@@ -1,3 +1,4 @@
+import importlib.util
 import math
 
 import pytest
@@ -79,3 +80,22 @@ def test_a_colab_profile_checks_on_the_replica_of_its_own_model(tmp_path):
     wanted = tiny.tiny_text_config(None, "e4b")
     assert text["num_kv_shared_layers"] == wanted["num_kv_shared_layers"] > 0
     assert text["hidden_size_per_layer_input"] == wanted["hidden_size_per_layer_input"] > 0
+
+
+def test_a_colab_runtime_picks_its_profile_by_accelerator_type(monkeypatch):
+    monkeypatch.delenv(profiles.ENV_VAR, raising=False)
+    monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
+    for accel, name in (("v5litepod-1", "colab-v5e-1"), ("v6e-1", "colab-v6e-1"), ("v5p-8", "v5p-8")):
+        monkeypatch.setenv("TPU_ACCELERATOR_TYPE", accel)
+        assert profiles.get_profile().name == name
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
+    """v5p-8's mesh on one (abstract) TPU chip, as on Colab: the error names the one-chip profiles."""
+    from gemma_tpu_helpers import mesh as mesh_lib
+
+    one_chip = list(plan.topology_mesh(profiles.get_profile("colab-v5e-1")).devices.flat)
+    with pytest.raises(mesh_lib.MeshError, match="needs 4 TPU chips but this runtime has 1") as e:
+        mesh_lib.make_mesh(profiles.get_profile("v5p-8"), devices=one_chip)
+    assert "colab-v5e-1" in str(e.value) and "colab-v6e-1" in str(e.value)
