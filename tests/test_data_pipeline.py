@@ -138,3 +138,128 @@ def test_cli_data_stats(tiny_dir):
     packed = float(r.stdout.split("packed token use: ")[1].split("%")[0])
     padded = float(r.stdout.split("pad-to-max token use: ")[1].split("%")[0])
     assert 0 < padded < packed <= 100
+
+
+# Text that could trip a fast path: the templates' own markers and special tokens, placeholder-like strings, Jinja
+# syntax and braces, whitespace that the templates trim, the reasoning and answer tags, unicode, and nothing at all.
+TRICKY = ["", " ", "  padded  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u200b", "<turn|>", "<|turn>model\n",
+          "<|turn>user\n", "<|turn>system\n", "<|channel>thought\n<channel|>", "<|channel>", "<channel|>", "<|think|>",
+          "<eos>", "<pad>", "<unused7>", "<|tool_call>", "<0x0A>", "<end_of_turn>", "<start_of_turn>model\n",
+          "{{ messages }}", "{% if add_generation_prompt %}x{% endif %}", "{#", "#}", "{", "}}", "{{- bos_token -}}",
+          "%s {0} $x \\n", "\x00P0\x00", "__CONTENT__", "{content}", "<<PLACEHOLDER>>", "\u2581", "\u2581\u2581", "é",
+          "e\u0301", "日本語", "🙂", "<think>", "</think>", "<answer>", "</answer>", "```verilog\n", "```",
+          "module m(input a, output y); assign y = a; endmodule", "Write a module.", "ANSWER", "<bos>"]
+
+
+def _tricky_rows(n: int, seed: int = 0) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+
+    def text(most=6):
+        return "".join(rng.choice(TRICKY) for _ in range(rng.randint(0, most)))
+
+    forms = [lambda: text(), lambda: f"<think>{text()}</think>\n{text()}",
+             lambda: f"<think>{text()}</think><answer>{text()}```verilog\n{text()}\n```{text()}</answer>{text()}",
+             lambda: f"<answer>{text()}```systemverilog x\n{text()}```\n```verilog\n{text()}```",  # unclosed answer
+             lambda: f"{text()}<think>{text()}"]  # reasoning cut off
+    rows = []
+    for _ in range(n):
+        row = {"prompt": text(8), "response": rng.choice(forms)()}
+        if rng.random() < 0.6:
+            row["system"] = rng.choice([None, "", text(4)])
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    """The tiny tokenizer with each chat template: Gemma 4 31B (empty thought channel in the generation prompt),
+    Gemma 4 E2B/E4B (none) and Gemma 3 (system prompt folded into the user turn, <end_of_turn>)."""
+    import copy
+
+    from gemma_tpu_helpers import chat_format, tiny
+
+    base = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"], "31b")
+    e, gemma3 = copy.deepcopy(base), copy.deepcopy(base)
+    e.chat_template = chat_format.GEMMA4_E_CHAT_TEMPLATE
+    gemma3.add_special_tokens({"additional_special_tokens": list(chat_format.GEMMA3_TURN_TOKENS)})
+    gemma3.chat_template, gemma3.eot_token = chat_format.GEMMA3_CHAT_TEMPLATE, chat_format.GEMMA3_TURN_TOKENS[1]
+    return {"31b": base, "e": e, "gemma3": gemma3}
+
+
+def _settings():
+    """tokenize_rows keyword arguments: the profiles' DataSpecs, every target and system source, and the no-spec form."""
+    import dataclasses
+
+    from gemma_tpu_helpers import profiles
+
+    specs = list(dict.fromkeys(p.data for p in profiles.PROFILES.values()))
+    base = specs[0]
+    specs += [dataclasses.replace(base, target=target, system=system, system_prompt=prompt)
+              for target, system, prompt in (("full", "fixed", "Be terse. <turn|> {{ x }}"), ("verilog", "row", None),
+                                             ("answer", "row", "  fallback  "), ("full", "none", "unused"))]
+    return [{"spec": s} for s in specs] + [{"strip_think": False, "system_prompt": None},
+                                          {"strip_think": True, "system_prompt": "<|turn>system\n\u2581 🙂"}]
+
+
+def _reference(tokenizer, row, setting):
+    """tokenize_example on the row's messages, or the DataError it raises."""
+    spec = setting.get("spec")
+    messages = (data.spec_messages(row, spec) if spec is not None
+                else data.to_messages(row, setting["strip_think"], setting["system_prompt"]))
+    try:
+        return messages, data.tokenize_example(tokenizer, messages)
+    except data.DataError as e:
+        return messages, str(e)
+
+
+@pytest.mark.parametrize("variant", ["31b", "e", "gemma3"])
+def test_tokenize_rows_is_bit_for_bit_tokenize_example_on_tricky_rows(variant, tokenizers, monkeypatch):
+    """The fast path (batched, through the Rust tokenizer's encode_batch_fast) gives exactly the per-row reference's
+    ids, masks and dtypes on varied rows and settings, across batch boundaries; a row the reference rejects is
+    rejected with the same DataError. The reference itself is checked against plain tokenizer calls."""
+    tok = tokenizers[variant]
+    monkeypatch.setattr(data, "TOKENIZE_BATCH", 7)
+    rows = _tricky_rows(60, seed=len(variant)) + [dict(r) for r in data.load_rows("shipped").select(range(0, 270, 30))]
+    eot_id = data.end_of_turn_id(tok)
+    checked, rejected = 0, 0
+    for setting in _settings():
+        ok, bad = [], []
+        for row in rows:
+            messages, want = _reference(tok, row, setting)
+            (bad if isinstance(want, str) else ok).append((row, messages, want))
+        got = data.tokenize_rows([row for row, _, _ in ok], tok, progress=False, **setting)
+        assert len(got) == len(ok)
+        for (ids, mask), (row, messages, (want_ids, want_mask)) in zip(got, ok):
+            assert ids.dtype == want_ids.dtype == np.int32 and mask.dtype == want_mask.dtype == np.int8
+            assert ids.tolist() == want_ids.tolist() and mask.tolist() == want_mask.tolist(), (setting, row)
+            prompt, answer, _ = data.split_answer(tok, messages)
+            p_ids, a_ids = (tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, answer))
+            assert want_ids.tolist() == p_ids + a_ids + [eot_id]  # the templates write <bos> themselves
+            assert want_mask.tolist() == [0] * len(p_ids) + [1] * (len(a_ids) + 1)
+        for row, _, message in bad:
+            with pytest.raises(data.DataError) as e:
+                data.tokenize_rows([row], tok, progress=False, **setting)
+            assert str(e.value) == message
+        checked, rejected = checked + len(ok), rejected + len(bad)
+    assert checked > 2 * rejected > 0  # mostly examples; some rows rejected (nothing to train on, a second <bos>)
+
+
+@pytest.mark.parametrize("state", ["truncation", "split_special_tokens"])
+def test_tokenize_rows_ignores_state_a_plain_call_resets(state, tokenizers):
+    """Truncation set on the Rust tokenizer, or special-token splitting asked for, is what a plain tokenizer call
+    resets or applies; the fast path gives what the plain call gives in both cases, from its first batch on."""
+    import copy
+
+    tok = copy.deepcopy(tokenizers["31b"])
+    if state == "truncation":
+        tok.backend_tokenizer.enable_truncation(8)
+    else:
+        tok.split_special_tokens = True
+    rows = [dict(r) for r in data.load_rows("shipped").select(range(6))]
+    got = data.tokenize_rows(rows, tok, progress=False)
+    want = [data.tokenize_example(tok, data.to_messages(r)) for r in rows]
+    assert all(len(ids) > 8 for ids, _ in want)
+    for (ids, mask), (ids2, mask2) in zip(got, want):
+        assert ids.tolist() == ids2.tolist() and mask.tolist() == mask2.tolist()
