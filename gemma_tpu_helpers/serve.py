@@ -1,13 +1,17 @@
 """Serve a Gemma 4 checkpoint with vLLM and talk to it (notebook 08, ``python -m gemma_tpu_helpers serve``).
 
-Two routes, one function (:func:`command`), both read from ``profile.serve``:
+Three routes (:func:`route`), one function (:func:`command`), all read from ``profile.serve``:
 
-- **TPU (v6e-8)**: the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on TPU (``vllm-tpu`` is
-  source-only on PyPI after 0.21; see :func:`tpu_pip_instructions` for the pip route). The command is printed, not run.
-  :func:`vllm_parse` checks its flags with vLLM's own ``vllm serve`` parser (from the serving venv), and
-  :func:`hbm_per_chip` gives the per-chip weights + KV-cache arithmetic behind the profile's choice.
-- **CPU (smoke)**: vLLM's CPU build (``vllm-cpu``, the same version as the TPU image) in its own venv
+- **docker** (a TPU VM: v6e-8, v5p-8): the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on a TPU
+  VM. The command is printed, not run (:func:`tpu_pip_instructions` gives the pip route instead).
+- **pip** (Colab: ``colab-v5e-1``, ``colab-v6e-1``; ``profile.serve.docker`` is False, as Colab has no Docker):
+  vllm-tpu from PyPI in the serving venv (``.venv-serve``; its jax 0.11.2 is not tunix's 0.10.2), started here
+  as a plain ``vllm serve`` process on the one chip (:func:`start`).
+- **cpu** (smoke, smoke-e): vLLM's CPU build (``vllm-cpu``, the same version as vllm-tpu) in the serving venv
   (``.venv-serve``, made by ``make serve-venv``): vLLM pins a transformers that tunix cannot share.
+
+:func:`vllm_parse` checks a TPU command's flags with vLLM's own ``vllm serve`` parser (from the serving venv), and
+:func:`hbm_per_chip` gives the per-chip weights + KV-cache arithmetic behind the profile's choice.
 
 :func:`start` launches the server on 127.0.0.1 in its own process group (``infra.start_group``), waits on
 ``/health``, logs to ``runs/<profile>/serve/server.log`` and returns a :class:`Server` (``.stop()`` it, or use it as
@@ -21,6 +25,8 @@ unmerged with ``--enable-lora``, and its transformers reference).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import glob
 import json
 import os
 import shlex
@@ -37,7 +43,7 @@ from . import infra
 from .base_model import profile_text_config
 from .errors import GemmaTpuError, run_cli
 from .gemma4 import attn_dims, kv_shared_layers, layer_kinds, param_count
-from .profiles import Profile, get_profile
+from .profiles import Profile, get_profile, tpu_visible
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
@@ -63,6 +69,8 @@ LOG_TAIL_LINES = infra.LOG_TAIL_LINES
 GIB = 1024**3
 
 REPO = Path(__file__).resolve().parent.parent
+SERVE_VENV = REPO / ".venv-serve"  # the serving venv: vLLM's CPU build here, vllm-tpu from pip on Colab
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")  # what libtpu opens (profiles.tpu_visible looks for them)
 
 
 class ServeError(GemmaTpuError, RuntimeError):
@@ -72,10 +80,11 @@ class ServeError(GemmaTpuError, RuntimeError):
 # ----------------------------------------------------------------------------------------------- checks
 
 
-def serve_python() -> Path:
-    """The serving venv's python: $GEMMA_TPU_SERVE_PYTHON (the Makefile exports it), else ``.venv-serve/bin/python``."""
-    path = Path(os.environ.get(SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
-    if not path.is_file():
+def serve_python(check: bool = True) -> Path:
+    """The serving venv's python: $GEMMA_TPU_SERVE_PYTHON (the Makefile exports it), else ``.venv-serve/bin/python``.
+    ``check=False`` returns the path even when it does not exist (a command printed for another machine)."""
+    path = Path(os.environ.get(SERVE_PYTHON_ENV) or SERVE_VENV / "bin" / "python")
+    if check and not path.is_file():
         raise ServeError(
             f"The serving venv is missing: {path} does not exist. Create it with `make serve-venv` (vLLM's CPU build "
             f"in its own venv: it pins transformers 5.19, which tunix cannot share), or point ${SERVE_PYTHON_ENV} "
@@ -102,6 +111,35 @@ def check_model_dir(model_dir: str | os.PathLike) -> Path:
                          f"config, the weights and the tokenizer in one directory (the merge step copies the "
                          f"tokenizer).")
     return model_dir
+
+
+def route(profile: Profile) -> str:
+    """How ``profile``'s server is started: ``"cpu"`` (vLLM's CPU build from the serving venv, on this machine),
+    ``"pip"`` (vllm-tpu from pip in the serving venv, a plain ``vllm serve`` on this machine's TPU: Colab, where
+    ``profile.serve.docker`` is False) or ``"docker"`` (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
+    if profile.hardware.platform == "cpu":
+        return "cpu"
+    return "docker" if profile.serve.docker else "pip"
+
+
+def runs_here(profile: Profile) -> bool:
+    """True when :func:`start` launches ``profile``'s server on this machine (the cpu and pip routes)."""
+    return route(profile) != "docker"
+
+
+def tpu_held_by_this_process() -> list[str]:
+    """The TPU device files this Python process has open: non-empty once JAX has run on the TPU here (training,
+    parity), and then no other process can use the chip until this one exits (libtpu admits one process)."""
+    wanted = {os.path.realpath(p) for g in TPU_DEVICE_GLOBS for p in glob.glob(g)}
+    held = set()
+    for fd in os.listdir("/proc/self/fd") if wanted and os.path.isdir("/proc/self/fd") else ():
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target in wanted:
+            held.add(target)
+    return sorted(held)
 
 
 def is_multimodal_layout(model_dir: str | os.PathLike) -> bool:
@@ -147,6 +185,8 @@ def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_
         "--max-num-batched-tokens", str(s.max_num_batched_tokens),
         "--gpu-memory-utilization", str(s.gpu_memory_utilization),
     ]
+    if s.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(s.max_num_seqs)]
     if s.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", s.kv_cache_dtype]
     if s.disable_chunked_mm_input:
@@ -159,26 +199,38 @@ def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_
 def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
             served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
             host: str = HOST) -> list[str]:
-    """The exact argv that serves ``model_dir`` under ``profile``.
+    """The exact argv that serves ``model_dir`` under ``profile`` (its :func:`route`).
 
-    - TPU profiles: ``docker run ... vllm/vllm-tpu:<tag> vllm serve ...`` with the profile's tensor parallelism,
-      lengths, KV-cache dtype and memory fraction, a persistent XLA compile cache, the model mounted read-only and
-      ``HF_TOKEN`` passed by name. Run it on the TPU VM (``shlex.join(argv)`` gives the shell line).
-    - CPU profiles: the serving venv's python running vLLM's API server with the CPU workarounds
-      (see :func:`environment` for the variables it also needs).
+    - docker (a TPU VM): ``docker run ... vllm/vllm-tpu:<tag> vllm serve ...`` with the profile's tensor
+      parallelism, lengths, KV-cache dtype and memory fraction, a persistent XLA compile cache, the model mounted
+      read-only and ``HF_TOKEN`` passed by name. Run it on the TPU VM (``shlex.join(argv)`` gives the shell line).
+    - pip (Colab): the serving venv's ``vllm serve MODEL ...`` (vllm-tpu from pip, :func:`tpu_pip_instructions`)
+      with the same flags, on this machine's chip.
+    - cpu: the serving venv's python running vLLM's API server with the CPU workarounds.
 
-    ``api_key`` is never put in the argv (it would show in ``ps``): the server reads it from ``VLLM_API_KEY``,
-    which :func:`environment` sets (CPU) and the docker line forwards by name (TPU). ``lora_modules`` maps adapter
-    names to PEFT adapter directories and adds ``--enable-lora`` (CPU; on TPU, see the notebook: LoRA needs the
-    ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default there).
+    :func:`environment` gives the variables it also needs. ``api_key`` is never put in the argv (it would show in
+    ``ps``): the server reads it from ``VLLM_API_KEY``, which :func:`environment` sets (cpu, pip) and the docker
+    line forwards by name. ``lora_modules`` maps adapter names to PEFT adapter directories and adds
+    ``--enable-lora`` (on TPU LoRA needs the ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default
+    there). A TPU profile whose ``serve.tensor_parallel`` exceeds one host's chips is refused here, with what to do.
     """
-    if profile.hardware.platform == "tpu":
+    how = route(profile)
+    if how != "cpu":
         chips = profile.hardware.num_devices // profile.hardware.hosts
         if profile.serve.tensor_parallel > chips:
+            where = (f"this runtime has {chips} chip{'s' * (chips > 1)}" if how == "pip" else
+                     f"one of its hosts has {chips} chips and this command runs on one host")
             raise ServeError(f"Profile {profile.name!r} serves with tensor_parallel={profile.serve.tensor_parallel}, "
-                             f"but one of its hosts has {chips} chips and this command runs on one host. Lower "
-                             f"serve.tensor_parallel to {chips} or fewer, or serve from a v6e-8 profile.")
-        hub_id = _is_hub_id(model_dir)
+                             f"but {where}. Lower serve.tensor_parallel to {chips} or fewer (check the fit with "
+                             f"serve.hbm_per_chip), or serve the 31B from a v6e-8 profile.")
+    hub_id = how != "cpu" and _is_hub_id(model_dir)
+    if how == "pip":
+        model = str(model_dir) if hub_id else str(Path(model_dir).expanduser().resolve())
+        argv = [str(serve_python(check=False).parent / "vllm"), "serve", model]
+        argv += _engine_args(profile, port, host, served_name, text_only=False)
+        argv += _lora_args(profile, {k: Path(v).expanduser().resolve() for k, v in (lora_modules or {}).items()})
+        return argv
+    if how == "docker":
         env_names = [HF_TOKEN_ENV] + ([API_KEY_ENV] if api_key else [])
         argv = ["docker", "run", "--rm", "--privileged", "--net=host", f"--shm-size={DOCKER_SHM_SIZE}",
                 "--name", f"vllm-{served_name}"]
@@ -216,11 +268,17 @@ def _is_hub_id(model) -> bool:
     return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not Path(s).exists()
 
 
-def environment(profile: Profile, api_key: str | None = None) -> dict[str, str]:
-    """The variables the server needs besides the argv (added to the caller's environment)."""
+def environment(profile: Profile, api_key: str | None = None, lora: bool = False) -> dict[str, str]:
+    """The variables the server needs besides the argv (added to the caller's environment): the CPU build's KV
+    cache size (cpu), the persistent XLA compile cache and, with ``lora``, vLLM's own model path (pip), the key."""
     env = {}
-    if profile.hardware.platform == "cpu":
+    how = route(profile)
+    if how == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+    if how == "pip":
+        env["VLLM_XLA_CACHE_PATH"] = os.path.expanduser(HOST_COMPILE_CACHE)
+        if lora:
+            env["MODEL_IMPL_TYPE"] = "vllm"
     if api_key:
         env[API_KEY_ENV] = api_key
     return env
@@ -231,25 +289,48 @@ def shell_line(profile: Profile, model_dir, **kw) -> str:
     shown as ``$NAME``)."""
     api_key = kw.get("api_key")
     argv = command(profile, model_dir, **kw)
-    env = environment(profile, api_key)
+    env = environment(profile, api_key, lora=bool(kw.get("lora_modules")))
     prefix = " ".join(f"{k}={'$' + k if k == API_KEY_ENV else shlex.quote(v)}" for k, v in env.items()
-                      if profile.hardware.platform == "cpu")
+                      if runs_here(profile))
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
-def tpu_pip_instructions(profile: Profile) -> str:
-    """The pip route on a TPU VM (the Docker image from :func:`command` is the maintained one)."""
-    version = profile.serve.pip_version
-    return f"""\
-# On the TPU VM (Python 3.12). vllm-tpu is source-only on PyPI after 0.21: pip builds it (slow). {version} is the
-# vLLM whose argument parser the course's tests check the serving flags with (the Docker route: {profile.serve.image}).
-python3.12 -m venv ~/vllm-tpu && source ~/vllm-tpu/bin/activate
-pip install -U pip uv
-uv pip install vllm-tpu=={version}
-python -c "import jax, vllm; print(vllm.__version__, jax.devices())"  # {profile.hardware.num_devices} TPU devices
-export {HF_TOKEN_ENV}=...   # only to download from the Hub; a local merged directory needs no token
-export VLLM_XLA_CACHE_PATH=~/.cache/vllm_xla    # keep XLA compilations between restarts
-# then the same `vllm serve ...` arguments as the docker line, without the docker part."""
+def pip_route_profile(profile: Profile) -> Profile:
+    """``profile`` served by the pip route (vllm-tpu in the serving venv, no Docker): itself on Colab, the same
+    flags without the image on a TPU VM."""
+    if profile.hardware.platform != "tpu":
+        raise ServeError(f"Profile {profile.name!r} is not a TPU profile: vllm-tpu serves on a TPU (a CPU profile "
+                         f"serves with vLLM's CPU build, `make serve-venv`).")
+    return profile if route(profile) == "pip" else dataclasses.replace(
+        profile, serve=dataclasses.replace(profile.serve, docker=False))
+
+
+def tpu_pip_instructions(profile: Profile, model_dir: str | os.PathLike | None = None, **kw) -> str:
+    """The pip route: vllm-tpu from PyPI into the serving venv, then a plain ``vllm serve``. Colab's only route (no
+    Docker there); on a TPU VM the alternative to the Docker image of :func:`command`. With ``model_dir``, it ends
+    with the exact serve line (:func:`shell_line` of :func:`pip_route_profile`; ``kw`` as for :func:`command`)."""
+    pip_profile = pip_route_profile(profile)
+    version, venv = profile.serve.pip_version, serve_python(check=False).parent.parent
+    chips = profile.hardware.num_devices // profile.hardware.hosts
+    lines = [
+        f"# vllm-tpu {version} from PyPI (a Python 3.12 wheel). It pins tpu-inference {version}, hence jax 0.11.2",
+        "# and libtpu 0.0.48, so it gets its own venv, the serving venv: tunix's jax 0.10.2 cannot share it.",
+        "pip install -q uv",
+        f"uv venv --python 3.12 {venv}",
+        f"uv pip install --python {venv}/bin/python vllm-tpu=={version}",
+        f"{venv}/bin/python -c 'import jax, vllm; print(vllm.__version__, jax.devices())'  # {chips} TPU "
+        f"device{'s' * (chips > 1)}",
+        f"export {HF_TOKEN_ENV}=...   # only to download from the Hub; a local merged directory needs no token",
+        "# vLLM needs the TPU to itself (libtpu admits one process): start it before anything else runs JAX on the",
+        "# chip, or restart the runtime first. The first start compiles for minutes; ~/.cache/vllm_xla keeps it.",
+    ]
+    if model_dir is None:
+        lines.append("# then the same `vllm serve ...` arguments as the docker line, from that venv's bin/vllm.")
+    else:
+        how = ("from Python, serve.start(profile, model_dir) runs this line and waits on /health"
+               if pip_profile is profile else "serve.start(serve.pip_route_profile(profile), model_dir) runs it")
+        lines += [f"# then serve ({how}):", shell_line(pip_profile, model_dir, **kw)]
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------- HBM and flags
@@ -328,7 +409,8 @@ from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 from vllm.engine.arg_utils import AsyncEngineArgs
 
 FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
-          "max_num_batched_tokens", "gpu_memory_utilization", "kv_cache_dtype", "disable_chunked_mm_input")
+          "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype",
+          "disable_chunked_mm_input")
 results = []
 for argv in json.load(sys.stdin):
     parser = FlexibleArgumentParser(prog="vllm")
@@ -369,11 +451,12 @@ def vllm_parse(argvs: list[list[str]], timeout: float = 300) -> list[dict]:
 
 
 def tpu_vllm_argv(argv: list[str]) -> list[str]:
-    """The ``serve ...`` part of a TPU :func:`command` (what follows ``vllm`` inside the container)."""
-    at = argv.index("vllm")
-    if argv[at + 1] != "serve":
-        raise ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
-    return argv[at + 1:]
+    """The ``serve ...`` part of a TPU :func:`command`: what follows ``vllm`` inside the container (docker), or the
+    serving venv's ``bin/vllm`` (pip)."""
+    for at, arg in enumerate(argv[:-1]):
+        if Path(arg).name == "vllm" and argv[at + 1] == "serve":
+            return argv[at + 1:]
+    raise ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
 
 
 # ----------------------------------------------------------------------------------------------- the server
@@ -493,16 +576,23 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
           extra_args: list[str] | None = None) -> Server:
     """Launch vLLM on 127.0.0.1 (a free port unless ``port`` is given) and wait until ``/health`` answers.
 
+    The cpu route (vLLM's CPU build) and the pip route (vllm-tpu on this machine's TPU: Colab) run here; a docker
+    profile's server is started on its TPU VM from the printed command (:func:`connect` to it).
     Returns a :class:`Server`: call ``.stop()`` when done, or use ``with start(...) as server:``. The log goes to
     ``log_path`` (default ``runs/<profile>/serve/server.log``). Raises ServeError, before launching, for a missing
-    serving venv, a bad model directory or a busy port; after launching, with the log's last lines, when the
-    server exits or does not become healthy within ``timeout`` (it is stopped then).
-    ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
+    serving venv, a bad model directory, a busy port or (pip route) no TPU here or a TPU this process holds; after
+    launching, with the log's last lines, when the server exits or does not become healthy within ``timeout`` (it
+    is stopped then). ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
     """
-    if profile.hardware.platform != "cpu":
-        raise ServeError(f"start() runs vLLM's CPU build here; on {profile.name} run the command from "
-                         f"serve.command(profile, model_dir) on the TPU VM (docker), or pass --profile smoke.")
-    model_dir = check_model_dir(model_dir)
+    how = route(profile)
+    if how == "docker":
+        raise ServeError(f"Profile {profile.name!r} serves from the {profile.serve.image} Docker image on its TPU VM: "
+                         f"run the command that `python -m gemma_tpu_helpers serve --model DIR --profile "
+                         f"{profile.name}` prints there, then serve.connect('http://127.0.0.1:{DEFAULT_PORT}'). "
+                         f"Rehearse here with --profile smoke (or smoke-e).")
+    if how == "pip":
+        _check_pip_route(profile)
+    model_dir = check_model_dir(model_dir) if how == "cpu" or not _is_hub_id(model_dir) else model_dir
     for name, path in (lora_modules or {}).items():
         if not (Path(path) / "adapter_config.json").is_file():
             raise ServeError(f"LoRA module {name!r}: {path} has no adapter_config.json (save it with PEFT's "
@@ -514,7 +604,7 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     argv = command(profile, model_dir, port=port, api_key=api_key, served_name=served_name,
                    lora_modules=lora_modules) + list(extra_args or [])
     log_path = Path(log_path) if log_path else profile.run_dir() / "serve" / "server.log"
-    env = {**os.environ, **environment(profile, api_key)}
+    env = {**os.environ, **environment(profile, api_key, lora=bool(lora_modules))}
     proc = infra.start_group(argv, log_path, env=env, cwd=log_path.parent, header=f"# {shlex.join(argv)}\n")
     server = Server(proc, argv, port, HOST, log_path, served_name, api_key)
     try:
@@ -523,6 +613,25 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
         server.stop()
         raise
     return server
+
+
+def _check_pip_route(profile: Profile) -> None:
+    """What the pip route needs before it launches: a TPU here, not held by this process, and vllm-tpu installed."""
+    if not tpu_visible():
+        raise ServeError(f"Profile {profile.name!r} serves vllm-tpu on this machine's TPU, and no TPU is visible here "
+                         f"(no {' or '.join(TPU_DEVICE_GLOBS)}). On Colab pick a TPU runtime (Runtime > Change "
+                         f"runtime type); on a CPU, rehearse the E models with --profile smoke-e.")
+    held = tpu_held_by_this_process()
+    if held:
+        raise ServeError(f"This Python process holds the TPU ({', '.join(held)}): JAX ran on it here (training, "
+                         f"parity, a plan), and libtpu admits one process, so vLLM could not open the chip. Restart "
+                         f"the runtime (Colab: Runtime > Restart session) and start the server before anything runs "
+                         f"JAX on the TPU; evaluate through the server, and run JAX checks after server.stop() in a "
+                         f"fresh process.")
+    vllm = serve_python(check=False).parent / "vllm"
+    if not vllm.is_file():
+        raise ServeError(f"vllm-tpu is not installed: {vllm} does not exist. Install it into the serving venv "
+                         f"(a few minutes; no Docker needed):\n{tpu_pip_instructions(profile)}")
 
 
 # ----------------------------------------------------------------------------------------------- the client
@@ -633,7 +742,9 @@ SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
 def add_arguments(p) -> None:
     """The ``serve`` sub-command's arguments (``python -m gemma_tpu_helpers serve ...``)."""
     p.add_argument("--model", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
-    p.add_argument("--profile", default=None, help="smoke (CPU, runs here) or a TPU profile (prints the command)")
+    p.add_argument("--profile", default=None,
+                   help="smoke / smoke-e (CPU, runs here) or a TPU profile (prints the command: the docker line on "
+                        "a TPU VM; on Colab, where there is no Docker, the vllm-tpu install and its `vllm serve`)")
     p.add_argument("--smoke-test", action="store_true", help="start, send one chat request, print the answer, stop")
     p.add_argument("--port", type=int, default=None, help="default: a free port (CPU), 8000 in a printed command")
     p.add_argument("--api-key", default=None, help=f"require this key (default: ${API_KEY_ENV} if set)")
@@ -644,15 +755,26 @@ def add_arguments(p) -> None:
 def main_serve(args) -> int:
     """``python -m gemma_tpu_helpers serve --model DIR [--profile P] [--smoke-test] [--port N] [--api-key K]``.
 
-    TPU profiles (or ``--print-command``): print the command and exit. CPU: start the server; with
-    ``--smoke-test``, send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
+    TPU profiles (or ``--print-command``): print the command and exit: the docker line and the pip alternative on
+    a TPU VM; on Colab (``serve.docker`` False) the vllm-tpu install, the ``vllm serve`` line and the ``eval`` that
+    talks to it (with ``--smoke-test`` it starts there, as on a CPU). CPU: start the server; with ``--smoke-test``,
+    send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
     """
     prof = get_profile(args.profile)
     api_key = infra.resolve_api_key(args.api_key)
-    if prof.hardware.platform != "cpu" or args.print_command:
-        print(shell_line(prof, args.model, port=args.port or DEFAULT_PORT, api_key=api_key))
-        if prof.hardware.platform != "cpu":
-            print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof))
+    port = args.port or DEFAULT_PORT
+    how = route(prof)
+    if how == "pip" and not args.smoke_test:
+        print(f"# {prof.name}: {prof.hardware.num_devices} TPU chip, no Docker: vllm-tpu from pip, a plain `vllm "
+              f"serve`\n" + tpu_pip_instructions(prof, args.model, port=port, api_key=api_key))
+        print(f"# then evaluate through it:\npython -m gemma_tpu_helpers eval --url http://{HOST}:{port} --model "
+              f"{SERVED_NAME} --profile {prof.name}")
+        return 0
+    if how == "docker" or args.print_command:
+        print(shell_line(prof, args.model, port=port, api_key=api_key))
+        if how == "docker":
+            print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof, args.model, port=port,
+                                                                             api_key=api_key))
         return 0
     server = start(prof, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
 

@@ -1,17 +1,23 @@
-"""The v6e-8 serving command, checked against vLLM itself: its engine flags go through vLLM 0.32's own `vllm serve`
-parser (the CPU build in .venv-serve, the same vLLM as vllm-tpu 0.32), and its HBM arithmetic per chip adds up."""
+"""The TPU serving commands, checked against vLLM itself: the v6e-8 docker line and the Colab pip route's `vllm serve`
+go through vLLM 0.32's own `vllm serve` parser (the CPU build in .venv-serve, the same vLLM as vllm-tpu 0.32), their
+HBM arithmetic per chip adds up, and the vllm-tpu wheel the Colab route installs resolves for Python 3.12."""
 
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from gemma_tpu_helpers import profiles, serve
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
+COLAB = ("colab-v5e-1", "colab-v6e-1")
+UV = Path(sys.executable).parent / "uv"
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +34,16 @@ def _misspell(argv, flag, wrong):
     return [wrong if a == flag else a for a in argv]
 
 
+def colab_argv(name):
+    return serve.command(profiles.get_profile(name), "/data/merged", port=8123)
+
+
 @pytest.fixture(scope="module")
 def parsed(tpu_argv):
-    """One serving-venv process parses the real command and its broken variants (vLLM's import takes ~20 s)."""
+    """One serving-venv process parses the real commands and broken variants (vLLM's import takes ~20 s)."""
     variants = {
         "real": tpu_argv,
+        **{name: serve.tpu_vllm_argv(colab_argv(name)) for name in COLAB},
         "misspelled": _misspell(tpu_argv, "--max-num-batched-tokens", "--max-num-batch-tokens"),
         "extra_s": _misspell(tpu_argv, "--disable-chunked-mm-input", "--disable-chunked-mm-inputs"),
         "removed_in_032": tpu_argv + ["--disable-log-requests"],
@@ -112,9 +123,104 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
         chips = prof.hardware.num_devices // prof.hardware.hosts
         assert prof.serve.tensor_parallel <= chips, name
         assert serve.hbm_per_chip(prof)["fits"], name
-        assert serve.command(prof, "/data/merged")[:2] == ["docker", "run"]
+        argv = serve.command(prof, "/data/merged")
+        if name.startswith("colab-"):  # no Docker on Colab
+            assert serve.route(prof) == "pip" and "docker" not in argv and argv[1] == "serve", name
+        else:
+            assert serve.route(prof) == "docker" and argv[:2] == ["docker", "run"], name
     v5p = profiles.get_profile("v5p-8")
     assert serve.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
     too_wide = dataclasses.replace(v5p, serve=dataclasses.replace(v5p.serve, tensor_parallel=8))
     with pytest.raises(serve.ServeError, match="one of its hosts has 4 chips"):
         serve.command(too_wide, "/data/merged")
+
+
+# ------------------------------------------------------------------------------- Colab: one chip, no Docker
+
+
+@pytest.mark.parametrize("name", COLAB)
+def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
+    prof = profiles.get_profile(name)
+    argv = colab_argv(name)
+    assert not prof.serve.docker and serve.route(prof) == "pip" and serve.runs_here(prof)
+    assert argv[0] == str(serve.serve_python(check=False).parent / "vllm") and argv[1:3] == ["serve", "/data/merged"]
+    assert not {"docker", "--hf-overrides", "--api-key"} & set(argv)  # multimodal as released; the key by env only
+    s = prof.serve
+    for flag, value in (("--tensor-parallel-size", 1), ("--max-model-len", s.max_model_len),
+                        ("--max-num-seqs", s.max_num_seqs), ("--gpu-memory-utilization", s.gpu_memory_utilization),
+                        ("--host", serve.HOST), ("--dtype", "bfloat16")):
+        assert argv[argv.index(flag) + 1] == str(value), flag
+    env = serve.environment(prof, api_key="k", lora=True)
+    assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(serve.HOST_COMPILE_CACHE), "MODEL_IMPL_TYPE": "vllm",
+                   "VLLM_API_KEY": "k"}
+    line = serve.shell_line(prof, "/data/merged", api_key="sk-secret")
+    assert "VLLM_API_KEY=$VLLM_API_KEY" in line and "sk-secret" not in line
+
+
+@needs_venv
+@pytest.mark.parametrize("name", COLAB)
+def test_colab_command_parses_with_vllm_032s_own_parser(parsed, name):
+    result, s = parsed[name], profiles.get_profile(name).serve
+    assert result["ok"], result.get("error")
+    assert result["inexact"] == []
+    got = result["values"]
+    assert got["model"] == "/data/merged" and got["served_model_name"] == [serve.SERVED_NAME]
+    assert (got["tensor_parallel_size"], got["data_parallel_size"]) == (1, 1)
+    assert (got["max_model_len"], got["max_num_batched_tokens"], got["max_num_seqs"]) == (
+        s.max_model_len, s.max_num_batched_tokens, s.max_num_seqs)
+    assert got["gpu_memory_utilization"] == s.gpu_memory_utilization and got["disable_chunked_mm_input"] is True
+    assert (got["host"], got["port"]) == (serve.HOST, 8123)
+
+
+def test_colab_serving_fits_one_chip_with_room_for_an_eval():
+    """One chip: the bf16 text weights and the KV cache of a 4096-token sequence (prompt + 2048 new tokens)."""
+    e2b, e4b = (serve.hbm_per_chip(profiles.get_profile(n)) for n in COLAB)
+    assert e2b["chips"] == e4b["chips"] == 1 and e2b["max_model_len"] == 4096
+    assert e2b["weights_gib"] == pytest.approx(8.66, abs=0.01) and e2b["budget_gib"] == pytest.approx(16 * 0.85)
+    assert e4b["weights_gib"] == pytest.approx(14.00, abs=0.01) and e4b["budget_gib"] == pytest.approx(32 * 0.85)
+    # the eval's 8 requests x n=5 samples in flight, even with every sliding layer holding all 4096 tokens; the
+    # --max-num-seqs 64 cap with the sliding layers at their window (vLLM's hybrid KV cache manager)
+    for hbm in (e2b, e4b):
+        assert hbm["full_length_sequences"] >= 8 * 5 and hbm["full_length_sequences_windowed"] >= 64, hbm
+
+
+def test_serve_cli_prints_the_colab_route_not_docker():
+    r = run_cli("serve", "--model", "/content/gemma-tpu/runs/colab-v5e-1/merged", "--profile", "colab-v5e-1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "docker" not in out.lower().replace("no docker", "")
+    assert f"vllm-tpu=={profiles.get_profile('colab-v5e-1').serve.pip_version}" in out
+    assert "uv venv --python 3.12" in out
+    assert "/bin/vllm serve /content/gemma-tpu/runs/colab-v5e-1/merged" in out and "--tensor-parallel-size 1" in out
+    assert f"eval --url http://127.0.0.1:{serve.DEFAULT_PORT} --model {serve.SERVED_NAME} --profile colab-v5e-1" in out
+
+
+def test_a_step_that_needs_more_chips_than_colab_has_says_so():
+    prof = profiles.get_profile("colab-v5e-1")
+    four = dataclasses.replace(prof, serve=dataclasses.replace(prof.serve, tensor_parallel=4))
+    with pytest.raises(serve.ServeError, match="tensor_parallel=4, but this runtime has 1 chip. Lower"):
+        serve.command(four, "/data/merged")
+    with pytest.raises(serve.ServeError, match="Docker image on its TPU VM"):  # the docker route is not started here
+        serve.start(profiles.get_profile("v6e-8"), "/data/merged")
+
+
+@pytest.mark.skipif(profiles.tpu_visible(), reason="a TPU is visible: start() would try vllm-tpu for real")
+def test_colab_start_without_a_tpu_says_what_to_do(tmp_path):
+    with pytest.raises(serve.ServeError, match="no TPU is visible here.*--profile smoke-e"):
+        serve.start(profiles.get_profile("colab-v5e-1"), tmp_path, log_path=tmp_path / "log")
+    assert serve.tpu_held_by_this_process() == []  # a CPU machine: nothing to hold
+
+
+@pytest.mark.skipif(not UV.is_file(), reason="uv is not installed in this venv")
+def test_vllm_tpu_resolves_for_colabs_python_beside_no_tunix():
+    """The wheel the pip route installs (PyPI has cp312 wheels of vllm-tpu 0.32.0) resolves for Python 3.12 on
+    x86_64 glibc 2.35 (Colab), and pins a jax tunix's stack does not: why it gets the serving venv. Needs PyPI."""
+    prof = profiles.get_profile("colab-v5e-1")
+    out = subprocess.run([str(UV), "pip", "compile", "--no-header", "--quiet", "--python-version", "3.12",
+                          "--python-platform", "x86_64-manylinux_2_35", "-"],
+                         input=f"vllm-tpu=={prof.serve.pip_version}\n", capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    pins = {line.split("==")[0]: line.split("==")[1].split()[0] for line in out.stdout.splitlines() if "==" in line}
+    assert pins["vllm-tpu"] == pins["tpu-inference"] == prof.serve.pip_version
+    assert pins["jax"] != "0.10.2" and "libtpu" in pins, pins  # tunix's jax is 0.10.2 (requirements-tpu.txt)
+    assert pins["transformers"].startswith("5.19"), pins  # the CPU build's transformers: the same vLLM
