@@ -2,15 +2,24 @@
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_cli
 from safetensors import safe_open
 
-from gemma_tpu_helpers import base_model, chat_format, gemma4, parity, profiles, tiny
+from gemma_tpu_helpers import base_model, chat_format, evaluate, gemma4, greedy, infra, parity, profiles, serve, tiny
 
 E2B = "e2b"
+REPO = Path(__file__).resolve().parent.parent
+SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+N_PARITY = 20
 
 
 @pytest.fixture(scope="module")
@@ -103,19 +112,45 @@ def test_e_logits_match_transformers(variant, tmp_path, e2b_dir):
     assert stats["rel"] <= parity.DEFAULT_REL_BOUND
 
 
-def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
+@pytest.fixture(scope="module")
+def smoke_e_run(tmp_path_factory):
+    """One smoke-e run directory walked once through the CLI steps, each with --profile smoke-e: LoRA coverage,
+    parity, 2 training steps, merge, verify. The walk test reads the results, the serve and eval tests use its
+    merged replica: CI trains once. A failed step ends the walk (the walk test says which)."""
+    root = tmp_path_factory.mktemp("runs")
+    env = {"GEMMA_TPU_RUNS": str(root)}
+    run = root / "smoke-e"
+    steps = [
+        ("lora", ("lora", "--profile", "smoke-e"), 600),
+        ("parity", ("parity", run / "base", "--profile", "smoke-e", "--seq-len", "24"), 600),
+        ("train", ("train", "--profile", "smoke-e", "--max-steps", "2"), 900),
+        # merge takes no --profile (it reads the LoRA scale from the checkpoint and runs on the host CPU)
+        ("merge", ("merge", "--base", run / "base", "--checkpoint", run / "checkpoints", "--out", run / "merged"), 600),
+        ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",
+                    run / "merged", "--profile", "smoke-e"), 600),
+    ]
+    results = {}
+    for name, args, timeout in steps:
+        results[name] = run_cli(*args, env=env, timeout=timeout)
+        if results[name].returncode != 0:
+            break
+    return {"root": root, "run": run, "env": env, "steps": results}
+
+
+def _step(smoke_e_run, name):
+    r = smoke_e_run["steps"].get(name)
+    assert r is not None, f"the walk stopped before {name}: {sorted(smoke_e_run['steps'])} ran"
+    assert r.returncode == 0, f"{name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_smoke_e_walks_lora_train_merge_verify(smoke_e_run):
     """The E replica through the CLI steps in the smoke-e profile: LoRA coverage, 2 training steps, merge, verify."""
-    env = {"GEMMA_TPU_RUNS": str(tmp_path)}
-    run = tmp_path / "smoke-e"
-    r = run_cli("lora", "--profile", "smoke-e", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "5 (KV-shared)" in r.stdout  # k_proj / v_proj have no module on the 5 shared layers
-    r = run_cli("parity", run / "base", "--profile", "smoke-e", "--seq-len", "24", env=env)
-    assert r.returncode == 0 and "parity: OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    r = run_cli("train", "--profile", "smoke-e", "--max-steps", "2", env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_cli("merge", "--base", run / "base", "--checkpoint", run / "checkpoints", "--out", run / "merged", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run = smoke_e_run["run"]
+    assert "5 (KV-shared)" in _step(smoke_e_run, "lora").stdout  # k_proj / v_proj have no module on the shared layers
+    assert "parity: OK" in _step(smoke_e_run, "parity").stdout
+    _step(smoke_e_run, "train")
+    _step(smoke_e_run, "merge")
     # per-layer embedding tables, the shared layers' unused k/v and every untargeted tensor: bit-identical
     pre = gemma4.KEY_PREFIX
     targeted = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.", ".gate_proj.", ".up_proj.", ".down_proj.")
@@ -129,9 +164,111 @@ def test_smoke_e_walks_lora_train_merge_verify(tmp_path):
         else:
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
     assert changed == 60  # 5 unshared layers x 7 targets + 5 shared layers x 5 (no k/v there)
-    r = run_cli("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged", run / "merged",
-                "--profile", "smoke-e", env=env)
-    assert r.returncode == 0 and "verify: OK" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "verify: OK" in _step(smoke_e_run, "verify").stdout
+
+
+def _tree(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(scope="module")
+def e_server(smoke_e_run):
+    """The merged E replica served by the `serve` CLI with --profile smoke-e (vLLM's CPU build), once for the module.
+
+    vLLM's Gemma4ForCausalLM reads the replica as it reads the released E2B: the text-only override skips the
+    audio and vision towers, and its weight mapper drops the k/v tensors the KV-shared layers still ship. The CLI is
+    stopped with SIGTERM (its handler stops vLLM's process group); anything left is killed and fails the test."""
+    if not SERVE_PY.is_file():
+        pytest.skip("no serving venv: run `make serve-venv`")
+    _step(smoke_e_run, "merge")
+    merged, port = smoke_e_run["run"] / "merged", serve.free_port()
+    log = smoke_e_run["root"] / "serve-cli.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers", "serve", "--model", str(merged),
+                                 "--profile", "smoke-e", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, **smoke_e_run["env"]}, cwd=REPO)
+    client = serve.Client(f"http://{serve.HOST}:{port}")
+    seen = []
+    try:
+        yield {"client": client, "merged": merged, "proc": proc, "log": log, "seen": seen, "t0": time.perf_counter()}
+    finally:
+        seen += [p for p in _tree(proc.pid) if p not in seen]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        left = [p for p in seen if p.is_running()]
+        for p in left:
+            p.kill()
+        assert not left, f"the serve CLI left vLLM processes behind: {left}"
+
+
+def _wait_ready(e_server, timeout=serve.START_TIMEOUT_S):
+    srv = e_server
+    deadline = srv["t0"] + timeout
+    while not srv["client"].healthy(timeout=2.0):
+        srv["seen"] += [p for p in _tree(srv["proc"].pid) if p not in srv["seen"]]
+        assert srv["proc"].poll() is None, f"serve exited ({srv['proc'].returncode}):\n{infra.log_tail(srv['log'])}"
+        assert time.perf_counter() < deadline, f"no /health in {timeout:.0f} s:\n{infra.log_tail(srv['log'])}"
+        time.sleep(1.0)
+    srv.setdefault("ready_s", time.perf_counter() - srv["t0"])
+    return srv["client"]
+
+
+def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
+    """vLLM (torch CPU, fp32) and tunix (JAX, fp32) on the merged E replica: the same greedy tokens, the same top-2
+    gaps. The JAX side runs while vLLM starts."""
+    merged = e_server["merged"]
+    prof = profiles.get_profile("smoke-e")
+    from gemma_tpu_helpers import mesh as mesh_lib
+
+    mesh = mesh_lib.make_mesh(prof)  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
+    model = gemma4.load_model(merged, mesh, dtype=prof.model.dtype)
+    ids = serve.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)  # 12 ids: 32 positions > window 16
+    jax_tokens, margins = greedy.jax_greedy(model, mesh, ids, N_PARITY, return_margins=True)
+    served = _wait_ready(e_server).complete_ids(ids, N_PARITY)
+    table = greedy.parity_table(jax_tokens, margins, served)
+    summary = greedy.parity_summary(table)
+    gap = (table["jax top-2 gap"] - table["vllm top-2 gap"]).abs().max()
+    print(f"\nvLLM ready after {e_server['ready_s']:.1f} s; {summary['equal_prefix']}/{summary['n']} greedy tokens "
+          f"equal; max top-2 gap difference {gap:.1e}\n{table.to_string(index=False)}")
+    assert len(served["token_ids"]) == N_PARITY
+    assert gap < 1e-2
+    assert summary["equal_prefix"] >= 16, (summary, table.to_string())
+    assert len(set(jax_tokens)) > 2, "a degenerate continuation (one token repeated) would be a weak check"
+
+
+def _have_iverilog():
+    try:
+        return bool(evaluate.simulator_tools())
+    except evaluate.IverilogNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
+def test_smoke_e_eval_scores_the_served_replica(e_server, tmp_path):
+    """`eval --profile smoke-e` through the same HTTP client: sampled from the server, simulated, scored; the
+    profile's run directory holds the calibrations."""
+    client = _wait_ready(e_server)
+    out = tmp_path / "merged.jsonl"
+    tasks = "Prob001_majority3,Prob002_mux3_8bit"
+    r = run_cli("eval", "--url", client.base_url, "--model", serve.SERVED_NAME, "--profile", "smoke-e",
+                "--tasks", tasks, "--n", "2", "--temperature", "0.8", "--max-tokens", "48", "--k", "1,2",
+                "--out", out, env={"GEMMA_TPU_RUNS": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    print("\n" + r.stdout)
+    assert "scored 4 samples on 2 of 2 problems" in r.stdout
+    assert "pass@1" in r.stdout and "pass@2" in r.stdout
+    assert str(tmp_path / "runs" / "smoke-e" / "eval") in r.stdout  # --profile picked the run directory
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(row["completion"] for row in rows)  # the random replica answers, in token soup
 
 
 @pytest.mark.parametrize("variant", ["e2b", "e4b"])
