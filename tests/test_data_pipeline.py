@@ -189,7 +189,7 @@ def tokenizers():
 
 
 def _settings():
-    """tokenize_rows keyword arguments: the profiles' DataSpecs, every target and system source, and the no-spec form."""
+    """tokenize_rows keyword arguments: the profiles' DataSpecs, every target and system source, the no-spec form."""
     import dataclasses
 
     from gemma_tpu_helpers import profiles
