@@ -151,7 +151,7 @@ def cmd_sharding(args) -> int:
 
 def cmd_plan(args) -> int:
     """Step 04: per-chip memory plan; --aot: XLA's compiled figures for the profile's TPU topology (libtpu, no TPU)."""
-    return plan.main_plan(args.profile, args.aot, args.remat, args.seq_len, args.layers)
+    return plan.main_plan(args.profile, args.aot, args.remat, args.seq_len, args.layers, args.qlora)
 
 
 def cmd_data_stats(args) -> int:
@@ -281,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None, help="default: the profile's max_seq_len")
     p.add_argument("--layers", type=int, default=None,
                    help="compile exactly N layers (60 = the full 31B, for make bench); default: 6 and 12, extrapolated")
+    p.add_argument("--qlora", default=None, choices=["nf4"],
+                   help="compile the QLoRA step (frozen targeted weights in nf4) instead of the profile's plain LoRA")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("data-stats", help="05: packed vs pad-to-max token use for the profile's data")

@@ -26,9 +26,9 @@ from . import mesh as mesh_lib
 from . import remat as remat_lib
 from .errors import GemmaTpuError
 from .gemma4 import (
-    GEMMA4_31B_TEXT_CONFIG,
     PATTERN,
     attn_dims,
+    kv_shared_layers,
     layer_kinds,
     load_model,
     param_count,
@@ -132,21 +132,22 @@ def with_layers(text_config: dict, layers: int) -> dict:
 
 def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
                        batch: int | None = None, rank: int | None = None, alpha: float | None = None,
-                       dtype: str | None = None) -> dict:
+                       dtype: str | None = None, qlora: str | None = None) -> dict:
     """AOT-compile the profile's train step (``step.train_step``: what ``train.train`` runs) with ``layers``
     layers for the profile's topology; XLA's per-chip bytes and costs.
 
     The step is the training one: the profile's LoRA (targets, dropout), its optimizer (AdamW, schedule, clipping,
     the non-finite skip), its gradient accumulation, the packed-row inputs and mask, the loss mask and the remat
-    policy, with every argument sharded as training shards it. Defaults: the 31B config, the profile's
-    micro-batch, LoRA rank/alpha and dtype.
+    policy, with every argument sharded as training shards it. Defaults: the profile's model config, micro-batch,
+    LoRA rank/alpha and dtype; ``qlora="nf4"`` compiles the QLoRA step (the frozen targeted weights in nf4) when
+    the profile trains plain LoRA.
     """
     remat_policy = remat_lib.check_policy(remat_policy)
     mesh = topology_mesh(profile)
     text = with_layers(text_config or base_model.profile_text_config(profile), layers)
     batch = batch or profile.train.micro_batch
-    lora_spec = dataclasses.replace(profile.lora, **{k: v for k, v in (("rank", rank), ("alpha", alpha))
-                                                      if v is not None})
+    lora_spec = dataclasses.replace(profile.lora, **{k: v for k, v in (("rank", rank), ("alpha", alpha),
+                                                                       ("qlora", qlora)) if v is not None})
     t0 = time.perf_counter()
     args = step.abstract_arguments(text, mesh, lora_spec, profile.train, batch, seq_len,
                                    dtype=dtype or profile.model.dtype, remat=remat_policy)
@@ -154,7 +155,7 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     seconds = time.perf_counter() - t0
     figures = remat_lib.memory_figures(compiled)
     return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
-            **cost_figures(compiled)}
+            **cost_figures(compiled), "qlora": lora_spec.qlora}
 
 
 def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block", "decoder"), batch: int = 2,
@@ -296,12 +297,13 @@ def extrapolate(points: list[dict], layers: int) -> dict:
 
 
 def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | None = None, layers: int | None = None,
-             fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None) -> dict:
+             fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None, qlora: str | None = None) -> dict:
     """XLA's per-chip memory for the profile's LoRA train step, against the chip's HBM.
 
     ``layers=None``: compile the ``fit_layers`` variants and extrapolate linearly to the model's depth (60 for the
     31B). ``layers=N``: compile exactly N layers (``N=60`` is the full model: minutes). Batch is the profile's
-    micro-batch, ``seq_len`` defaults to the profile's ``max_seq_len``, ``remat`` to ``profile.train.remat``.
+    micro-batch, ``seq_len`` defaults to the profile's ``max_seq_len``, ``remat`` to ``profile.train.remat``,
+    ``qlora`` to the profile's (``"nf4"``: the QLoRA step).
     """
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
     policy = remat_lib.check_policy(remat or profile.train.remat)
@@ -314,9 +316,9 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
     if text.get("num_kv_shared_layers"):  # E2B/E4B: full depth only (see with_layers)
         layers = layers or text["num_hidden_layers"]
     if layers:
-        points = [compile_train_step(profile, policy, seq_len, layers, text)]
+        points = [compile_train_step(profile, policy, seq_len, layers, text, qlora=qlora)]
     else:
-        points = [compile_train_step(profile, policy, seq_len, n, text) for n in fit_layers]
+        points = [compile_train_step(profile, policy, seq_len, n, text, qlora=qlora) for n in fit_layers]
     return assemble_plan(profile, policy, seq_len, points, layers or text["num_hidden_layers"],
                          text["num_hidden_layers"])
 
@@ -336,6 +338,7 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
         "profile": profile.name, "topology": profile.hardware.tpu_topology, "chip": profile.hardware.chip,
         "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
         "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
+        "qlora": points[0].get("qlora"), "model": profile.model.source,
         "hbm_bytes": int(hbm), "fits": bool(result["peak_bytes"] <= hbm), "model_layers": model_layers,
         "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
     })
@@ -361,7 +364,8 @@ def plan_row(plan: dict) -> dict:
     """One table row (GiB per chip) of an :func:`aot_plan` result."""
     g = lambda k: round(plan[k] / GIB, 2)  # noqa: E731
     return {
-        "profile": plan["profile"], "remat": plan["remat"], "seq": plan["seq_len"], "layers": plan["layers"],
+        "profile": plan["profile"], "remat": plan["remat"], "LoRA": f"QLoRA {plan['qlora']}" if plan.get("qlora")
+        else "LoRA", "seq": plan["seq_len"], "layers": plan["layers"],
         "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
         "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
         "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60)
@@ -380,7 +384,8 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
                     seq_len: int | None = None, layers: int | None = None, **kwargs) -> dict:
     """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``cached`` says which."""
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
-    key = plan_key(profile.name, remat or profile.train.remat, seq_len or profile.train.max_seq_len, layers)
+    key = plan_key(profile.name, remat or profile.train.remat, seq_len or profile.train.max_seq_len, layers,
+                   kwargs.get("qlora") or profile.lora.qlora)
     if kwargs.get("text_config") is not None:
         key += f"_d{kwargs['text_config']['hidden_size']}"
     path = Path(run_dir) / "plan" / f"{key}.json"
@@ -393,6 +398,11 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
 
 # The course's settings: the three remat policies on the v5p-8, and the v6e-8, at seq 3072.
 COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v6e-8", "block"))
+
+# The one-chip Colab profiles (E2B on v5e-1 at seq 2048, E4B on v6e-1 at 3072), each remat policy with LoRA, and
+# QLoRA (nf4) under BLOCK: notebook 04's Colab table. E models compile at full depth (no extrapolation).
+COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1", "decoder"), ("colab-v5e-1", "block", "nf4"),
+               ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"), ("colab-v6e-1", "block", "nf4"))
 
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
 # `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
@@ -436,30 +446,33 @@ REFERENCE_CHECKS: dict[str, list[dict]] = {
 }
 
 
-def plan_key(profile_name: str, policy: str, seq_len: int, layers: int | None) -> str:
-    return f"{profile_name}_{policy}_seq{seq_len}_L{layers or 'fit'}"
+def plan_key(profile_name: str, policy: str, seq_len: int, layers: int | None, qlora: str | None = None) -> str:
+    return f"{profile_name}_{policy}_seq{seq_len}_L{layers or 'fit'}" + (f"_{qlora}" if qlora else "")
 
 
-def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COURSE_PLANS, seq_len: int = 3072,
-                 layers: int | None = None) -> list[dict]:
-    """The AOT plans of ``settings``: from ``run_dir/plan/`` when cached there, compiled (and cached) when
-    ``compute``, else the reference figures shipped with the course (``source`` says which)."""
+def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COURSE_PLANS,
+                 seq_len: int | None = None, layers: int | None = None) -> list[dict]:
+    """The AOT plans of ``settings`` (``(profile, policy)`` or ``(profile, policy, qlora)``; ``seq_len`` default:
+    each profile's): from ``run_dir/plan/`` when cached there, compiled (and cached) when ``compute``, else the
+    reference figures shipped with the course (``source`` says which)."""
     out = []
-    for name, policy in settings:
-        key = plan_key(name, policy, seq_len, layers)
+    for name, policy, *quant in settings:
+        prof = profiles.get_profile(name)
+        qlora = quant[0] if quant else prof.lora.qlora
+        seq = seq_len or prof.train.max_seq_len
+        key = plan_key(name, policy, seq, layers, qlora)
         path = Path(run_dir) / "plan" / f"{key}.json"
         if path.is_file():
             out.append({**json.loads(path.read_text()), "source": f"cached ({path})"})
         elif compute:
-            out.append({**cached_aot_plan(run_dir, profiles.get_profile(name), policy, seq_len, layers),
-                        "source": "compiled now"})
+            out.append({**cached_aot_plan(run_dir, prof, policy, seq, layers, qlora=qlora), "source": "compiled now"})
         elif key in REFERENCE_POINTS:
-            prof = profiles.get_profile(name)
             points = REFERENCE_POINTS[key]
-            depth = layers or (GEMMA4_31B_TEXT_CONFIG["num_hidden_layers"] if len(points) > 1 else points[0]["layers"])
+            model_layers = base_model.profile_text_config(prof)["num_hidden_layers"]
+            depth = layers or (model_layers if len(points) > 1 else points[0]["layers"])
             step = ("the train step" if all(p.get("step") == "train" for p in points) else
                     "the pre-#13 stand-in step (plain AdamW, replicated LoRA; recompile with plan --aot)")
-            out.append({**assemble_plan(prof, policy, seq_len, REFERENCE_POINTS[key], depth),
+            out.append({**assemble_plan(prof, policy, seq, points, depth, model_layers),
                         "source": f"reference ({REFERENCE_NOTE}; {step})"})
     return out
 
@@ -491,21 +504,26 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
     multiply-add), attention dense over the full causal square (what the compiled step computes: the sliding
     window is a mask), the frozen weights' backward through the activations only, LoRA's full backward, and the
     forward that ``policy`` recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the
-    recompute (what the hardware runs)."""
+    recompute (what the hardware runs). E2B/E4B: a KV-shared layer computes no K/V (and has no k/v LoRA), E2B
+    doubles its MLP, and every layer adds its per-layer input's gate and projection (plus one projection of the
+    embeddings into the per-layer inputs; the per-layer table itself is a lookup)."""
     t = set(targets)
     c, tokens = text_config, batch * seq_len
-    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    d, n = c["hidden_size"], c["num_attention_heads"]
+    pl, shared = c.get("hidden_size_per_layer_input") or 0, kv_shared_layers(c)
     frozen = attention = lora = 0.0
-    for kind in layer_kinds(c):
+    for i, kind in enumerate(layer_kinds(c)):
         k, h = attn_dims(c, kind)
-        kv_out = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * k * h
-        frozen += 2 * tokens * (2 * d * n * h + d * kv_out + 3 * d * f)
+        kv_out = 0 if i in shared else (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * k * h
+        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
+        frozen += 2 * tokens * (2 * d * n * h + d * kv_out + 3 * d * f + 2 * d * pl)
         attention += 2 * 2 * batch * seq_len * seq_len * n * h  # q·kᵀ and p·v
         modules = [(d, n * h, "q_proj"), (n * h, d, "o_proj"), (d, f, "gate_proj"), (d, f, "up_proj"),
                    (f, d, "down_proj")]
-        if t & {"k_proj", "v_proj"}:
+        if t & {"k_proj", "v_proj"} and kv_out:
             modules.append((d, kv_out, "kv"))  # k and v share one A (kv_einsum); a k=v layer has k only
         lora += sum(2 * tokens * rank * (i + o) for i, o, name in modules if name in t or name == "kv")
+    frozen += 2 * tokens * d * c["num_hidden_layers"] * pl  # embeddings -> per-layer inputs (E2B/E4B)
     logits = 2 * tokens * d * c["vocab_size"]
     forward = frozen + attention + lora + logits
     # backward: frozen weights and logits through the activations only (1x), attention 2x (dq, dk, dv, dp),
@@ -532,8 +550,9 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     chip's peak bf16 FLOP/s, or its bytes at the HBM bandwidth, whichever is longer), steps per epoch packed vs
     padded, hours and dollars per epoch at that roofline, the MFU the paper's measured run implies, and the same
     epoch at that MFU. ``plan`` is an :func:`aot_plan` result with the cost figures (compiled or extrapolated), of
-    ``text_config`` (default: the profile's model) cut to the plan's layers. The analytic FLOP count covers the 31B's
-    kind of model; it does not model E2B/E4B's per-layer inputs or KV-shared layers."""
+    ``text_config`` (default: the profile's model) cut to the plan's layers. The paper's MFU is its own run's: the
+    31B's model FLOPs per row at the paper profile's sequence length, over its measured hours; a profile without a
+    price (Colab bills compute units) gets hours and no dollars."""
     hw, tr = profile.hardware, profile.train
     if "flops" not in plan:
         raise PlanError(f"The plan for {plan['profile']} has no cost analysis (compiled before it was recorded); "
@@ -553,6 +572,7 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     rows = epoch_rows(profile)
     steps = {k: math.ceil(rows[f"{k}_rows"] / rows_per_step) for k in ("packed", "padded")}
     price = hw.price_usd_per_hour
+    usd = lambda hours: {k: h * price for k, h in hours.items()} if price else dict.fromkeys(hours)  # noqa: E731
     out = {
         "profile": profile.name, "chips": chips, "layers": plan["layers"], "remat": plan["remat"],
         "seq_len": plan["seq_len"], "rows_per_step": rows_per_step,
@@ -564,14 +584,16 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
         "rows": rows, "steps": steps, "price_usd_per_hour": price,
         "roofline_hours": {k: v * step_s / 3600 for k, v in steps.items()},
     }
-    out["roofline_usd"] = {k: h * price for k, h in out["roofline_hours"].items()}
+    out["roofline_usd"] = usd(out["roofline_hours"])
     paper_hours = paper_hours if paper_hours is not None else bench.PAPER_TRAINING_HOURS[paper_profile]
     paper_steps = paper_steps if paper_steps is not None else bench.PAPER_TRAINING_STEPS
     paper = profiles.get_profile(paper_profile)
-    # the paper's run: paper_steps updates of its rows per step (8, padded to the same seq_len), at this step's
-    # model FLOPs per row
+    # the paper's run: paper_steps updates of its rows per step (8, each padded to its seq_len), at the 31B's model
+    # FLOPs per row (this step's count when the plan is of the paper's model and length)
     paper_rows = paper.train.micro_batch * paper.train.grad_accum
-    paper_mfu = paper_steps * paper_rows * analytic["model"] / plan["batch"] / (
+    paper_row_flops = analytic_step_flops(base_model.profile_text_config(paper), 1, paper.train.max_seq_len,
+                                          paper.lora.rank, paper.lora.targets, plan["remat"])["model"]
+    paper_mfu = paper_steps * paper_rows * paper_row_flops / (
         paper_hours * 3600 * paper.hardware.num_devices * paper.hardware.peak_bf16_flops_per_chip)
     out.update({"paper_hours": paper_hours, "paper_steps": paper_steps, "paper_mfu": paper_mfu,
                 "paper_hfu": paper_mfu * xla_total / analytic["model"],  # XLA's FLOPs, the recompute included
@@ -580,7 +602,7 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     at_paper_s = max(at_paper_s, step_s)  # never faster than the roofline (a memory-bound chip: v6e)
     out["paper_mfu_step_s"] = at_paper_s
     out["paper_mfu_hours"] = {k: v * at_paper_s / 3600 for k, v in steps.items()}
-    out["paper_mfu_usd"] = {k: h * price for k, h in out["paper_mfu_hours"].items()}
+    out["paper_mfu_usd"] = usd(out["paper_mfu_hours"])
     return out
 
 
@@ -598,6 +620,14 @@ def course_predictions(run_dir: str | os.PathLike, compute: bool = False, settin
     return out
 
 
+def _dollars(x: float | None) -> str:
+    return "no price" if x is None else f"${x:.2f}"
+
+
+def _round(x: float | None, digits: int):
+    return None if x is None else round(x, digits)
+
+
 def prediction_table(predictions: list[dict]):
     """One row per profile: roofline step time, steps, hours and dollars per epoch packed and padded, the paper's
     MFU and the epoch at that MFU, and the FLOP cross-check."""
@@ -610,13 +640,13 @@ def prediction_table(predictions: list[dict]):
             "bound": p["bound"], "roofline s/step": round(p["step_s"], 2),
             "steps packed": p["steps"]["packed"], "steps padded": p["steps"]["padded"],
             "roofline h packed": round(p["roofline_hours"]["packed"], 2),
-            "roofline $ packed": round(p["roofline_usd"]["packed"], 2),
+            "roofline $ packed": _round(p["roofline_usd"]["packed"], 2),
             "roofline h padded": round(p["roofline_hours"]["padded"], 2),
             "paper MFU %": round(100 * p["paper_mfu"], 1),
             "h padded @ paper MFU": round(p["paper_mfu_hours"]["padded"], 2),
-            "$ padded @ paper MFU": round(p["paper_mfu_usd"]["padded"], 2),
+            "$ padded @ paper MFU": _round(p["paper_mfu_usd"]["padded"], 2),
             "h packed @ paper MFU": round(p["paper_mfu_hours"]["packed"], 2),
-            "$ packed @ paper MFU": round(p["paper_mfu_usd"]["packed"], 2),
+            "$ packed @ paper MFU": _round(p["paper_mfu_usd"]["packed"], 2),
             "XLA / analytic FLOPs": round(p["xla_over_analytic"], 3),
         })
     return pd.DataFrame(rows)
@@ -625,10 +655,11 @@ def prediction_table(predictions: list[dict]):
 def packing_savings(pred: dict) -> str:
     """What packing saves on the real run, at the paper's MFU: hours and dollars, padded vs packed."""
     h, usd, st = pred["paper_mfu_hours"], pred["paper_mfu_usd"], pred["steps"]
+    saved = None if usd["packed"] is None else usd["padded"] - usd["packed"]
     return (f"{pred['profile']} at the paper's MFU ({100 * pred['paper_mfu']:.1f}%, {pred['paper_mfu_step_s']:.2f} s per "
             f"step of {pred['rows_per_step']} rows): padded {st['padded']:,} steps = {h['padded']:.2f} h = "
-            f"${usd['padded']:.2f}; packed {st['packed']:,} steps = {h['packed']:.2f} h = ${usd['packed']:.2f}; "
-            f"packing saves {h['padded'] - h['packed']:.2f} h and ${usd['padded'] - usd['packed']:.2f} "
+            f"{_dollars(usd['padded'])}; packed {st['packed']:,} steps = {h['packed']:.2f} h = "
+            f"{_dollars(usd['packed'])}; packing saves {h['padded'] - h['packed']:.2f} h and {_dollars(saved)} "
             f"({100 * (1 - h['packed'] / h['padded']):.0f}%)")
 
 
@@ -650,20 +681,21 @@ def format_prediction(pred: dict) -> str:
         f"x{pred['xla_over_analytic']:.3f}",
         f"  epoch of {r['examples']:,} CodeV-R1-like examples: packed {r['packed_rows']:,} rows = {st['packed']:,} "
         f"steps, padded {r['padded_rows']:,} rows = {st['padded']:,} steps",
-        f"  at the roofline: packed {h['packed']:.2f} h ${usd['packed']:.2f}, padded {h['padded']:.2f} h "
-        f"${usd['padded']:.2f} (at ${pred['price_usd_per_hour']:.2f}/h)",
+        f"  at the roofline: packed {h['packed']:.2f} h {_dollars(usd['packed'])}, padded {h['padded']:.2f} h "
+        f"{_dollars(usd['padded'])} (at {_dollars(pred['price_usd_per_hour'])}/h)",
         f"  the paper's {pred['paper_hours']} h for {pred['paper_steps']:,} padded steps on v5p-8 implies MFU "
         f"{100 * pred['paper_mfu']:.1f}% (XLA's FLOPs, the recompute included: {100 * pred['paper_hfu']:.1f}%)",
-        f"  what packing saves at the paper's MFU: padded {ph['padded']:.2f} h ${pu['padded']:.2f} -> packed "
-        f"{ph['packed']:.2f} h ${pu['packed']:.2f} ({pred['paper_mfu_step_s']:.2f} s per step)",
+        f"  what packing saves at the paper's MFU: padded {ph['padded']:.2f} h {_dollars(pu['padded'])} -> packed "
+        f"{ph['packed']:.2f} h {_dollars(pu['packed'])} ({pred['paper_mfu_step_s']:.2f} s per step)",
     ])
 
 
 def format_plan(plan: dict) -> str:
     g = lambda k: plan[k] / GIB  # noqa: E731
     lines = [
-        f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), Gemma 4 31B LoRA rank "
-        f"{plan.get('lora_rank')}, bf16",
+        f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
+        f"{plan.get('model', 'google/gemma-4-31B-it')} {'QLoRA ' + plan['qlora'] if plan.get('qlora') else 'LoRA'} "
+        f"rank {plan.get('lora_rank')}, bf16",
         f"  remat={plan['remat']} batch={plan['batch']} seq={plan['seq_len']} layers={plan['layers']} "
         f"({plan['method']})",
     ]
@@ -679,7 +711,7 @@ def format_plan(plan: dict) -> str:
 
 
 def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq_len: int | None = None,
-              layers: int | None = None) -> int:
+              layers: int | None = None, qlora: str | None = None) -> int:
     """``python -m gemma_tpu_helpers plan``: the analytic estimate, and with ``aot`` XLA's compiled figures."""
     if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -696,7 +728,7 @@ def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq
         return 0
     if layers is not None and layers <= 0:
         raise PlanError(f"--layers must be positive, got {layers}.")
-    plan = aot_plan(profile, remat, seq_len, layers)
+    plan = aot_plan(profile, remat, seq_len, layers, qlora=qlora)
     print(format_plan(plan))
     if plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
         print(format_prediction(predict_run(plan, profile)))

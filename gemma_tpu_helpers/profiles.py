@@ -70,6 +70,8 @@ class LoraSpec:
     dropout: float
     # Hugging Face / PEFT names; lora.py maps them to tunix module paths.
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # QLoRA: the frozen targeted weights quantized to this qwix type ("nf4"), None for plain LoRA (lora.apply_lora)
+    qlora: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

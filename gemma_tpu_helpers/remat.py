@@ -101,9 +101,10 @@ def set_remat(model, policy: str, require_lora: bool = True) -> str:
 
 
 def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: int = 0,
-                    targets=lora.HF_TARGETS, dropout: float = 0.0):
-    """Apply LoRA (``lora.apply_lora``), then the remat policy: the only order that works for Gemma 4. Returns
-    the LoRA model, ready to train (with ``dropout``, the random stream qwix's LoRA dropout draws from).
+                    targets=lora.HF_TARGETS, dropout: float = 0.0, qlora: str | None = None, abstract: bool = False):
+    """Apply LoRA (``lora.apply_lora``; QLoRA with ``qlora="nf4"``), then the remat policy: the only order that
+    works for Gemma 4. Returns the LoRA model, ready to train (with ``dropout``, the random stream qwix's LoRA
+    dropout draws from). ``abstract``: ``model`` is shapes only (``nnx.eval_shape``), and so is the result.
 
     Raises :class:`RematOrderError` if the model already has remat on (qwix would then create no LoRA params).
     """
@@ -116,7 +117,7 @@ def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: 
             f"Load the model with remat='none', apply LoRA, then set remat (remat.lora_then_remat(model, rank, "
             f"alpha, policy={current!r}) does it in this order)."
         )
-    model = lora.apply_lora(model, targets, rank, alpha, dropout, seed=seed)[0]
+    model = lora.apply_lora(model, targets, rank, alpha, dropout, qlora=qlora, seed=seed, abstract=abstract)[0]
     if dropout > 0:
         # qwix draws LoRA dropout masks from the modules' ``qwix_rngs``, which it unsets after creating the params:
         # without these the first train step fails ("Cannot find rngs in the current module").

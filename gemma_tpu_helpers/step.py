@@ -225,11 +225,10 @@ def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: in
     policy = remat_lib.check_policy(remat)
     cfg = gemma4.to_tunix_config(text_config, dtype=dtype)
 
-    def build():
-        return remat_lib.lora_then_remat(gm.Gemma4(cfg, rngs=nnx.Rngs(0)), lora_spec.rank, lora_spec.alpha, policy,
-                                         targets=lora_spec.targets, dropout=lora_spec.dropout)
-
-    model = nnx.eval_shape(build)
+    # LoRA on the abstract base, not inside the base's eval_shape: traced there, qwix's QLoRA adapts no MLP einsum.
+    model = remat_lib.lora_then_remat(nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0))), lora_spec.rank,
+                                      lora_spec.alpha, policy, targets=lora_spec.targets, dropout=lora_spec.dropout,
+                                      qlora=lora_spec.qlora, abstract=True)
     optimizer = nnx.eval_shape(lambda m: optimizer_for(m, train_spec, total_steps), model)
     _place(model, mesh)
     _place(optimizer, mesh)

@@ -191,7 +191,7 @@ def _apply_lora(model, profile: Profile, seed: int):
 
     def go(m):
         return remat.lora_then_remat(m, spec.rank, spec.alpha, profile.train.remat, seed=seed, targets=spec.targets,
-                                     dropout=spec.dropout)
+                                     dropout=spec.dropout, qlora=spec.qlora)
 
     return nnx.jit(go)(model) if jax.process_count() > 1 else go(model)
 

@@ -6,8 +6,7 @@ import importlib.util
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import gemma4, plan, profiles, tiny
-from gemma_tpu_helpers.errors import run_cli
+from gemma_tpu_helpers import errors, gemma4, plan, profiles, tiny
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -32,7 +31,7 @@ def test_extrapolation_is_an_exact_line_fit():
 
 
 def test_unknown_policy_is_a_clear_error(capsys):
-    assert run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="selective"), None) == 2
+    assert errors.run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="selective"), None) == 2
     err = capsys.readouterr().err
     assert "Unknown remat policy 'selective'" in err and "none, block, decoder." in err
 
@@ -40,7 +39,7 @@ def test_unknown_policy_is_a_clear_error(capsys):
 def test_missing_libtpu_says_pip_install(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    assert run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="block"), None) == 2
+    assert errors.run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="block"), None) == 2
     assert "pip install libtpu" in capsys.readouterr().err
 
 
@@ -91,11 +90,27 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
         ratio = point["flops"] * 4 / analytic["total"]
         print(f"tiny {policy}: XLA {point['flops'] * 4 / 1e9:.2f} GFLOP vs analytic {analytic['total'] / 1e9:.2f}")
         assert 1.0 <= ratio < 1.10 and point["bytes_accessed"] > base * 2 / 4
+    # QLoRA: the same step with the targeted frozen weights in nf4 (4 bits + a bf16 scale per 64-element tile)
+    q = plan.compile_train_step(v5p, "none", 1024, 2, qlora="nf4", **kw)
+    targeted = _targeted_weights(two) * 2 / 4  # their bf16 bytes per chip (tp=4)
+    print(f"tiny on v5p: arguments LoRA {none['argument_bytes'] / 2**20:.2f} MiB, QLoRA {q['argument_bytes'] / 2**20:.2f}")
+    assert q["qlora"] == "nf4" and none["qlora"] is None
+    assert none["argument_bytes"] - q["argument_bytes"] > 0.5 * targeted
     compiled_plan = {**plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), "lora_rank": 8}  # compiled at rank 8
     pred = plan.predict_run(compiled_plan, v5p, text_config=TINY)
     assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / plan.analytic_step_flops(
         two, 1, 1024, 8, v5p.lora.targets, "decoder")["total"])
     assert pred["micro_step_s"] == max(dec["flops"] / 459e12, dec["bytes_accessed"] / 2765e9)
+
+
+def _targeted_weights(c: dict) -> int:
+    """Elements of the frozen weights LoRA targets (q, k, v, o, gate, up, down; no v on k=v global layers)."""
+    d, f, n, total = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], 0
+    for kind in gemma4.layer_kinds(c):
+        k, h = gemma4.attn_dims(c, kind)
+        kv = 1 if kind == "global" and c.get("attention_k_eq_v") else 2
+        total += 2 * n * h * d + kv * k * h * d + 3 * f * d
+    return total
 
 
 def shard_bytes(tree) -> int:
