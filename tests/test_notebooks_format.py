@@ -23,5 +23,6 @@ def test_conventions(path):
     src = "".join(first["source"])
     assert "GEMMA_TPU_PROFILE" in src and "configure_jax" in src and "import jax" not in src
     assert "find_spec" in "".join(code[1]["source"]), "the second code cell is the guarded Colab install"
-    for heading in ("What you will learn", "The paper's problem", "Time.", "Use it in your project", "Troubleshooting"):
+    for heading in ("What you will learn", "The paper's problem", "Time.", "On Colab", "Use it in your project",
+                    "Troubleshooting"):
         assert heading in md, heading
