@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     peft_export.add_export_arguments(p)
     p.set_defaults(func=peft_export.main_export_adapter)
 
-    p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; prints the docker line on TPU)")
+    p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; on TPU the docker line, or on Colab the pip route)")
     serve.add_arguments(p)
     p.set_defaults(func=serve.main_serve)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import base_model, gemma4, lora_checkpoint, merge_plan, safetensors_io, train
+from . import base_model, gemma4, lora_checkpoint, merge_plan, profiles, safetensors_io, train
 from .errors import GemmaTpuError
 from .infra import config_hash, install_dir, temp_dir_beside
 from .multihost import is_main
@@ -207,15 +207,29 @@ def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = T
 # The CLI (wired in __main__.py)
 
 def add_merge_arguments(p) -> None:
-    p.add_argument("--base", required=True, help="base HF checkpoint directory (config, shards, index, tokenizer)")
-    p.add_argument("--checkpoint", required=True, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--profile", default=None,
+                   help="take --base, --checkpoint and --out from the profile's run directory (runs/<profile>/base, "
+                        "checkpoints, merged) where they are not given")
+    p.add_argument("--base", default=None, help="base HF checkpoint directory (config, shards, index, tokenizer)")
+    p.add_argument("--checkpoint", default=None, help="the run's Orbax `checkpoints` directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--out", default=None, help="output directory (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
+def merge_paths(args) -> tuple[Path, Path, Path]:
+    """``(base, checkpoint, out)`` of the merge command: as given, else from ``--profile``'s run directory."""
+    if args.profile is None and None in (args.base, args.checkpoint, args.out):
+        raise MergeError("merge needs --base, --checkpoint and --out, or --profile NAME to take them from "
+                         "runs/<profile>/ (base, checkpoints, merged).")
+    run_dir = profiles.get_profile(args.profile).run_dir() if args.profile else None
+    pick = lambda given, name: Path(given) if given is not None else run_dir / name  # noqa: E731
+    return pick(args.base, "base"), pick(args.checkpoint, "checkpoints"), pick(args.out, "merged")
+
+
 def main_merge(args) -> int:
-    r = merge_lora(args.base, args.checkpoint, args.out, step=args.step, overwrite=args.overwrite)
+    base, checkpoint, out = merge_paths(args)
+    r = merge_lora(base, checkpoint, out, step=args.step, overwrite=args.overwrite)
     print(f"merged step {r.step}: {r.merged_tensors} tensors with LoRA, {r.copied_tensors} copied, {r.shards} shards, "
           f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s -> {r.out_dir}")
     return 0

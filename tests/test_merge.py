@@ -315,6 +315,19 @@ def test_step_and_cli(tiny_dir, trained, tmp_path):
     assert merge.read_merge_info(out)["step"] == 2
 
 
+def test_cli_paths_from_the_profile(tmp_path, monkeypatch, capsys):
+    """--profile fills what is not given from runs/<profile>/; without it the three paths are required."""
+    p = argparse.ArgumentParser()
+    merge.add_merge_arguments(p)
+    monkeypatch.setenv("GEMMA_TPU_RUNS", str(tmp_path))
+    run = tmp_path / "smoke-e"
+    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
+                                                                        run / "merged")
+    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == Path("x")
+    assert run_cli(merge.main_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
+    assert "--profile" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 def test_missing_step(tiny_dir, trained, tmp_path):

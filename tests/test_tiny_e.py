@@ -124,8 +124,8 @@ def smoke_e_run(tmp_path_factory):
         ("lora", ("lora", "--profile", "smoke-e"), 600),
         ("parity", ("parity", run / "base", "--profile", "smoke-e", "--seq-len", "24"), 600),
         ("train", ("train", "--profile", "smoke-e", "--max-steps", "2"), 900),
-        # merge takes no --profile (it reads the LoRA scale from the checkpoint and runs on the host CPU)
-        ("merge", ("merge", "--base", run / "base", "--checkpoint", run / "checkpoints", "--out", run / "merged"), 600),
+        # --profile alone: base, checkpoints and merged of runs/smoke-e
+        ("merge", ("merge", "--profile", "smoke-e"), 600),
         ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",
                     run / "merged", "--profile", "smoke-e"), 600),
     ]
