@@ -435,6 +435,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
         {"layers": 6, "compile_s": 205.1, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 3711254528, "alias_bytes": 1233700864, "peak_bytes": 4945007104, "flops": 19026333925376, "bytes_accessed": 145136664576, "optimal_seconds": 0.0986, "step": "train"},
         {"layers": 12, "compile_s": 307.9, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 6188777472, "alias_bytes": 2115070976, "peak_bytes": 8303901632, "flops": 33861738168320, "bytes_accessed": 276900937728, "optimal_seconds": 0.1823, "step": "train"},
     ],
+    # the train step at full depth on one chip (E models are not extrapolated), compiled 14:26-15:19 UTC 2026-12-01
+    'colab-v5e-1_block_seq2048_Lfit': [
+        {"layers": 35, "compile_s": 3144.6, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 6246449152, "alias_bytes": 10246685696, "peak_bytes": 16493186048, "flops": 31606968418304, "bytes_accessed": 204002312192, "optimal_seconds": None, "step": "train", "qlora": None},
+    ],
 }
 
 # Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
@@ -682,7 +686,8 @@ def format_prediction(pred: dict) -> str:
         f"  epoch of {r['examples']:,} CodeV-R1-like examples: packed {r['packed_rows']:,} rows = {st['packed']:,} "
         f"steps, padded {r['padded_rows']:,} rows = {st['padded']:,} steps",
         f"  at the roofline: packed {h['packed']:.2f} h {_dollars(usd['packed'])}, padded {h['padded']:.2f} h "
-        f"{_dollars(usd['padded'])} (at {_dollars(pred['price_usd_per_hour'])}/h)",
+        f"{_dollars(usd['padded'])} " + (f"(at ${pred['price_usd_per_hour']:.2f}/h)" if pred["price_usd_per_hour"]
+                                         else "(the profile has no hourly price)"),
         f"  the paper's {pred['paper_hours']} h for {pred['paper_steps']:,} padded steps on v5p-8 implies MFU "
         f"{100 * pred['paper_mfu']:.1f}% (XLA's FLOPs, the recompute included: {100 * pred['paper_hfu']:.1f}%)",
         f"  what packing saves at the paper's MFU: padded {ph['padded']:.2f} h {_dollars(pu['padded'])} -> packed "

@@ -242,3 +242,17 @@ def test_v5p16_profile_mesh_spans_two_hosts_with_tp_inside_each():
     assert p.train.micro_batch * p.train.grad_accum == 8 and p.train.micro_batch % 2 == 0
     est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
     assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip
+
+
+def test_colab_e2b_prediction_from_its_compiled_step():
+    """The shipped full-depth E2B point on one v5e chip: XLA's FLOPs within 10% of the analytic count that models
+    the E structure (KV-shared layers, doubled MLP, per-layer inputs), the paper's MFU is its own 31B run's, and
+    Colab (no hourly price) gets hours, no dollars."""
+    p = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block"),))[0]
+    assert p["layers"] == p["model_layers"] == 35 and p["method"] == "compiled" and p["seq_len"] == 2048
+    pred = plan.predict_run(p, profiles.get_profile("colab-v5e-1"))
+    print(f"E2B on v5e-1: XLA / analytic FLOPs {pred['xla_over_analytic']:.3f}, {pred['step_s']:.2f} s per step")
+    assert 0.9 <= pred["xla_over_analytic"] <= 1.1
+    assert pred["paper_mfu"] == pytest.approx(plan.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
+    assert pred["roofline_usd"]["packed"] is None and pred["roofline_hours"]["packed"] > 0
+    assert "no hourly price" in plan.format_prediction(pred) and "no price" in plan.packing_savings(pred)
