@@ -439,6 +439,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'colab-v5e-1_block_seq2048_Lfit': [
         {"layers": 35, "compile_s": 3144.6, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 6246449152, "alias_bytes": 10246685696, "peak_bytes": 16493186048, "flops": 31606968418304, "bytes_accessed": 204002312192, "optimal_seconds": None, "step": "train", "qlora": None},
     ],
+    # the same with QLoRA (nf4 targeted weights), compiled 15:42-16:20 UTC 2026-12-01
+    'colab-v5e-1_block_seq2048_Lfit_nf4': [
+        {"layers": 35, "compile_s": 2297.7, "argument_bytes": 7509655552, "output_bytes": 7509623808, "temp_bytes": 6635569152, "alias_bytes": 7509613568, "peak_bytes": 14145234944, "flops": 31735360258048, "bytes_accessed": 495257255936, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
+    ],
 }
 
 # Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
