@@ -360,12 +360,17 @@ def fit_table(plan: dict):
     return pd.DataFrame(rows)
 
 
+def lora_label(plan: dict) -> str:
+    """"LoRA", or "QLoRA nf4" for a plan of the QLoRA step."""
+    return f"QLoRA {plan['qlora']}" if plan.get("qlora") else "LoRA"
+
+
 def plan_row(plan: dict) -> dict:
     """One table row (GiB per chip) of an :func:`aot_plan` result."""
     g = lambda k: round(plan[k] / GIB, 2)  # noqa: E731
     return {
-        "profile": plan["profile"], "remat": plan["remat"], "LoRA": f"QLoRA {plan['qlora']}" if plan.get("qlora")
-        else "LoRA", "seq": plan["seq_len"], "layers": plan["layers"],
+        "profile": plan["profile"], "remat": plan["remat"], "LoRA": lora_label(plan), "seq": plan["seq_len"],
+        "layers": plan["layers"],
         "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
         "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
         "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60)
@@ -703,7 +708,7 @@ def format_plan(plan: dict) -> str:
     g = lambda k: plan[k] / GIB  # noqa: E731
     lines = [
         f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
-        f"{plan.get('model', 'google/gemma-4-31B-it')} {'QLoRA ' + plan['qlora'] if plan.get('qlora') else 'LoRA'} "
+        f"{plan.get('model', 'google/gemma-4-31B-it')} {lora_label(plan)} "
         f"rank {plan.get('lora_rank')}, bf16",
         f"  remat={plan['remat']} batch={plan['batch']} seq={plan['seq_len']} layers={plan['layers']} "
         f"({plan['method']})",
