@@ -46,11 +46,6 @@ chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
-# XLA's compiled programs kept on disk between the processes of one `make test` or `make demo` (JAX's persistent
-# compilation cache): the smoke train step is compiled by a dozen CLI subprocesses, then by the notebooks.
-# In runs/, so `make clean-runs` empties it; a fresh clone starts with none.
-test demo: export JAX_COMPILATION_CACHE_DIR = $(abspath runs/.jax-cache)
-
 test: venv serve-venv iverilog chromium
 	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
 	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
