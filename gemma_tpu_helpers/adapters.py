@@ -14,6 +14,9 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
                       b_std: float = 0.05) -> Path:
     """A PEFT LoRA adapter for ``base_dir`` with random non-zero B (so it changes the outputs), for serving tests.
 
+    Both factors come from ``seed`` alone (A like PEFT's default init, uniform in +-1/sqrt(fan_in)), so the adapter
+    is the same whatever ran before in the process (PEFT draws A from torch's global generator).
+
     Loaded with transformers as the multimodal-layout model, so the keys read
     ``base_model.model.model.language_model.layers.N.<module>.lora_{A,B}.weight``: vLLM's ``Gemma4ForCausalLM``
     maps ``model.language_model.`` to ``model.``, the same way it maps the base checkpoint. Global (k=v) layers have
@@ -31,7 +34,9 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
+            if "lora_A" in name:
+                p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) / p.shape[1] ** 0.5)
+            elif "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * b_std)
     peft_model.save_pretrained(str(out_dir))
     return out_dir
