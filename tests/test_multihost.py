@@ -17,11 +17,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, run_cli
 
 from gemma_tpu_helpers import lora_checkpoint, train
 
-STEPS = 3  # step 1 runs at lr 0 (warmup), so steps 2-3 are the ones that test the optimizer across processes
+# conftest's smoke run is the one-process reference. Step 1 runs at lr 0 (warmup), so steps 2-4 test the optimizer
+# across processes; the resume restores step EVERY and redoes the steps after it.
+STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
 TOL = 1e-5
 
 
@@ -72,7 +74,7 @@ def _finish(procs, timeout: float) -> list[tuple[int, str]]:
 
 
 def _train_args(run_dir, base):
-    return ["train", "--run-dir", run_dir, "--base", base, "--max-steps", STEPS, "--checkpoint-every", 1]
+    return ["train", "--run-dir", run_dir, "--base", base, "--max-steps", STEPS, "--checkpoint-every", EVERY]
 
 
 def _losses(metrics):
@@ -80,18 +82,18 @@ def _losses(metrics):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_dir, smoke):
-    """A 2-process run of STEPS steps, then the same run resumed from step STEPS-1 (2 processes again, through
-    `launch --run`), and the 1-process 8-device reference (in this process, while the workers run)."""
+def runs(request, tmp_path_factory, tiny_dir):
+    """A 2-process run of STEPS steps, then the same run resumed from step EVERY (2 processes again, through
+    `launch --run`), and the 1-process 8-device reference (conftest's smoke run: trained in this process while
+    the workers run, unless another module has trained it already)."""
     root = tmp_path_factory.mktemp("multihost")
-    two, ref = root / "two", root / "one"
+    two = root / "two"
     started = time.perf_counter()
     port = _free_port_pair()
     multi = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", 2]
     workers = [_start(*_train_args(two, tiny_dir), *multi, "--process-id", i) for i in (0, 1)]
     try:
-        reference = train.train(smoke, run_dir=ref, base_dir=tiny_dir, max_steps=STEPS, checkpoint_every=1,
-                                progress=False)
+        ref, reference = request.getfixturevalue("smoke_run")
         outs = _finish(workers, timeout=900)
     finally:
         _kill(workers)
@@ -101,7 +103,7 @@ def runs(tmp_path_factory, tiny_dir, smoke):
     first = train.read_metrics(two)
     first_lora = lora_checkpoint.restore_lora(two / "checkpoints", STEPS)[1]
 
-    # Resume: drop the last checkpoint; both processes restore step STEPS-1 from the shared directory.
+    # Resume: drop the last checkpoint; both processes restore step EVERY from the shared directory.
     shutil.rmtree(two / "checkpoints" / str(STEPS))
     launcher = _start("launch", "--workers", 2, "--coordinator", f"127.0.0.1:{_free_port_pair()}", "--run",
                       "--timeout", 600, "--", *_train_args(two, tiny_dir))
@@ -119,7 +121,9 @@ def test_two_processes_give_the_losses_of_one(runs):
     err = np.abs(a["loss"].to_numpy() - b["loss"].to_numpy()).max()
     print(f"loss parity, 2 processes x 4 devices vs 1 x 8: max |dloss| = {err:.2e} over steps 1..{STEPS}")
     assert err <= TOL
-    assert np.allclose(a["grad_norm"], b["grad_norm"], rtol=1e-4)
+    # Adam's updates carry the summation-order noise from step to step: seen 1.3e-4 relative at step 4, 1e-6 at
+    # step 1; a missing or doubled process share would move the norm by tens of percent
+    assert np.allclose(a["grad_norm"], b["grad_norm"], rtol=1e-3)
     assert (a["tokens"].to_numpy() == b["tokens"].to_numpy()).all()  # tokens of the global batch, not a share
     ev_a = runs["reference"].metrics.dropna(subset=["eval_loss"])["eval_loss"].to_numpy()
     ev_b = runs["first"].dropna(subset=["eval_loss"])["eval_loss"].to_numpy()
@@ -142,7 +146,7 @@ def test_checkpoint_from_two_processes_restores_on_one_host(runs):
     order can move single elements by up to ~lr (seen: 466 of 250k elements, max 8e-4). The bound is on each array's
     relative norm; a missing or misplaced process piece would give ~1.
     """
-    item = runs["two"] / "checkpoints" / str(STEPS - 1) / "model_params"
+    item = runs["two"] / "checkpoints" / str(EVERY) / "model_params"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}  # both processes wrote
     ref = lora_checkpoint.restore_lora(runs["ref"] / "checkpoints", STEPS)[1]
     ours = runs["first_lora"]
@@ -153,7 +157,7 @@ def test_checkpoint_from_two_processes_restores_on_one_host(runs):
 
 
 def test_resume_across_processes(runs):
-    assert f"trained steps {STEPS - 1}..{STEPS}" in runs["resume_out"]
+    assert f"trained steps {EVERY}..{STEPS}" in runs["resume_out"]
     a = _losses(runs["reference"].metrics)["loss"]
     b = _losses(train.read_metrics(runs["two"]))["loss"]
     assert list(b.index) == list(range(1, STEPS + 1))

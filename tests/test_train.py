@@ -11,20 +11,17 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 from gemma_tpu_helpers import step, train
 
-STEPS, EVERY = 4, 2
+STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
 
 
 @pytest.fixture(scope="module")
-def run_a(tmp_path_factory, tiny_dir, smoke):
-    """An uninterrupted smoke run of STEPS steps, checkpointing every EVERY."""
-    run_dir = tmp_path_factory.mktemp("run_a")
-    result = train.train(smoke, run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS, checkpoint_every=EVERY,
-                         progress=False)
-    return run_dir, result
+def run_a(smoke_run):
+    """An uninterrupted smoke run of STEPS steps, checkpointing every EVERY (conftest's, shared with test_multihost)."""
+    return smoke_run
 
 
 def test_trains_lora_only_and_loss_goes_down(run_a):
