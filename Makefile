@@ -13,7 +13,7 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
+.PHONY: all setup venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
 
 all: demo
 
@@ -46,7 +46,14 @@ chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
-test: venv serve-venv iverilog chromium
+# Everything `make test` needs. apt goes first and alone (dpkg serves one client at a time): Chromium and the Icarus
+# build dependencies. Then the Icarus build (minutes of compiling) runs while pip fills the two venvs.
+setup:
+	@tools/build_iverilog.sh --deps-only $(IVERILOG_PREFIX)
+	@$(MAKE) --no-print-directory chromium
+	@$(MAKE) --no-print-directory -j3 --output-sync=line venv serve-venv iverilog
+
+test: setup
 	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
 	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
 

@@ -2,6 +2,8 @@
 # Build Icarus Verilog 12.0, the version VerilogEval v2 requires, into PREFIX (once; later runs return at once).
 #
 #   tools/build_iverilog.sh [PREFIX]      default PREFIX: ${GEMMA_TPU_TOOLS:-$HOME/.cache/gemma-tpu}/iverilog-12
+#   tools/build_iverilog.sh --deps-only [PREFIX]   only the apt part (when a build is needed), so `make setup` can
+#                                                  run apt alone, then the compile beside pip
 #
 # Debian 12 and Ubuntu 22.04 ship iverilog 11, PyPI has none. The source is Debian's iverilog_12.0.orig.tar.gz
 # (the upstream v12_0 tag), from the machine's own Debian mirror (read from /etc/apt/sources.list*) or
@@ -16,6 +18,8 @@ SHA256=a68cb1ef7c017ef090ebedb2bc3e39ef90ecc70a3400afb4aa94303bc3beaa7d
 POOL=pool/main/i/iverilog
 BUILD_DEPS="gperf bison flex zlib1g-dev libbz2-dev libreadline-dev g++ make autoconf"
 
+DEPS_ONLY=""
+if [ "${1:-}" = "--deps-only" ]; then DEPS_ONLY=yes; shift; fi
 PREFIX=${1:-${GEMMA_TPU_TOOLS:-$HOME/.cache/gemma-tpu}/iverilog-12}
 
 if [ -x "$PREFIX/bin/iverilog" ] && [ -x "$PREFIX/bin/vvp" ] \
@@ -28,7 +32,7 @@ if command -v iverilog >/dev/null \
 fi
 
 say() { echo "build_iverilog: $*" >&2; }
-say "building Icarus Verilog $VERSION into $PREFIX (about 6.5 minutes on 2 cores, once)"
+[ -n "$DEPS_ONLY" ] || say "building Icarus Verilog $VERSION into $PREFIX (about 6.5 minutes on 2 cores, once)"
 
 # Build dependencies (apt; sudo when not root).
 SUDO=""
@@ -42,6 +46,7 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
+[ -z "$DEPS_ONLY" ] || exit 0
 
 # The machine's own Debian mirror (first deb.* URI that is not the security archive), else deb.debian.org.
 mirror() {
