@@ -54,7 +54,7 @@ setup:
 	@$(MAKE) --no-print-directory -j3 --output-sync=line venv serve-venv iverilog
 
 test: setup
-	$(PY) -m pytest tests/ -q -m "not slow" --durations=10
+	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=10
 	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
 
 # The slow tests (AOT compiles of the 31B, the remat policy table): minutes each on 2 cores.

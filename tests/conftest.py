@@ -1,5 +1,6 @@
 """Shared fixtures. JAX gets 8 virtual CPU devices (the smoke profile) before anything imports it."""
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -61,3 +62,29 @@ def run_cli(*args, env=None, timeout=600):
     return subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
 
+
+# `make test` runs the suite on two pytest-xdist workers. Each module stays on one worker, so a module fixture (a
+# training run, a vLLM server) runs once. The modules that start other big processes (vLLM servers, multi-process
+# and CLI trainings) form one group: they run one after another on one worker, so two of them never hold memory at
+# once on a 24 GiB machine, while the other worker runs the in-process tests. (xdist's own `--dist loadgroup`
+# cannot do this under pytest 9: it renames node ids through an attribute pytest 9 no longer reads.)
+SERIAL_GROUP = "processes"
+STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_tiny_e", "test_train"}
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its module, or SERIAL_GROUP."""
+    module = nodeid.split("::", 1)[0]
+    return SERIAL_GROUP if Path(module).stem in STARTS_PROCESSES else module
+
+
+if importlib.util.find_spec("xdist"):  # the hook exists only with xdist; without it the suite runs in one process
+
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ModulesAndOneSerialGroup(LoadScopeScheduling):
+            def _split_scope(self, nodeid):
+                return work_unit(nodeid)
+
+        return ModulesAndOneSerialGroup(config, log)
