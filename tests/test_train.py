@@ -15,17 +15,11 @@ from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 from gemma_tpu_helpers import step, train
 
-STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
+STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
 
 
-@pytest.fixture(scope="module")
-def run_a(smoke_run):
-    """An uninterrupted smoke run of STEPS steps, checkpointing every EVERY (conftest's, shared with test_multihost)."""
-    return smoke_run
-
-
-def test_trains_lora_only_and_loss_goes_down(run_a):
-    run_dir, result = run_a
+def test_trains_lora_only_and_loss_goes_down(smoke_run):
+    run_dir, result = smoke_run
     m = result.metrics.dropna(subset=["loss"]).set_index("step")
     assert list(m.index) == list(range(1, STEPS + 1))
     assert m["loss"].iloc[-1] < m["loss"].iloc[0]
@@ -47,7 +41,7 @@ def _cli_train(run_dir, base, *extra):
                             text=True, start_new_session=True)
 
 
-def test_sigkill_then_resume_matches_an_uninterrupted_run(run_a, tiny_dir, tmp_path):
+def test_sigkill_then_resume_matches_an_uninterrupted_run(smoke_run, tiny_dir, tmp_path):
     run_dir = tmp_path / "run_b"
     proc = _cli_train(run_dir, tiny_dir)
     try:
@@ -67,7 +61,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(run_a, tiny_dir, tmp_p
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert f"trained steps {killed_at}..{STEPS}" in out
-    a = run_a[1].metrics.dropna(subset=["loss"]).set_index("step")["loss"]
+    a = smoke_run[1].metrics.dropna(subset=["loss"]).set_index("step")["loss"]
     b = train.read_metrics(run_dir).dropna(subset=["loss"]).set_index("step")["loss"]
     after = [s for s in a.index if s > killed_at]
     assert after, "the kill came too late to test a resume"
@@ -76,11 +70,11 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(run_a, tiny_dir, tmp_p
     assert err <= 1e-5
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_a, tiny_dir, tmp_path, smoke):
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tiny_dir, tmp_path, smoke):
     from safetensors.numpy import load_file, save_file
 
     run_dir = tmp_path / "nan_run"
-    shutil.copytree(run_a[0], run_dir)
+    shutil.copytree(smoke_run[0], run_dir)
     base = tmp_path / "nan_base"
     shutil.copytree(tiny_dir, base)
     index = json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
@@ -98,9 +92,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(run_a, tiny_di
     assert after == before
 
 
-def test_refuses_to_resume_another_lora_config(run_a, tiny_dir, smoke, tmp_path):
+def test_refuses_to_resume_another_lora_config(smoke_run, tiny_dir, smoke, tmp_path):
     run_dir = tmp_path / "other"
-    shutil.copytree(run_a[0], run_dir)
+    shutil.copytree(smoke_run[0], run_dir)
     other = dataclasses.replace(smoke, lora=dataclasses.replace(smoke.lora, rank=16))
     with pytest.raises(train.TrainingError, match="rank: checkpoint has 8, this run 16"):
         train.train(other, run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS, progress=False)
