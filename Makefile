@@ -13,7 +13,8 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all setup venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs
+.PHONY: all setup venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs \
+	test-notebooks test-notebooks-pipeline test-notebooks-rest
 
 all: demo
 
@@ -55,7 +56,21 @@ setup:
 
 test: setup
 	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=10
-	$(PY) -m pytest --nbmake --nbmake-timeout=1800 notebooks/ -q --durations=0
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-pipeline test-notebooks-rest
+
+# The notebooks as two runs side by side on the one run directory: 06-09 in order (each uses what the one before
+# built: the trained LoRA, the merged model), and the others, which need only the tiny base (built once under a lock,
+# as figures.json is written). A notebook still runs alone (`make test-notebooks NB=notebooks/07_orbax_merge.ipynb`).
+NB_PIPELINE := $(sort $(wildcard notebooks/0[6-9]_*.ipynb))
+NB_REST := $(filter-out $(NB_PIPELINE),$(sort $(wildcard notebooks/*.ipynb)))
+NBMAKE = $(PY) -m pytest --nbmake --nbmake-timeout=1800 -q --durations=0 -p no:cacheprovider
+NB ?= notebooks/
+test-notebooks-pipeline:
+	$(NBMAKE) $(NB_PIPELINE)
+test-notebooks-rest:
+	$(NBMAKE) $(NB_REST)
+test-notebooks:
+	$(NBMAKE) $(NB)
 
 # The slow tests (AOT compiles of the 31B, the remat policy table): minutes each on 2 cores.
 test-slow: venv serve-venv iverilog

@@ -67,13 +67,16 @@ def devices() -> dict:
 def record(run_dir: str | Path, step: str, /, **figures) -> dict:
     """Store a step's key figures in ``run_dir/figures.json`` (what `make demo`'s report.md summarises).
 
-    In a multi-process run only process 0 writes (the others get the figures back, unsaved)."""
+    In a multi-process run only process 0 writes (the others get the figures back, unsaved). Read, update and write
+    happen under one lock, so notebooks that record at once (two kernels, parallel CI) lose no step."""
     path = Path(run_dir) / "figures.json"
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data[step] = figures
     if not is_main():
-        return data
-    infra.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        return {**data, step: figures}
+    with infra.locked(path, "the course's figures"):  # two notebooks recording at once keep both steps
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[step] = figures
+        infra.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
 
 

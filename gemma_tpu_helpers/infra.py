@@ -1,5 +1,5 @@
-"""Shared infrastructure, once each: atomic writes of files and directories, log tails, config hashes, process-group
-supervision, and the HTTP client for OpenAI-compatible servers (one URL rule, one proxy rule, one key variable).
+"""Shared infrastructure, once each: atomic writes of files and directories, a lock between processes, log tails,
+config hashes, process-group supervision, and the HTTP client for OpenAI-compatible servers (one URL rule, one proxy rule, one key variable).
 
 Standard library only (and :mod:`errors`), so any module (and any project a helper is copied into) can use it.
 """
@@ -7,6 +7,7 @@ Standard library only (and :mod:`errors`), so any module (and any project a help
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -70,6 +71,26 @@ def install_dir(tmp: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str = "it"):
+    """Hold an exclusive lock for ``path`` while the block runs: a second process (another notebook, a CLI step)
+    that wants the same artifact waits, then finds it built, instead of building it beside the first and renaming
+    over it. The lock is ``.<name>.lock`` beside ``path`` (advisory ``flock``, freed by the OS if the holder dies).
+    Not re-entrant: take it once per artifact, around the check and the build."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process that is writing {path} ({what}) ...", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def log_tail(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:

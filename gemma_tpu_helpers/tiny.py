@@ -267,8 +267,14 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
 
 
 def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = None, variant: str = "31b") -> Path:
-    """The cached tiny checkpoint in ``out_dir``, built on first use (how notebooks stay standalone)."""
+    """The cached tiny checkpoint in ``out_dir``, built on first use (how notebooks stay standalone). Processes that
+    ask for it at once (two notebooks) build it once: the others wait, then find it (``infra.locked``)."""
     out_dir = Path(out_dir)
+    with infra.locked(out_dir, "the tiny model"):
+        return _cached_or_built(out_dir, seed, layers, variant)
+
+
+def _cached_or_built(out_dir: Path, seed: int, layers: int | None, variant: str) -> Path:
     if (out_dir / "model.safetensors.index.json").is_file():
         cfg = json.loads((out_dir / "config.json").read_text())["text_config"]
         wanted = tiny_text_config(layers, variant)

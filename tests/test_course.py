@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import nbformat
 from conftest import run_cli
@@ -14,6 +16,22 @@ def test_record_and_report(tmp_path):
     report = course.write_report(tmp_path).read_text()
     assert "| parity_rel | 3.0e-05 |" in report and "2.1e-05" not in report
     assert report.index("## 00_setup") < report.index("## 06_training") and "| step | 8 |" in report
+
+
+_RECORD = """
+import sys
+from gemma_tpu_helpers import course
+for i in range(40):
+    course.record(sys.argv[1], f"{sys.argv[2]}_{i:02d}", i=i)
+"""
+
+
+def test_notebooks_recording_at_once_lose_no_step(tmp_path):
+    """Two kernels (or CI's two notebook runs) recording into one run directory: every step survives."""
+    procs = [subprocess.Popen([sys.executable, "-c", _RECORD, str(tmp_path), name]) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    data = json.loads((tmp_path / "figures.json").read_text())
+    assert sorted(data) == sorted(f"{n}_{i:02d}" for n in "ab" for i in range(40))
 
 
 def test_course_map_marks_available_notebooks():

@@ -5,6 +5,7 @@ import http.server
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,6 +29,47 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_fails_midway(tmp_path):
         infra.write_lines_atomic(path, chunks())
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"], "no temp file may stay behind"
+
+
+_HOLD = """
+import sys, time
+from gemma_tpu_helpers import infra
+with infra.locked(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    open(sys.argv[1], "w").write("first")
+"""
+
+
+def test_locked_makes_a_second_process_wait_for_the_first(tmp_path, capsys):
+    path = tmp_path / "artifact"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), "1.5"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with infra.locked(path, "the artifact"):
+            waited = time.monotonic() - t0
+            assert path.read_text() == "first", "the lock was granted while the other process still held it"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waited > 0.5
+    assert f"waiting for another process that is writing {path} (the artifact)" in capsys.readouterr().out
+    with infra.locked(path):  # free again once released, and the lock file stays beside the artifact, hidden
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".artifact.lock", "artifact"]
+
+
+def test_locked_is_freed_when_its_holder_is_killed(tmp_path):
+    path = tmp_path / "artifact"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), "60"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    t0 = time.monotonic()
+    with infra.locked(path):
+        assert time.monotonic() - t0 < 5
+    assert not path.exists(), "the killed holder never wrote"
 
 
 def test_atomic_write_refuses_to_clobber_without_overwrite(tmp_path):

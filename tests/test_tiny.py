@@ -79,3 +79,26 @@ def test_cli_tiny_model(tmp_path):
     assert gemma4.read_text_config(tmp_path / "m")["num_hidden_layers"] == 12
     r = run_cli("tiny-model", tmp_path / "m")
     assert r.returncode == 2 and "--overwrite" in r.stderr
+
+
+_ENSURE = """
+import os, sys
+from gemma_tpu_helpers import tiny
+out = tiny.ensure_tiny_model(sys.argv[1], seed=0, layers=6)
+print(os.stat(out / "model.safetensors.index.json").st_ino)
+"""
+
+
+def test_two_processes_asking_at_once_build_it_once(tmp_path):
+    """Two notebooks starting together (a workshop's two kernels, CI's two notebook runs) share runs/<profile>/base:
+    the second waits for the first and uses its checkpoint instead of building one and renaming it over the first."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "base"
+    procs = [subprocess.Popen([sys.executable, "-c", _ENSURE, str(out)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    inodes = [p.communicate(timeout=300)[0].split()[-1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert inodes[0] == inodes[1], "the checkpoint was built twice"
+    gemma4.check_checkpoint(out)
