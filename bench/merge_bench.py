@@ -381,18 +381,11 @@ SHAPES_31B = {"q_proj (local)": lambda c: (c["num_attention_heads"] * c["head_di
 
 def targeted_31b(c: dict) -> tuple[dict[tuple[int, int], int], int]:
     """({(out, in): how many such targeted tensors}, total parameter count) of the real 31B, all 7 targets."""
-    from gemma_tpu_helpers import gemma4
+    import collections
 
-    d, f, n = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
-    shapes: dict[tuple[int, int], int] = {}
-    for kind in gemma4.layer_kinds(c):
-        k, h = gemma4.attn_dims(c, kind)
-        mats = [(n * h, d), (d, n * h), (f, d), (f, d), (d, f), (k * h, d)]
-        if not (kind == "global" and c.get("attention_k_eq_v")):
-            mats.append((k * h, d))
-        for m in mats:
-            shapes[m] = shapes.get(m, 0) + 1
-    return shapes, gemma4.param_count(c)
+    from gemma_tpu_helpers import gemma4, layout
+
+    return dict(collections.Counter(layout.targeted_weights(c).values())), gemma4.param_count(c)
 
 
 def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:

@@ -219,6 +219,13 @@ def hf_key(layer: int, row: Row) -> str:
     return f"{KEY_PREFIX}layers.{layer}.{row.hf_module}.weight"
 
 
+def targeted_weights(text_config: dict, targets=TARGETS) -> dict[str, tuple[int, int]]:
+    """``{HF key: [out, in]}`` of every frozen weight a LoRA on ``targets`` adapts: what the merge rewrites and
+    QLoRA quantizes (k and v of a kv_einsum count as two weights, a k=v layer's K as one)."""
+    return {hf_key(layer.index, row): row.hf_shape(layer) for layer in layers(text_config)
+            for row in rows_for(layer, targets)}
+
+
 def peft_key(layer: int, row: Row, ab: str, adapter: str | None = None) -> str:
     """A PEFT adapter key: ``base_model.model.<HF module>.lora_A.weight`` (``adapter``: the name PEFT puts before
     ``.weight`` in a live model's state dict, e.g. ``default``; saved adapter files have none)."""

@@ -187,3 +187,23 @@ def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
             out, inp = row.hf_shape(layer)
             assert live[layout.peft_key(layer.index, row, "A", "default")] == (RANK, inp)
             assert live[layout.peft_key(layer.index, row, "B", "default")] == (out, RANK)
+
+
+@pytest.mark.parametrize("variant", ["31b", "e2b"])
+def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, tmp_path):
+    """Every weight the table says LoRA adapts is in the replica's files at that [out, in] shape (k=v layers, KV-shared
+    layers and E2B's doubled MLP included), and it leaves out only what no forward pass reads: the k/v projections
+    the real E files still carry on KV-shared layers."""
+    from gemma_tpu_helpers import safetensors_io
+
+    base = tiny_dir if variant == "31b" else tiny.write_tiny_model(tmp_path / "e2b", variant="e2b")
+    text = gemma4.read_text_config(base)
+    _, _, entries = safetensors_io.base_layout(base)
+    got = layout.targeted_weights(text)
+    assert got and all(tuple(entries[k]["shape"]) == shape for k, shape in got.items())
+    shared = gemma4.kv_shared_layers(text)
+    unread = {k for k in entries if (m := re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.(\d+)\.self_attn\.[kv]_proj\.", k))
+              and int(m.group(1)) in shared}
+    assert bool(unread) == (variant == "e2b")
+    projections = {k for k in entries if re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$", k)}
+    assert projections - unread == set(got)  # all seven targets: nothing missed, nothing made up

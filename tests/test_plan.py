@@ -2,11 +2,12 @@
 (libtpu's abstract devices, in the same process as the 8 virtual CPU devices)."""
 
 import importlib.util
+import math
 
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import errors, gemma4, plan, profiles, tiny
+from gemma_tpu_helpers import errors, gemma4, layout, plan, profiles, tiny
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -92,7 +93,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
         assert 1.0 <= ratio < 1.10 and point["bytes_accessed"] > base * 2 / 4
     # QLoRA: the same step with the targeted frozen weights in nf4 (4 bits + a bf16 scale per 64-element tile)
     q = plan.compile_train_step(v5p, "none", 1024, 2, qlora="nf4", **kw)
-    targeted = _targeted_weights(two) * 2 / 4  # their bf16 bytes per chip (tp=4)
+    targeted = sum(math.prod(s) for s in layout.targeted_weights(two).values()) * 2 / 4  # their bf16 bytes per chip (tp=4)
     print(f"tiny on v5p: arguments LoRA {none['argument_bytes'] / 2**20:.2f} MiB, QLoRA {q['argument_bytes'] / 2**20:.2f}")
     assert q["qlora"] == "nf4" and none["qlora"] is None
     assert none["argument_bytes"] - q["argument_bytes"] > 0.5 * targeted
@@ -101,16 +102,6 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / plan.analytic_step_flops(
         two, 1, 1024, 8, v5p.lora.targets, "decoder")["total"])
     assert pred["micro_step_s"] == max(dec["flops"] / 459e12, dec["bytes_accessed"] / 2765e9)
-
-
-def _targeted_weights(c: dict) -> int:
-    """Elements of the frozen weights LoRA targets (q, k, v, o, gate, up, down; no v on k=v global layers)."""
-    d, f, n, total = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], 0
-    for kind in gemma4.layer_kinds(c):
-        k, h = gemma4.attn_dims(c, kind)
-        kv = 1 if kind == "global" and c.get("attention_k_eq_v") else 2
-        total += 2 * n * h * d + kv * k * h * d + 3 * f * d
-    return total
 
 
 def shard_bytes(tree) -> int:
