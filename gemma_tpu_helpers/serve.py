@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import infra
+from . import infra, preflight
 from .base_model import profile_text_config
 from .errors import GemmaTpuError, run_cli
 from .gemma4 import attn_dims, kv_shared_layers, layer_kinds, param_count
@@ -70,7 +70,6 @@ GIB = 1024**3
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_VENV = REPO / ".venv-serve"  # the serving venv: vLLM's CPU build here, vllm-tpu from pip on Colab
-TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")  # what libtpu opens (profiles.tpu_visible looks for them)
 
 
 class ServeError(GemmaTpuError, RuntimeError):
@@ -130,7 +129,7 @@ def runs_here(profile: Profile) -> bool:
 def tpu_held_by_this_process() -> list[str]:
     """The TPU device files this Python process has open: non-empty once JAX has run on the TPU here (training,
     parity), and then no other process can use the chip until this one exits (libtpu admits one process)."""
-    wanted = {os.path.realpath(p) for g in TPU_DEVICE_GLOBS for p in glob.glob(g)}
+    wanted = {os.path.realpath(p) for g in preflight.TPU_DEVICE_GLOBS for p in glob.glob(g)}
     held = set()
     for fd in os.listdir("/proc/self/fd") if wanted and os.path.isdir("/proc/self/fd") else ():
         try:
@@ -580,7 +579,7 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     profile's server is started on its TPU VM from the printed command (:func:`connect` to it).
     Returns a :class:`Server`: call ``.stop()`` when done, or use ``with start(...) as server:``. The log goes to
     ``log_path`` (default ``runs/<profile>/serve/server.log``). Raises ServeError, before launching, for a missing
-    serving venv, a bad model directory, a busy port or (pip route) no TPU here or a TPU this process holds; after
+    serving venv, a bad model directory, a busy port or (pip route) no TPU here or a TPU a process holds; after
     launching, with the log's last lines, when the server exits or does not become healthy within ``timeout`` (it
     is stopped then). ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
     """
@@ -616,10 +615,11 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
 
 
 def _check_pip_route(profile: Profile) -> None:
-    """What the pip route needs before it launches: a TPU here, not held by this process, and vllm-tpu installed."""
+    """What the pip route needs before it launches: a TPU here, held by no process (this one or another), and
+    vllm-tpu installed."""
     if not tpu_visible():
         raise ServeError(f"Profile {profile.name!r} serves vllm-tpu on this machine's TPU, and no TPU is visible here "
-                         f"(no {' or '.join(TPU_DEVICE_GLOBS)}). On Colab pick a TPU runtime (Runtime > Change "
+                         f"(no {' or '.join(preflight.TPU_DEVICE_GLOBS)}). On Colab pick a TPU runtime (Runtime > Change "
                          f"runtime type); on a CPU, rehearse the E models with --profile smoke-e.")
     held = tpu_held_by_this_process()
     if held:
@@ -628,6 +628,9 @@ def _check_pip_route(profile: Profile) -> None:
                          f"the runtime (Colab: Runtime > Restart session) and start the server before anything runs "
                          f"JAX on the TPU; evaluate through the server, and run JAX checks after server.stop() in a "
                          f"fresh process.")
+    others = preflight.check_hbm(profile)  # another process (the training kernel, an old server) holds the chip
+    if others.status == "fail":
+        raise ServeError(f"vLLM cannot open the TPU: {others.detail}")
     vllm = serve_python(check=False).parent / "vllm"
     if not vllm.is_file():
         raise ServeError(f"vllm-tpu is not installed: {vllm} does not exist. Install it into the serving venv "

@@ -549,6 +549,34 @@ def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
         child.wait()
 
 
+def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, tmp_path):
+    """Colab: the training kernel (another process) still holds the chip when a fresh runtime's serve.start runs
+    vllm-tpu. It must refuse before launching anything, naming that process, not fail later in libtpu's log."""
+    from gemma_tpu_helpers import preflight, profiles, serve
+
+    accel = tmp_path / "accel0"
+    accel.write_text("")
+    for module in (profiles, serve):
+        monkeypatch.setattr(module, "tpu_visible", lambda: True)
+    monkeypatch.setattr(preflight, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(preflight, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    monkeypatch.setattr(serve, "serve_python", lambda check=True: tmp_path / "venv" / "bin" / "python")  # no vllm-tpu
+    colab = profiles.get_profile("colab-v5e-1")
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; d = open(sys.argv[1]); print('holding', flush=True); "
+                              "time.sleep(60)", str(accel)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        with pytest.raises(serve.ServeError, match=f"vLLM cannot open the TPU: the TPU is in use by pid {child.pid} ") as e:
+            serve.start(colab, "google/gemma-4-E2B-it")
+        assert f"kill {child.pid}" in str(e.value)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(serve.ServeError, match="vllm-tpu is not installed"):  # the chip is free now: next check
+        serve.start(colab, "google/gemma-4-E2B-it")
+
+
 def test_versions_check_reads_the_pins():
     from gemma_tpu_helpers import preflight, profiles
 
