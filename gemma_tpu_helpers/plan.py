@@ -448,6 +448,11 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'colab-v5e-1_block_seq2048_Lfit_nf4': [
         {"layers": 35, "compile_s": 2297.7, "argument_bytes": 7509655552, "output_bytes": 7509623808, "temp_bytes": 6635569152, "alias_bytes": 7509613568, "peak_bytes": 14145234944, "flops": 31735360258048, "bytes_accessed": 495257255936, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
     ],
+    # E4B's full 42-layer train step (LoRA r64, BLOCK, seq 3072) for v6e:1x1, compiled 21:44-22:22 UTC 2026-12-01 on
+    # an otherwise idle host (the pre-#13 stand-in step had 26.02 GiB)
+    'colab-v6e-1_block_seq3072_Lfit': [
+        {"layers": 42, "compile_s": 2262.5, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 13216530432, "alias_bytes": 16392320512, "peak_bytes": 29608921664, "flops": 92644055187456, "bytes_accessed": 476815425536, "optimal_seconds": None, "step": "train", "qlora": None},
+    ],
 }
 
 # Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
