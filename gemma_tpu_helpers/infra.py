@@ -1,4 +1,4 @@
-"""Shared infrastructure, once each: atomic writes of files and directories, a lock between processes, log tails,
+"""Shared infrastructure, once each: atomic writes of files and directories, a lock between processes, which processes hold a file, log tails,
 config hashes, process-group supervision, and the HTTP client for OpenAI-compatible servers (one URL rule, one proxy rule, one key variable).
 
 Standard library only (and :mod:`errors`), so any module (and any project a helper is copied into) can use it.
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -91,6 +93,56 @@ def locked(path: str | os.PathLike, what: str = "it"):
             yield path
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def process_cmdline(pid: int) -> str:
+    """A process's command line (120 characters at most), or ``?`` when it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return "?"
+
+
+def open_by(paths: list[str]) -> dict[int, str]:
+    """Other processes with any of ``paths`` open: {pid: command line}. (Only processes this user may inspect.)"""
+    wanted = {os.path.realpath(p) for p in paths}
+    found = {}
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                    found[pid] = process_cmdline(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def lock_holders(path: str) -> dict[int, str]:
+    """Other processes holding a POSIX lock on ``path`` (as libtpu does on its lock file), from /proc/locks:
+    {pid: command line}."""
+    try:
+        st = os.stat(path)
+        locks = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in locks:
+        # "1: POSIX  ADVISORY  WRITE 6733 fe:00:2147992 0 EOF" (a blocked waiter's line has "->" after the id)
+        m = re.search(r"\s(\d+)\s+([0-9a-f]+):([0-9a-f]+):(\d+)\s", line)
+        if not m:
+            continue
+        pid, major, minor, inode = int(m[1]), int(m[2], 16), int(m[3], 16), int(m[4])
+        if inode == st.st_ino and (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and pid != os.getpid():
+            found[pid] = process_cmdline(pid)
+    return found
 
 
 def log_tail(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:

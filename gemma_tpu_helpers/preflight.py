@@ -29,9 +29,6 @@ from .errors import GemmaTpuError
 GOOGLE_PCI_VENDOR = "0x1ae0"
 TPU_PCI_IDS = {"0x0027": "v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e",
                "0x0076": "tpu7x"}
-# libtpu takes a POSIX write lock on this file while a process uses the TPU; the file stays after the process ends.
-LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
-TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/accelerator-type"
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -76,57 +73,9 @@ def accelerator_type() -> str | None:
 def no_tpu_message(profile) -> str:
     hw = profile.hardware
     return (f"profile {profile.name!r} needs a TPU {hw.chip} host with {hw.num_devices // hw.hosts} chips, but this "
-            f"machine has no TPU (no {' or '.join(TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
+            f"machine has no TPU (no {' or '.join(profiles.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
             f"or compile {profile.name}'s train step without a TPU: "
             f"python -m gemma_tpu_helpers plan --aot --profile {profile.name}")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
-    except OSError:
-        return "?"
-
-
-def open_by(paths: list[str]) -> dict[int, str]:
-    """Other processes with any of ``paths`` open: {pid: command line}. (Only processes this user may inspect.)"""
-    wanted = {os.path.realpath(p) for p in paths}
-    found = {}
-    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
-        pid = int(fd_dir.split("/")[2])
-        if pid == os.getpid():
-            continue
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"{fd_dir}/{fd}") in wanted:
-                    found[pid] = _cmdline(pid)
-                    break
-            except OSError:
-                continue
-    return found
-
-
-def lock_holders(path: str = LIBTPU_LOCKFILE) -> dict[int, str]:
-    """Other processes holding a lock on ``path`` (libtpu's: a POSIX write lock), from /proc/locks: {pid: cmdline}."""
-    try:
-        st = os.stat(path)
-        locks = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return {}
-    found = {}
-    for line in locks:
-        # "1: POSIX  ADVISORY  WRITE 6733 fe:00:2147992 0 EOF" (a blocked waiter's line has "->" after the id)
-        m = re.search(r"\s(\d+)\s+([0-9a-f]+):([0-9a-f]+):(\d+)\s", line)
-        if not m:
-            continue
-        pid, major, minor, inode = int(m[1]), int(m[2], 16), int(m[3], 16), int(m[4])
-        if inode == st.st_ino and (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and pid != os.getpid():
-            found[pid] = _cmdline(pid)
-    return found
 
 
 def check_tpu(profile, sysfs: str = "/sys/bus/pci/devices") -> Check:
@@ -153,13 +102,13 @@ def check_hbm(profile) -> Check:
     """Other processes holding the TPU: their HBM is not free, and libtpu lets one process in at a time."""
     if not profiles.tpu_visible():
         return Check("hbm", "skip", "no TPU")
-    devices = [p for g in TPU_DEVICE_GLOBS for p in glob.glob(g)]
-    holders = {**open_by(devices), **lock_holders(LIBTPU_LOCKFILE)}
+    devices = profiles.tpu_device_files()
+    holders = profiles.tpu_holders()
     if holders:
         who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(holders.items()))
         return Check("hbm", "fail", f"the TPU is in use by {who}: its HBM is not free and libtpu admits one process. "
                                     f"Stop it (kill {' '.join(map(str, sorted(holders)))}; a notebook kernel: "
-                                    f"restart or shut it down) and retry. Deleting {LIBTPU_LOCKFILE} does not free "
+                                    f"restart or shut it down) and retry. Deleting {profiles.LIBTPU_LOCKFILE} does not free "
                                     f"the HBM.")
     info = ""
     if shutil.which("tpu-info"):
@@ -169,7 +118,7 @@ def check_hbm(profile) -> Check:
             info = " | tpu-info: " + " ".join(out.split())[:200]
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {LIBTPU_LOCKFILE}){info}")
+    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {profiles.LIBTPU_LOCKFILE}){info}")
 
 
 def checkpoint_bytes(profile) -> int | None:

@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import infra
+
 ENV_VAR = "GEMMA_TPU_PROFILE"
 
 # First contact (hub.py, preflight.py). huggingface_hub sets no timeout of its own: a network that drops packets
@@ -378,9 +380,24 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")  # what libtpu opens
+# libtpu takes a POSIX write lock on this file while a process uses the TPU; the file stays after the process ends.
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+
+
+def tpu_device_files() -> list[str]:
+    return [p for g in TPU_DEVICE_GLOBS for p in glob.glob(g)]
+
+
 def tpu_visible() -> bool:
     """True on a TPU VM (TPU device files present), without importing JAX."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    return bool(tpu_device_files())
+
+
+def tpu_holders() -> dict[int, str]:
+    """Other processes using the TPU (its device files open, or libtpu's lock held): {pid: command line}. libtpu
+    admits one process, so while this is not empty nothing else here can open the chip."""
+    return {**infra.open_by(tpu_device_files()), **infra.lock_holders(LIBTPU_LOCKFILE)}
 
 
 def default_profile_name() -> str:

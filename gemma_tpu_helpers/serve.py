@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import os
 import shlex
@@ -39,11 +38,11 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import infra, preflight
+from . import infra
 from .base_model import profile_text_config
 from .errors import GemmaTpuError, run_cli
 from .gemma4 import attn_dims, kv_shared_layers, layer_kinds, param_count
-from .profiles import Profile, get_profile, tpu_visible
+from .profiles import Profile, get_profile, tpu_device_files, tpu_holders, tpu_visible
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
@@ -129,7 +128,7 @@ def runs_here(profile: Profile) -> bool:
 def tpu_held_by_this_process() -> list[str]:
     """The TPU device files this Python process has open: non-empty once JAX has run on the TPU here (training,
     parity), and then no other process can use the chip until this one exits (libtpu admits one process)."""
-    wanted = {os.path.realpath(p) for g in preflight.TPU_DEVICE_GLOBS for p in glob.glob(g)}
+    wanted = {os.path.realpath(p) for p in tpu_device_files()}
     held = set()
     for fd in os.listdir("/proc/self/fd") if wanted and os.path.isdir("/proc/self/fd") else ():
         try:
@@ -619,7 +618,7 @@ def _check_pip_route(profile: Profile) -> None:
     vllm-tpu installed."""
     if not tpu_visible():
         raise ServeError(f"Profile {profile.name!r} serves vllm-tpu on this machine's TPU, and no TPU is visible here "
-                         f"(no {' or '.join(preflight.TPU_DEVICE_GLOBS)}). On Colab pick a TPU runtime (Runtime > Change "
+                         f"(no TPU device files). On Colab pick a TPU runtime (Runtime > Change "
                          f"runtime type); on a CPU, rehearse the E models with --profile smoke-e.")
     held = tpu_held_by_this_process()
     if held:
@@ -628,9 +627,12 @@ def _check_pip_route(profile: Profile) -> None:
                          f"the runtime (Colab: Runtime > Restart session) and start the server before anything runs "
                          f"JAX on the TPU; evaluate through the server, and run JAX checks after server.stop() in a "
                          f"fresh process.")
-    others = preflight.check_hbm(profile)  # another process (the training kernel, an old server) holds the chip
-    if others.status == "fail":
-        raise ServeError(f"vLLM cannot open the TPU: {others.detail}")
+    others = tpu_holders()  # another process (the training kernel of an earlier runtime, an old server)
+    if others:
+        who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(others.items()))
+        raise ServeError(f"vLLM cannot open the TPU: it is in use by {who}, and libtpu admits one process. Stop it "
+                         f"(kill {' '.join(map(str, sorted(others)))}; a notebook kernel: restart or shut it down) "
+                         f"and retry.")
     vllm = serve_python(check=False).parent / "vllm"
     if not vllm.is_file():
         raise ServeError(f"vllm-tpu is not installed: {vllm} does not exist. Install it into the serving venv "

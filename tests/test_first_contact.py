@@ -501,7 +501,7 @@ def test_tpu_type_and_chip_count_against_the_profile(monkeypatch, tmp_path):
 def test_lock_holder_is_found_by_pid(tmp_path):
     """libtpu holds a POSIX write lock on /tmp/libtpu_lockfile (seen in /proc/locks here); a child holding one on a
     file of ours is found by pid, with its command line, and so is a child holding a file open (the TPU devices)."""
-    from gemma_tpu_helpers import preflight
+    from gemma_tpu_helpers import infra
 
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")
@@ -510,15 +510,15 @@ def test_lock_holder_is_found_by_pid(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
-        held = preflight.lock_holders(str(lock))
+        held = infra.lock_holders(str(lock))
         assert list(held) == [child.pid] and "fcntl" in held[child.pid], held
-        assert child.pid in preflight.open_by([str(lock)])
-        assert os.getpid() not in preflight.open_by([str(lock)])
+        assert child.pid in infra.open_by([str(lock)])
+        assert os.getpid() not in infra.open_by([str(lock)])
     finally:
         child.kill()
         child.wait()
-    assert preflight.lock_holders(str(lock)) == {}  # the file stays; the lock went with the process
-    assert preflight.lock_holders(str(tmp_path / "absent")) == {}
+    assert infra.lock_holders(str(lock)) == {}  # the file stays; the lock went with the process
+    assert infra.lock_holders(str(tmp_path / "absent")) == {}
 
 
 def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
@@ -529,8 +529,8 @@ def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
     accel.write_text("")
     lock.write_text("")
     monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
-    monkeypatch.setattr(preflight, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(preflight, "LIBTPU_LOCKFILE", str(lock))
+    monkeypatch.setattr(profiles, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(profiles, "LIBTPU_LOCKFILE", str(lock))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no tpu-info here
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-8")  # no metadata-server call
     assert preflight.check_hbm(profiles.get_profile("v5p-8")).status == "ok"
@@ -558,8 +558,8 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
     accel.write_text("")
     for module in (profiles, serve):
         monkeypatch.setattr(module, "tpu_visible", lambda: True)
-    monkeypatch.setattr(preflight, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(preflight, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
+    monkeypatch.setattr(profiles, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(profiles, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
     monkeypatch.setattr(serve, "serve_python", lambda check=True: tmp_path / "venv" / "bin" / "python")  # no vllm-tpu
     colab = profiles.get_profile("colab-v5e-1")
@@ -567,7 +567,7 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
                               "time.sleep(60)", str(accel)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "holding"
-        with pytest.raises(serve.ServeError, match=f"vLLM cannot open the TPU: the TPU is in use by pid {child.pid} ") as e:
+        with pytest.raises(serve.ServeError, match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
             serve.start(colab, "google/gemma-4-E2B-it")
         assert f"kill {child.pid}" in str(e.value)
     finally:
