@@ -26,3 +26,21 @@ def test_conventions(path):
     for heading in ("What you will learn", "The paper's problem", "Time.", "On Colab", "Use it in your project",
                     "Troubleshooting"):
         assert heading in md, heading
+
+
+def test_make_test_runs_every_notebook_once_and_the_pipeline_in_order():
+    """`make test` runs the notebooks as two nbmake runs side by side: a new notebook must land in one of them (and
+    only one), and 06-09, which build on each other, must stay in order in the same run."""
+    import re
+    import shutil
+    import subprocess
+
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    repo = NOTEBOOKS[0].parent.parent
+    out = subprocess.run(["make", "-n", "--no-print-directory", "test-notebooks-pipeline", "test-notebooks-rest"],
+                         cwd=repo, capture_output=True, text=True, check=True).stdout
+    runs = [re.findall(r"notebooks/(\d\d_\w+)\.ipynb", line) for line in out.splitlines() if "--nbmake" in line]
+    assert len(runs) == 2
+    assert sorted(sum(runs, [])) == [p.stem for p in NOTEBOOKS]
+    assert runs[0] == sorted(runs[0]) and [n[:2] for n in runs[0]] == ["06", "07", "08", "09"]
