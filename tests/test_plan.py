@@ -7,7 +7,7 @@ import math
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import errors, gemma4, layout, plan, profiles, tiny
+from gemma_tpu_helpers import base_model, errors, gemma4, layout, plan, profiles, tiny
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -251,3 +251,30 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     q = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block", "nf4"),))[0]
     assert q["qlora"] == "nf4" and q["argument_bytes"] < 0.8 * p["argument_bytes"] and q["peak_bytes"] < p["peak_bytes"]
     assert plan.plan_row(q)["LoRA"] == "QLoRA nf4" and plan.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"]
+
+
+def test_shipped_reference_points_sit_under_their_own_setting():
+    """Each shipped point is keyed by a setting a table shows, compiled at the fit's depths or (E models) the model's
+    full depth. The remat policy changes activations, not parameters, so one profile's points have the same
+    arguments under every policy; a full-depth plain-LoRA point's are within 5% of its profile's analytic estimate
+    (E2B's and E4B's differ by 60%: a point pasted under the other Colab profile fails here)."""
+    shown = {}
+    for name, policy, *quant in plan.COURSE_PLANS + plan.COLAB_PLANS + plan.PREDICTION_SETTINGS:
+        prof = profiles.get_profile(name)
+        q = quant[0] if quant else prof.lora.qlora
+        shown[plan.plan_key(name, policy, prof.train.max_seq_len, None, q)] = (prof, q)
+    assert set(plan.REFERENCE_POINTS) <= set(shown), set(plan.REFERENCE_POINTS) - set(shown)
+    arguments = {}
+    for key, points in plan.REFERENCE_POINTS.items():
+        prof, q = shown[key]
+        text = base_model.profile_text_config(prof)
+        depth = text["num_hidden_layers"]
+        want = [depth] if text.get("num_kv_shared_layers") else list(plan.FIT_LAYERS)
+        assert [p["layers"] for p in points] == want, key
+        for p in points:
+            assert p.get("qlora") == q and p["peak_bytes"] >= p["argument_bytes"], key
+            arguments.setdefault((prof.name, q, p["layers"]), set()).add(p["argument_bytes"])
+            if p["layers"] == depth and q is None:
+                est = plan.memory_estimate(prof, text)["total_per_device_gib"] * plan.GIB
+                assert p["argument_bytes"] == pytest.approx(est, rel=0.05), key
+    assert all(len(v) == 1 for v in arguments.values()), arguments
