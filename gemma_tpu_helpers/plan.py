@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -130,6 +131,19 @@ def with_layers(text_config: dict, layers: int) -> dict:
     return c
 
 
+# XLA:TPU stops a compile whose temporaries alone exceed the chip's HBM (libtpu 0.0.52's E1000 CompileTimeHbmOom):
+# "the total memory required for HLO temporaries (20.71G) exceeds available HBM (15.75G)". Sizes in binary units.
+_HBM_OOM = re.compile(r"HLO temporaries \(([\d.]+)\s*([KMGT]?)i?B?\) exceeds available HBM")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def hbm_oom_temp_bytes(error: BaseException) -> int | None:
+    """The temporaries XLA's compile-time HBM OOM says the step needs (as its message rounds them), or None when
+    ``error`` is not that OOM."""
+    m = _HBM_OOM.search(str(error))
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+
+
 def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
                        batch: int | None = None, rank: int | None = None, alpha: float | None = None,
                        dtype: str | None = None, qlora: str | None = None) -> dict:
@@ -140,7 +154,9 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     the non-finite skip), its gradient accumulation, the packed-row inputs and mask, the loss mask and the remat
     policy, with every argument sharded as training shards it. Defaults: the profile's model config, micro-batch,
     LoRA rank/alpha and dtype; ``qlora="nf4"`` compiles the QLoRA step (the frozen targeted weights in nf4) when
-    the profile trains plain LoRA.
+    the profile trains plain LoRA. A step whose temporaries alone exceed the chip's HBM stops XLA's compile; it
+    comes back as a point too (``hbm_oom``: the temporaries XLA reports, the arguments counted from their shardings,
+    and their sum as the peak: a lower bound), not as an exception.
     """
     remat_policy = remat_lib.check_policy(remat_policy)
     mesh = topology_mesh(profile)
@@ -151,7 +167,16 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
     t0 = time.perf_counter()
     args = step.abstract_arguments(text, mesh, lora_spec, profile.train, batch, seq_len,
                                    dtype=dtype or profile.model.dtype, remat=remat_policy)
-    compiled = step.lower(*args, mesh).compile()
+    try:
+        compiled = step.lower(*args, mesh).compile()
+    except Exception as e:  # noqa: BLE001 - only XLA's compile-time HBM OOM is a result; anything else re-raises
+        temp = hbm_oom_temp_bytes(e)
+        if temp is None:
+            raise
+        arguments = step.argument_bytes(*args)
+        return {"layers": layers, "compile_s": round(time.perf_counter() - t0, 1), "hbm_oom": True,
+                "argument_bytes": arguments, "output_bytes": None, "temp_bytes": temp, "alias_bytes": None,
+                "peak_bytes": arguments + temp, "qlora": lora_spec.qlora}
     seconds = time.perf_counter() - t0
     figures = remat_lib.memory_figures(compiled)
     return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
@@ -318,7 +343,11 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
     if layers:
         points = [compile_train_step(profile, policy, seq_len, layers, text, qlora=qlora)]
     else:
-        points = [compile_train_step(profile, policy, seq_len, n, text, qlora=qlora) for n in fit_layers]
+        points = []
+        for n in fit_layers:  # a variant that runs out of HBM ends it: a deeper one needs more
+            points.append(compile_train_step(profile, policy, seq_len, n, text, qlora=qlora))
+            if points[-1].get("hbm_oom"):
+                break
     return assemble_plan(profile, policy, seq_len, points, layers or text["num_hidden_layers"],
                          text["num_hidden_layers"])
 
@@ -328,7 +357,11 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
     """An :func:`aot_plan` result from compiled points: the point itself if it has ``layers`` layers, else the
     linear fit through the points evaluated at ``layers``."""
     exact = [p for p in points if p["layers"] == layers]
-    if exact:
+    oom = [p for p in points if p.get("hbm_oom")]
+    if oom:  # the deepest variant that ran out: a deeper model needs more
+        result = dict(max(oom, key=lambda p: p["layers"]))
+        method = f"compile stopped at {result['layers']} layers: HBM OOM"
+    elif exact:
         result, method = dict(exact[0]), "compiled"
     else:
         result = extrapolate(points, layers)
@@ -339,7 +372,7 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
         "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
         "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
         "qlora": points[0].get("qlora"), "model": profile.model.source,
-        "hbm_bytes": int(hbm), "fits": bool(result["peak_bytes"] <= hbm), "model_layers": model_layers,
+        "hbm_bytes": int(hbm), "fits": not oom and bool(result["peak_bytes"] <= hbm), "model_layers": model_layers,
         "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
     })
     return result
@@ -350,7 +383,8 @@ def fit_table(plan: dict):
     import pandas as pd
 
     rows = [{"what": f"compiled, {p['layers']} layers", "compile s": p["compile_s"],
-             **{k.replace("_bytes", " GiB"): round(p[k] / GIB, 3) for k in _FIGURES}} for p in plan["points"]]
+             **{k.replace("_bytes", " GiB"): None if p.get(k) is None else round(p[k] / GIB, 3) for k in _FIGURES}}
+            for p in plan["points"]]
     if f"{_FIGURES[0]}_per_layer" in plan:
         for part in ("fixed", "per_layer"):
             rows.append({"what": f"fit: {part.replace('_', ' ')}",
@@ -367,13 +401,13 @@ def lora_label(plan: dict) -> str:
 
 def plan_row(plan: dict) -> dict:
     """One table row (GiB per chip) of an :func:`aot_plan` result."""
-    g = lambda k: round(plan[k] / GIB, 2)  # noqa: E731
+    g = lambda k: None if plan.get(k) is None else round(plan[k] / GIB, 2)  # noqa: E731
     return {
         "profile": plan["profile"], "remat": plan["remat"], "LoRA": lora_label(plan), "seq": plan["seq_len"],
         "layers": plan["layers"],
         "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
         "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
-        "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60)
+        "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60) or plan.get("hbm_oom")
         else f"({plan['layers']} of {plan.get('model_layers', 60)} layers)",
         "compile s": plan["compile_s_total"],
     }
@@ -447,6 +481,16 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     # the same with QLoRA (nf4 targeted weights), compiled 15:42-16:20 UTC 2026-12-01
     'colab-v5e-1_block_seq2048_Lfit_nf4': [
         {"layers": 35, "compile_s": 2297.7, "argument_bytes": 7509655552, "output_bytes": 7509623808, "temp_bytes": 6635569152, "alias_bytes": 7509613568, "peak_bytes": 14145234944, "flops": 31735360258048, "bytes_accessed": 495257255936, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
+    ],
+    # no remat: XLA stops the compile, the temporaries alone exceed the chip (libtpu's E1000 CompileTimeHbmOom);
+    # arguments counted from their shardings (step.argument_bytes); 01:50-01:54 UTC 2026-12-02 (compile_s: the
+    # whole process, until XLA stopped)
+    'colab-v5e-1_none_seq2048_Lfit': [
+        {"layers": 35, "compile_s": 271.6, "hbm_oom": True, "argument_bytes": 10246509167, "output_bytes": None, "temp_bytes": 22237193175, "alias_bytes": None, "peak_bytes": 32483702342, "step": "train", "qlora": None},
+    ],
+    # the same for E4B on v6e:1x1 (31.24 GiB available), 01:56-02:06 UTC 2026-12-02 beside two other compiles
+    'colab-v6e-1_none_seq3072_Lfit': [
+        {"layers": 42, "compile_s": 601.0, "hbm_oom": True, "argument_bytes": 16392117885, "output_bytes": None, "temp_bytes": 37226629038, "alias_bytes": None, "peak_bytes": 53618746923, "step": "train", "qlora": None},
     ],
     # E4B's full 42-layer train step (LoRA r64, BLOCK, seq 3072) for v6e:1x1, compiled 21:44-22:22 UTC 2026-12-01 on
     # an otherwise idle host (the pre-#13 stand-in step had 26.02 GiB)
@@ -719,8 +763,17 @@ def format_plan(plan: dict) -> str:
         f"({plan['method']})",
     ]
     for p in plan["points"]:
+        if p.get("hbm_oom"):
+            lines.append(f"  compiled {p['layers']:3d} layers: XLA stopped after {p['compile_s']:.1f} s, out of HBM "
+                         f"(temp {p['temp_bytes'] / GIB:.2f} GiB alone exceeds what the chip has)")
+            continue
         lines.append(f"  compiled {p['layers']:3d} layers in {p['compile_s']:6.1f} s: arguments "
                      f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, output {p['output_bytes'] / GIB:7.2f} GiB")
+    if plan.get("hbm_oom"):
+        lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB = at least "
+                     f"{g('peak_bytes'):.2f} GiB of {g('hbm_bytes'):.0f} GiB HBM: DOES NOT FIT. Try remat block or "
+                     f"decoder (--remat), a shorter --seq-len, or QLoRA (--qlora nf4).")
+        return "\n".join(lines)
     lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB + output "
                  f"{g('output_bytes'):.2f} GiB - aliased {g('alias_bytes'):.2f} GiB = {g('peak_bytes'):.2f} GiB "
                  f"of {g('hbm_bytes'):.0f} GiB HBM: {'FITS' if plan['fits'] else 'DOES NOT FIT'}"
@@ -749,6 +802,7 @@ def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq
         raise PlanError(f"--layers must be positive, got {layers}.")
     plan = aot_plan(profile, remat, seq_len, layers, qlora=qlora)
     print(format_plan(plan))
-    if plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
+    if (plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip
+            and not plan.get("hbm_oom")):
         print(format_prediction(predict_run(plan, profile)))
     return 0 if plan["fits"] else 1

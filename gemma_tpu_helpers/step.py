@@ -235,6 +235,20 @@ def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: in
     return model, optimizer, abstract_batch(mesh, batch, seq_len)
 
 
+def argument_bytes(*trees) -> int:
+    """Bytes one chip holds of abstract, sharded arguments (each leaf's shard at its dtype's bit width): XLA's
+    ``arguments`` before any compile, less the padding of TPU layouts (small minor dims go to 128 lanes)."""
+    import jax
+    from flax import nnx
+
+    total = 0
+    for x in jax.tree.leaves([nnx.state(t) if isinstance(t, nnx.Pytree) else t for t in trees]):
+        sizes = dict(zip(x.sharding.mesh.axis_names, x.sharding.mesh.devices.shape))
+        data = jax.eval_shape(jax.random.key_data, x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+        total += sharding.bytes_per_device(data.shape, data.dtype, tuple(x.sharding.spec), sizes)  # a key: its words
+    return total
+
+
 def lower(model, optimizer, batch, mesh):
     """:func:`jitted` lowered for these (abstract or concrete) arguments, under the mesh context tunix trains in."""
     with mesh_lib.trainer_context(mesh):

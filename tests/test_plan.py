@@ -77,6 +77,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
         v5p.lora, rank=8, alpha=16.0), v5p.train, 1, 1024, dtype="bfloat16")
     expected = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer)) + shard_bytes(batch)
     assert expected <= none["argument_bytes"] < 1.3 * expected
+    assert step.argument_bytes(model, optimizer, batch) == expected  # what an HBM-OOM point reports as arguments
     # step.jitted donates both; XLA aliases nearly all of it (93% here: a few small buffers change layout)
     donated = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer))
     assert 0.9 * donated <= none["alias_bytes"] < 1.3 * donated
@@ -264,7 +265,7 @@ def test_shipped_reference_points_sit_under_their_own_setting():
         q = quant[0] if quant else prof.lora.qlora
         shown[plan.plan_key(name, policy, prof.train.max_seq_len, None, q)] = (prof, q)
     assert set(plan.REFERENCE_POINTS) <= set(shown), set(plan.REFERENCE_POINTS) - set(shown)
-    arguments = {}
+    arguments, oom = {}, []
     for key, points in plan.REFERENCE_POINTS.items():
         prof, q = shown[key]
         text = base_model.profile_text_config(prof)
@@ -273,8 +274,40 @@ def test_shipped_reference_points_sit_under_their_own_setting():
         assert [p["layers"] for p in points] == want, key
         for p in points:
             assert p.get("qlora") == q and p["peak_bytes"] >= p["argument_bytes"], key
-            arguments.setdefault((prof.name, q, p["layers"]), set()).add(p["argument_bytes"])
+            if p.get("hbm_oom"):  # counted from the shardings, not by XLA: its layouts pad a little
+                oom.append(((prof.name, q, p["layers"]), p["argument_bytes"], key))
+            else:
+                arguments.setdefault((prof.name, q, p["layers"]), set()).add(p["argument_bytes"])
             if p["layers"] == depth and q is None:
                 est = plan.memory_estimate(prof, text)["total_per_device_gib"] * plan.GIB
                 assert p["argument_bytes"] == pytest.approx(est, rel=0.05), key
     assert all(len(v) == 1 for v in arguments.values()), arguments
+    for setting, counted, key in oom:
+        assert counted == pytest.approx(next(iter(arguments[setting])), rel=1e-3), key
+
+
+@needs_libtpu
+def test_a_step_out_of_hbm_is_a_plan_that_does_not_fit():
+    """A real compile-time HBM OOM on one v5e chip (2 tiny layers with the real 262,144-token vocabulary, 8 rows of
+    2048: the fp32 logits alone are 16 GiB of the 15.75 XLA can use; 15 s to compile) comes back as a point, not
+    XLA's traceback: the temporaries XLA reports, the arguments from their shardings, DOES NOT FIT and what to try."""
+    v5e = profiles.get_profile("colab-v5e-1")
+    text = dict(TINY, vocab_size=262144)
+    p = plan.compile_train_step(v5e, "none", 2048, 2, text_config=text, batch=8, rank=8, alpha=16.0, dtype="bfloat16")
+    assert p["hbm_oom"] and p["temp_bytes"] > 8 * 2048 * 262144 * 4
+    assert p["output_bytes"] is None and p["peak_bytes"] == p["argument_bytes"] + p["temp_bytes"]
+    assert p["argument_bytes"] > gemma4.param_count(plan.with_layers(text, 2)) * 2  # bf16 weights at least
+    result = plan.assemble_plan(v5e, "none", 2048, [p], 6, 6)
+    assert not result["fits"] and result["method"] == "compile stopped at 2 layers: HBM OOM"
+    assert plan.plan_row(result)["fits"] is False and plan.plan_row(result)["output GiB"] is None
+    text = plan.format_plan(result)
+    assert "DOES NOT FIT" in text and "--remat" in text and "out of HBM" in text
+    assert plan.fit_table(result)["output GiB"].isna().all()
+
+
+def test_hbm_oom_message_is_read_and_nothing_else_is():
+    msg = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for "
+           "HLO temporaries (20.71G) exceeds available HBM (15.75G). HLO module: jit_train_step.")
+    assert plan.hbm_oom_temp_bytes(RuntimeError(msg)) == int(20.71 * 2**30)
+    assert plan.hbm_oom_temp_bytes(RuntimeError(msg.replace("20.71G", "512.5M"))) == int(512.5 * 2**20)
+    assert plan.hbm_oom_temp_bytes(RuntimeError("INTERNAL: something else")) is None
