@@ -478,6 +478,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'colab-v5e-1_block_seq2048_Lfit': [
         {"layers": 35, "compile_s": 3144.6, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 6246449152, "alias_bytes": 10246685696, "peak_bytes": 16493186048, "flops": 31606968418304, "bytes_accessed": 204002312192, "optimal_seconds": None, "step": "train", "qlora": None},
     ],
+    # DECODER remat, compiled 01:55-02:35 UTC 2026-12-02 beside E4B's compiles (host RSS 12.3 GB)
+    'colab-v5e-1_decoder_seq2048_Lfit': [
+        {"layers": 35, "compile_s": 2377.7, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 4919246848, "alias_bytes": 10246685696, "peak_bytes": 15165983744, "flops": 34461095821312, "bytes_accessed": 218109935616, "optimal_seconds": None, "step": "train", "qlora": None},
+    ],
     # the same with QLoRA (nf4 targeted weights), compiled 15:42-16:20 UTC 2026-12-01
     'colab-v5e-1_block_seq2048_Lfit_nf4': [
         {"layers": 35, "compile_s": 2297.7, "argument_bytes": 7509655552, "output_bytes": 7509623808, "temp_bytes": 6635569152, "alias_bytes": 7509613568, "peak_bytes": 14145234944, "flops": 31735360258048, "bytes_accessed": 495257255936, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
