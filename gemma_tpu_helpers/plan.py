@@ -501,6 +501,10 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'colab-v6e-1_block_seq3072_Lfit': [
         {"layers": 42, "compile_s": 2262.5, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 13216530432, "alias_bytes": 16392320512, "peak_bytes": 29608921664, "flops": 92644055187456, "bytes_accessed": 476815425536, "optimal_seconds": None, "step": "train", "qlora": None},
     ],
+    # DECODER remat, compiled 02:06-03:27 UTC 2026-12-02 beside another compile and a CI run (host RSS 13.4 GB)
+    'colab-v6e-1_decoder_seq3072_Lfit': [
+        {"layers": 42, "compile_s": 4814.2, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 9291792384, "alias_bytes": 16392320512, "peak_bytes": 25684183616, "flops": 101463107829760, "bytes_accessed": 477971972096, "optimal_seconds": None, "step": "train", "qlora": None},
+    ],
 }
 
 # Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
