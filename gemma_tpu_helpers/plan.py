@@ -133,15 +133,47 @@ def with_layers(text_config: dict, layers: int) -> dict:
 
 # XLA:TPU stops a compile whose temporaries alone exceed the chip's HBM (libtpu 0.0.52's E1000 CompileTimeHbmOom):
 # "the total memory required for HLO temporaries (20.71G) exceeds available HBM (15.75G)". Sizes in binary units.
-_HBM_OOM = re.compile(r"HLO temporaries \(([\d.]+)\s*([KMGT]?)i?B?\) exceeds available HBM")
+_SIZE = r"\(([\d.]+)\s*([KMGT]?)i?B?\)"
+_HBM_OOM = re.compile(rf"HLO temporaries {_SIZE} exceeds available HBM {_SIZE}")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _hbm_oom(error: BaseException) -> tuple[int, int] | None:
+    m = _HBM_OOM.search(str(error))
+    return None if m is None else (int(float(m.group(1)) * _UNITS[m.group(2)]),
+                                   int(float(m.group(3)) * _UNITS[m.group(4)]))
 
 
 def hbm_oom_temp_bytes(error: BaseException) -> int | None:
     """The temporaries XLA's compile-time HBM OOM says the step needs (as its message rounds them), or None when
     ``error`` is not that OOM."""
-    m = _HBM_OOM.search(str(error))
-    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
+    oom = _hbm_oom(error)
+    return oom and oom[0]
+
+
+def probe_usable_hbm_bytes(profile: Profile) -> int:
+    """What XLA may allocate on one chip of the profile's topology, asked of libtpu (no TPU needed, about 2 s): a
+    program that must hold 256 GiB of temporaries is compiled for one abstract chip, and XLA's compile-time OOM names
+    the HBM it had (15.75 GiB of a v5e's 16). ``profiles.CHIP_HBM_USABLE_GIB`` keeps the figures."""
+    import jax
+    import jax.numpy as jnp
+
+    device = topology_mesh(profile).devices.flat[0]
+    x = jax.ShapeDtypeStruct((2**18,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(device))
+
+    def f(x):  # outer(x, x): 2^36 fp32 = 256 GiB, kept whole by the barrier (XLA would fuse it away otherwise)
+        y = jax.lax.optimization_barrier(jnp.outer(x, x))
+        return y.sum() + jnp.cos(y).max()
+
+    try:
+        jax.jit(f).lower(x).compile()
+    except Exception as e:  # noqa: BLE001 - the OOM is the answer; anything else re-raises
+        oom = _hbm_oom(e)
+        if oom is None:
+            raise
+        return oom[1]
+    raise PlanError(f"A 256 GiB program compiled for {profile.hardware.tpu_topology}: libtpu no longer stops a compile "
+                    f"that exceeds HBM, so its usable HBM cannot be read this way.")
 
 
 def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
@@ -366,13 +398,14 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
     else:
         result = extrapolate(points, layers)
         method = f"extrapolated from {', '.join(str(p['layers']) for p in points)} layers"
-    hbm = profile.hardware.hbm_gib_per_chip * GIB
+    hbm, usable = profile.hardware.hbm_gib_per_chip * GIB, profile.hardware.hbm_usable_gib_per_chip * GIB
     result.update({
         "profile": profile.name, "topology": profile.hardware.tpu_topology, "chip": profile.hardware.chip,
         "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
         "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
         "qlora": points[0].get("qlora"), "model": profile.model.source,
-        "hbm_bytes": int(hbm), "fits": not oom and bool(result["peak_bytes"] <= hbm), "model_layers": model_layers,
+        "hbm_bytes": int(hbm), "hbm_usable_bytes": int(usable), "spare_bytes": None if oom else int(usable - result["peak_bytes"]),
+        "fits": not oom and bool(result["peak_bytes"] <= usable), "model_layers": model_layers,
         "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
     })
     return result
@@ -407,6 +440,7 @@ def plan_row(plan: dict) -> dict:
         "layers": plan["layers"],
         "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
         "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
+        "XLA can use GiB": g("hbm_usable_bytes"), "spare GiB": g("spare_bytes"),
         "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60) or plan.get("hbm_oom")
         else f"({plan['layers']} of {plan.get('model_layers', 60)} layers)",
         "compile s": plan["compile_s_total"],
@@ -763,6 +797,8 @@ def format_prediction(pred: dict) -> str:
 
 def format_plan(plan: dict) -> str:
     g = lambda k: plan[k] / GIB  # noqa: E731
+    usable = plan.get("hbm_usable_bytes", plan["hbm_bytes"])  # a plan cached before the usable figure: the nominal
+    of = f"of the {usable / GIB:.2f} GiB XLA can use ({g('hbm_bytes'):.0f} GiB HBM)"
     lines = [
         f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
         f"{plan.get('model', 'google/gemma-4-31B-it')} {lora_label(plan)} "
@@ -779,12 +815,13 @@ def format_plan(plan: dict) -> str:
                      f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, output {p['output_bytes'] / GIB:7.2f} GiB")
     if plan.get("hbm_oom"):
         lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB = at least "
-                     f"{g('peak_bytes'):.2f} GiB of {g('hbm_bytes'):.0f} GiB HBM: DOES NOT FIT. Try remat block or "
+                     f"{g('peak_bytes'):.2f} GiB {of}: DOES NOT FIT. Try remat block or "
                      f"decoder (--remat), a shorter --seq-len, or QLoRA (--qlora nf4).")
         return "\n".join(lines)
     lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB + output "
                  f"{g('output_bytes'):.2f} GiB - aliased {g('alias_bytes'):.2f} GiB = {g('peak_bytes'):.2f} GiB "
-                 f"of {g('hbm_bytes'):.0f} GiB HBM: {'FITS' if plan['fits'] else 'DOES NOT FIT'}"
+                 f"{of}: " + (f"FITS, {(usable - plan['peak_bytes']) / GIB:.2f} GiB spare" if plan["fits"] else
+                              f"DOES NOT FIT, {(plan['peak_bytes'] - usable) / GIB:.2f} GiB over")
                  + (f" (a {plan['layers']}-layer variant of the {plan['model_layers']}-layer model)"
                     if plan["layers"] < plan.get("model_layers", plan["layers"]) else ""))
     return "\n".join(lines)

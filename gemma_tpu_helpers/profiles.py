@@ -38,6 +38,10 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
 # Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
 CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12, "v5e": 197e12}
 CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
+# What XLA may allocate per chip, GiB: the "available HBM" of libtpu 0.0.52's compile-time OOM (a v5e has 16 GiB and
+# XLA uses 15.75 of it). A plan fits only under this figure; tests/test_plan.py asks libtpu for it again. Google lists
+# the v5p at 95 GB (hbm_gib_per_chip below); libtpu gives XLA 95.73 GiB of it, so the chip has 96 GiB.
+CHIP_HBM_USABLE_GIB = {"v5p": 95.73, "v6e": 31.24, "v5e": 15.75}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,11 @@ class Hardware:
     peak_bf16_flops_per_chip: float | None = None  # CHIP_PEAK_BF16_FLOPS[chip]
     hbm_bytes_per_s_per_chip: float | None = None  # CHIP_HBM_BYTES_PER_S[chip]
     accelerator_type: str | None = None  # Cloud's name for the slice when the profile's name is not it (v5litepod-1)
+
+    @property
+    def hbm_usable_gib_per_chip(self) -> float | None:
+        """What XLA may allocate of a chip's HBM (CHIP_HBM_USABLE_GIB), else the chip's nominal HBM."""
+        return CHIP_HBM_USABLE_GIB.get(self.chip, self.hbm_gib_per_chip)
 
 
 @dataclasses.dataclass(frozen=True)

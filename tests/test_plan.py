@@ -323,3 +323,30 @@ def test_a_colab_profile_trains_a_setting_that_fits_with_margin(name):
     assert p["method"] == "compiled" and p["layers"] == p["model_layers"] and p["seq_len"] == prof.train.max_seq_len
     print(f"{name}: remat {prof.train.remat}, peak {p['peak_bytes'] / plan.GIB:.2f} of {prof.hardware.hbm_gib_per_chip} GiB")
     assert p["peak_bytes"] <= 0.92 * p["hbm_bytes"]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name", ["colab-v5e-1", "v5p-8", "v6e-8"])
+def test_usable_hbm_is_what_libtpu_reports(name):
+    """profiles.CHIP_HBM_USABLE_GIB, which the plan's FITS is judged against, is what libtpu itself says it may
+    allocate on the chip (read from its compile-time OOM for a 256 GiB program); a new libtpu that moves it fails
+    here. The message rounds to 0.01 GiB."""
+    hw = profiles.get_profile(name).hardware
+    usable = plan.probe_usable_hbm_bytes(profiles.get_profile(name)) / plan.GIB
+    print(f"{hw.chip}: XLA may use {usable:.2f} of {hw.hbm_gib_per_chip} GiB")
+    assert hw.hbm_usable_gib_per_chip == pytest.approx(usable, abs=0.006)
+
+
+def test_a_peak_between_usable_and_nominal_hbm_does_not_fit():
+    """A v5e has 16 GiB and XLA may use 15.75 of it: a step peaking at 15.9 GiB would fail on the chip, so the plan
+    says DOES NOT FIT (it compared against the 16 GiB before); 15.5 fits with 0.25 spare."""
+    v5e = profiles.get_profile("colab-v5e-1")
+    point = lambda peak: {"layers": 35, "compile_s": 1.0, "argument_bytes": int(9.5 * plan.GIB),  # noqa: E731
+                          "output_bytes": int(9.5 * plan.GIB), "alias_bytes": int(9.5 * plan.GIB),
+                          "temp_bytes": int((peak - 9.5) * plan.GIB), "peak_bytes": int(peak * plan.GIB)}
+    over = plan.assemble_plan(v5e, "block", 2048, [point(15.9)], 35, 35)
+    assert not over["fits"] and over["spare_bytes"] < 0
+    assert "DOES NOT FIT, 0.15 GiB over" in plan.format_plan(over) and "15.75 GiB XLA can use" in plan.format_plan(over)
+    under = plan.assemble_plan(v5e, "block", 2048, [point(15.5)], 35, 35)
+    assert under["fits"] and plan.plan_row(under)["spare GiB"] == 0.25
+    assert "FITS, 0.25 GiB spare" in plan.format_plan(under)
