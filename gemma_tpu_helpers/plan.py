@@ -535,6 +535,11 @@ REFERENCE_POINTS: dict[str, list[dict]] = {
     'colab-v6e-1_block_seq3072_Lfit': [
         {"layers": 42, "compile_s": 2262.5, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 13216530432, "alias_bytes": 16392320512, "peak_bytes": 29608921664, "flops": 92644055187456, "bytes_accessed": 476815425536, "optimal_seconds": None, "step": "train", "qlora": None},
     ],
+    # QLoRA (nf4 targeted weights), compiled 05:38-06:16 UTC 2026-12-02 on an otherwise idle host: 24.1 GB of RSS and
+    # about 13 GB more in swap (a 24 GiB host without swap OOM-kills it)
+    'colab-v6e-1_block_seq3072_Lfit_nf4': [
+        {"layers": 42, "compile_s": 2222.9, "argument_bytes": 10596192704, "output_bytes": 10596144576, "temp_bytes": 16705650688, "alias_bytes": 10596132352, "peak_bytes": 27301855616, "flops": 92913396613120, "bytes_accessed": 1081776275456, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
+    ],
     # DECODER remat, compiled 02:06-03:27 UTC 2026-12-02 beside another compile and a CI run (host RSS 13.4 GB)
     'colab-v6e-1_decoder_seq3072_Lfit': [
         {"layers": 42, "compile_s": 4814.2, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 9291792384, "alias_bytes": 16392320512, "peak_bytes": 25684183616, "flops": 101463107829760, "bytes_accessed": 477971972096, "optimal_seconds": None, "step": "train", "qlora": None},
