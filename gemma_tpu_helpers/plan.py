@@ -778,7 +778,7 @@ def format_prediction(pred: dict) -> str:
     ph, pu = pred["paper_mfu_hours"], pred["paper_mfu_usd"]
     r = pred["rows"]
     return "\n".join([
-        f"predicted run: {pred['profile']} ({pred['chips']} chips), remat={pred['remat']}, seq {pred['seq_len']}, "
+        f"predicted run: {pred['profile']} ({pred['chips']} chip{'s' if pred['chips'] != 1 else ''}), remat={pred['remat']}, seq {pred['seq_len']}, "
         f"{pred['rows_per_step']} rows per optimizer step",
         f"  per chip per micro-step (XLA cost analysis, {pred['layers']} layers): {pred['flops_per_chip'] / 1e12:.2f} "
         f"TFLOP -> {pred['compute_s']:.3f} s at peak; {pred['bytes_per_chip'] / 1e9:.1f} GB -> {pred['memory_s']:.3f} s "

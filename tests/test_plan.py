@@ -248,6 +248,7 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     assert pred["paper_mfu"] == pytest.approx(plan.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
     assert pred["roofline_usd"]["packed"] is None and pred["roofline_hours"]["packed"] > 0
     assert "no hourly price" in plan.format_prediction(pred) and "no price" in plan.packing_savings(pred)
+    assert "colab-v5e-1 (1 chip)," in plan.format_prediction(pred)
     # QLoRA on the same chip: the nf4 weights take less HBM, their dequantisation more bytes per step
     q = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block", "nf4"),))[0]
     assert q["qlora"] == "nf4" and q["argument_bytes"] < 0.8 * p["argument_bytes"] and q["peak_bytes"] < p["peak_bytes"]
