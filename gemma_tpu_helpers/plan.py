@@ -404,7 +404,8 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
         "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
         "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
         "qlora": points[0].get("qlora"), "model": profile.model.source,
-        "hbm_bytes": int(hbm), "hbm_usable_bytes": int(usable), "spare_bytes": None if oom else int(usable - result["peak_bytes"]),
+        "hbm_bytes": int(hbm), "hbm_usable_bytes": int(usable),
+        "spare_bytes": None if oom else int(usable - result["peak_bytes"]),
         "fits": not oom and bool(result["peak_bytes"] <= usable), "model_layers": model_layers,
         "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
     })
@@ -803,6 +804,7 @@ def format_prediction(pred: dict) -> str:
 def format_plan(plan: dict) -> str:
     g = lambda k: plan[k] / GIB  # noqa: E731
     usable = plan.get("hbm_usable_bytes", plan["hbm_bytes"])  # a plan cached before the usable figure: the nominal
+    spare = plan.get("spare_bytes", usable - plan["peak_bytes"])
     of = f"of the {usable / GIB:.2f} GiB XLA can use ({g('hbm_bytes'):.0f} GiB HBM)"
     lines = [
         f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
@@ -825,8 +827,8 @@ def format_plan(plan: dict) -> str:
         return "\n".join(lines)
     lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB + output "
                  f"{g('output_bytes'):.2f} GiB - aliased {g('alias_bytes'):.2f} GiB = {g('peak_bytes'):.2f} GiB "
-                 f"{of}: " + (f"FITS, {(usable - plan['peak_bytes']) / GIB:.2f} GiB spare" if plan["fits"] else
-                              f"DOES NOT FIT, {(plan['peak_bytes'] - usable) / GIB:.2f} GiB over")
+                 f"{of}: " + (f"FITS, {spare / GIB:.2f} GiB spare" if plan["fits"] else
+                              f"DOES NOT FIT, {-spare / GIB:.2f} GiB over")
                  + (f" (a {plan['layers']}-layer variant of the {plan['model_layers']}-layer model)"
                     if plan["layers"] < plan.get("model_layers", plan["layers"]) else ""))
     return "\n".join(lines)
