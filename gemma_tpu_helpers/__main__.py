@@ -36,6 +36,7 @@ from . import (
 )
 from . import mesh as mesh_lib
 from .errors import run_cli
+from .infra import cli_path
 from .gemma4 import load_model
 
 
@@ -227,9 +228,17 @@ def cmd_cost(args) -> int:
     return cost.main_cost(args)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (``error: ...``, exit 2), as every other bad input here. Its
+    sub-command parsers are of this class too."""
+
+    def error(self, message):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers",
-                                 description="gemma-tpu course steps. Each sub-command is what a notebook calls.")
+    ap = OneLineParser(prog="python -m gemma_tpu_helpers",
+                       description="gemma-tpu course steps. Each sub-command is what a notebook calls.")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="STEP")
 
     p = sub.add_parser("setup", help="00: versions, devices, profile, course map, memory estimate")
@@ -237,11 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="workshop readiness: venvs, iverilog, devices, free RAM and disk, the model, a fix for each")
     p.add_argument("--serve", action="store_true", help="with --check: also start the vLLM server once (60-100 s)")
-    p.add_argument("--runs", default=None, help="with --check: runs root (default ./runs)")
+    p.add_argument("--runs", type=cli_path, default=None, help="with --check: runs root (default ./runs)")
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("tiny-model", help="00: write the tiny random Gemma 4 checkpoint + tokenizer")
-    p.add_argument("out_dir")
+    p.add_argument("out_dir", type=cli_path)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None,
                    help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global) for 31b and "
@@ -253,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tiny_model)
 
     p = sub.add_parser("parity", help="00: tunix vs transformers logits on a checkpoint")
-    p.add_argument("model_dir")
+    p.add_argument("model_dir", type=cli_path)
     _profile_arg(p)
     p.add_argument("--seq-len", type=int, default=40)
     p.add_argument("--bound", type=float, default=1e-4, help="max |dlogit| / max |logit| allowed")
@@ -288,15 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data-stats", help="05: packed vs pad-to-max token use for the profile's data")
     _profile_arg(p)
     p.add_argument("--source", default=None, help="data source (default: the profile's)")
-    p.add_argument("--base", default=None, help="checkpoint dir whose tokenizer to use (default: the profile's base)")
+    p.add_argument("--base", type=cli_path, default=None, help="checkpoint dir whose tokenizer to use (default: the profile's base)")
     p.add_argument("--show-example", type=int, default=None, metavar="N",
                    help="print example N as it is trained (the loss span marked) instead of the statistics")
     p.set_defaults(func=cmd_data_stats)
 
     p = sub.add_parser("train", help="06: LoRA training with Orbax checkpoints; resumes automatically")
     _profile_arg(p)
-    p.add_argument("--run-dir", default=None, help="run directory (default runs/<profile>)")
-    p.add_argument("--base", default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
+    p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>)")
+    p.add_argument("--base", type=cli_path, default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's max_steps")
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")
     g = p.add_argument_group("multi-host (every worker runs the same command; see `launch`)")
@@ -360,12 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run all notebooks in order (executed copies + report.md in runs/<profile>/)")
     _profile_arg(p)
-    p.add_argument("--runs", default=None, help="runs root (default ./runs)")
+    p.add_argument("--runs", type=cli_path, default=None, help="runs root (default ./runs)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="write runs/<profile>/report.md from the recorded figures")
     _profile_arg(p)
-    p.add_argument("--runs", default=None, help="runs root (default ./runs)")
+    p.add_argument("--runs", type=cli_path, default=None, help="runs root (default ./runs)")
     p.set_defaults(func=cmd_report)
     return ap
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from . import gemma4, hub, tiny
+from .infra import absolute_path
 
 HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-E2B-it": "e2b", "google/gemma-4-E4B-it": "e4b"}
 
@@ -31,10 +32,11 @@ def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | N
 
     Every download failure (offline, no token, licence not accepted, wrong id, too little disk) raises
     ``hub.HubError`` with a one-line fix, before any weights move (see ``hub.download``)."""
+    base = absolute_path(base, "base directory") if base else None
     if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
         gemma4.check_checkpoint(base)
-        return Path(base)
-    base = Path(base) if base else Path(run_dir or profile.run_dir()) / "base"
+        return base
+    base = base or absolute_path(run_dir or profile.run_dir(), "run directory") / "base"
     if profile.model.source == "tiny":
         return tiny.ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
                                       variant=profile.model.tiny_variant)

@@ -460,7 +460,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``bench`` sub-command's arguments."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="a running OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8000")
-    src.add_argument("--serve-model", metavar="DIR",
+    src.add_argument("--serve-model", type=infra.cli_path, metavar="DIR",
                      help="start a CPU vLLM server for this checkpoint, benchmark it, stop it (smoke)")
     p.add_argument("--model", default=None, help="served model name (default: the first the server lists)")
     p.add_argument("--tokenizer", default=None,
@@ -471,7 +471,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="comma-separated request rates (default %(default)s)")
     p.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="output tokens per request")
     p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="requests per point")
-    p.add_argument("--out", default=None, help="results folder (default runs/<profile>/bench)")
+    p.add_argument("--out", type=infra.cli_path, default=None, help="results folder (default runs/<profile>/bench)")
     p.add_argument("--api-key", default=None, help="the server's key (default: $VLLM_API_KEY)")
     p.add_argument("--profile", default=None, help="profile for --serve-model and the default --out")
     p.add_argument("--timeout", type=float, default=SWEEP_TIMEOUT_S, help="seconds for the whole sweep")

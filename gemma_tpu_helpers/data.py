@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def _load_dataset_args(source: str, config: str | None = None) -> tuple[tuple, d
     """``datasets.load_dataset`` arguments for a source: ``(path[, config]), kwargs``."""
     if source == "shipped":
         return (str(SHIPPED_REPLICA), config or SHIPPED_CONFIG), {}
-    path = Path(source)
+    path = Path(os.path.abspath(os.path.expanduser(source)))  # a local file or folder, relative to the current dir
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix)
         if builder is None:
@@ -48,6 +49,8 @@ def _load_dataset_args(source: str, config: str | None = None) -> tuple[tuple, d
         if config:
             raise DataError(f"{path} is a single file: it has no configs, so drop config={config!r}.")
         return (builder,), {"data_files": str(path)}
+    if path.is_dir():  # a local dataset directory
+        source = str(path)
     # A dataset id on the Hub, or a local dataset directory: the same call either way.
     return ((source, config) if config else (source,)), {}
 

@@ -887,6 +887,9 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
 def read_completions(path: str | os.PathLike) -> list[dict]:
     """Rows from a JSONL file with ``task_id`` and ``completion`` per line (a results file works too)."""
     path = Path(path)
+    if path.is_dir():
+        raise EvalError(f"completions file {path} is a directory; --completions takes a JSONL file (one "
+                        f"{{\"task_id\", \"completion\"}} object per line)")
     if not path.is_file():
         raise EvalError(f"completions file {path} does not exist")
     rows = []
@@ -931,11 +934,11 @@ def _parse_ks(text) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``eval`` sub-command's arguments."""
-    p.add_argument("--problems", default=None,
+    p.add_argument("--problems", type=infra.cli_path, default=None,
                    help="folder in the VerilogEval v2 layout (default: the 28 shipped problems)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (vLLM)")
-    src.add_argument("--completions", help="JSONL with task_id and completion per line (a results file works too)")
+    src.add_argument("--completions", type=infra.cli_path, help="JSONL with task_id and completion per line (a results file works too)")
     src.add_argument("--calibrate", action="store_true",
                      help="score every reference as a completion: the toolchain's ceiling on --problems, cached in "
                           "RUN_DIR/eval per (problems, iverilog version) and used by later scores on them")
@@ -954,10 +957,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds per simulation, as VerilogEval's `timeout 30` (the compile gets as long again)")
     p.add_argument("--workers", type=int, default=2, help="parallel simulations")
-    p.add_argument("--out", default=None, help="write per-sample results here (JSONL)")
+    p.add_argument("--out", type=infra.cli_path, default=None, help="write per-sample results here (JSONL)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file; with --calibrate, redo a cached calibration")
-    p.add_argument("--run-dir", default=None,
+    p.add_argument("--run-dir", type=infra.cli_path, default=None,
                    help="run directory whose eval/ holds the calibrations (default runs/<profile>)")
     p.add_argument("--profile", default=None,
                    help=f"whose run directory (runs/<profile>) holds the calibrations: one of "

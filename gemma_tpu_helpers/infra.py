@@ -27,6 +27,36 @@ from typing import Iterable
 from .errors import GemmaTpuError
 
 LOG_TAIL_LINES = 40
+REMOTE_SCHEMES = ("gs://",)  # paths handed on as they are (Orbax and tensorstore read them natively)
+
+
+class PathArgumentError(GemmaTpuError, ValueError):
+    """A path argument that names nothing (an empty string)."""
+
+
+def absolute_path(path: str | os.PathLike, what: str = "path") -> Path | str:
+    """``path`` made absolute against the current directory (``~`` expanded, ``..`` folded), once, where it comes
+    in: later code may change directory or hand it to a library that needs an absolute path (Orbax, tensorstore,
+    a server started in its log folder). ``gs://...`` comes back unchanged, as a string. An empty path raises
+    :class:`PathArgumentError` (it would otherwise mean the current directory)."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise PathArgumentError(f"the {what} is empty; give a directory or file name (relative to the current "
+                                f"directory, or absolute).")
+    if str(text).startswith(REMOTE_SCHEMES):
+        return str(text)
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def cli_path(text: str) -> Path | str:
+    """An ``argparse`` ``type=`` for path arguments: :func:`absolute_path`, with argparse's own one-line usage
+    error (exit 2) for an empty one."""
+    import argparse
+
+    try:
+        return absolute_path(text)
+    except PathArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

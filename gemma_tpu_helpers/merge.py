@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from . import base_model, gemma4, lora_checkpoint, merge_plan, profiles, safetensors_io, train
 from .errors import GemmaTpuError
-from .infra import config_hash, install_dir, temp_dir_beside
+from .infra import absolute_path, cli_path, config_hash, install_dir, temp_dir_beside
 from .multihost import is_main
 
 MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
@@ -117,7 +117,9 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     if kernel not in safetensors_io.MERGE_KERNELS:
         raise MergeError(f"kernel must be one of {safetensors_io.MERGE_KERNELS}, got {kernel!r}.")
     started = time.perf_counter()
-    base_dir, checkpoint_dir, out_dir = Path(base_dir), Path(checkpoint_dir), Path(out_dir)
+    base_dir = absolute_path(base_dir, "base directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    out_dir = absolute_path(out_dir, "output directory")
     prepare_out_dir(out_dir, overwrite)
     index, shards, entries = safetensors_io.base_layout(base_dir)
     text = gemma4.read_text_config(base_dir)
@@ -210,10 +212,11 @@ def add_merge_arguments(p) -> None:
     p.add_argument("--profile", default=None,
                    help="take --base, --checkpoint and --out from the profile's run directory (runs/<profile>/base, "
                         "checkpoints, merged) where they are not given")
-    p.add_argument("--base", default=None, help="base HF checkpoint directory (config, shards, index, tokenizer)")
-    p.add_argument("--checkpoint", default=None, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--base", type=cli_path, default=None,
+                   help="base HF checkpoint directory (config, shards, index, tokenizer)")
+    p.add_argument("--checkpoint", type=cli_path, default=None, help="the run's Orbax `checkpoints` directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--out", default=None, help="output directory (written atomically)")
+    p.add_argument("--out", type=cli_path, default=None, help="output directory (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import layout
 from .gemma4 import read_text_config
-from .infra import install_dir, temp_dir_beside
+from .infra import absolute_path, cli_path, install_dir, temp_dir_beside
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir
@@ -38,7 +38,9 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
     from peft import LoraConfig
     from safetensors.numpy import save_file
 
-    out_dir = Path(out_dir)
+    out_dir = absolute_path(out_dir, "output directory")
+    base_dir = absolute_path(base_dir, "base directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
     prepare_out_dir(out_dir, overwrite)
     meta = read_lora_config(checkpoint_dir)
     step, arrays = restore_lora(checkpoint_dir, step)
@@ -81,10 +83,10 @@ def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:
 # The CLI (wired in __main__.py)
 
 def add_export_arguments(p) -> None:
-    p.add_argument("--base", required=True)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
+    p.add_argument("--checkpoint", type=cli_path, required=True, help="the run's Orbax `checkpoints` directory")
     p.add_argument("--step", type=int, default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", type=cli_path, required=True, help="the adapter directory to write")
     p.add_argument("--overwrite", action="store_true")
 
 

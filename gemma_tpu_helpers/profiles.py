@@ -174,12 +174,17 @@ class Profile:
         return tuple(name for name, _ in self.hardware.mesh)
 
     def run_dir(self, root: str | os.PathLike | None = None) -> Path:
-        """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout)."""
+        """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout),
+        absolute."""
         root = root or os.environ.get("GEMMA_TPU_RUNS")
         if root is None:
             checkout = Path(__file__).resolve().parent.parent
             root = checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
-        return Path(root) / self.name
+        root = infra.absolute_path(root, "runs root")  # relative: to the current directory, once
+        if root.exists() and not root.is_dir():
+            raise infra.PathArgumentError(f"the runs root {root} is a file; give a directory (--runs, "
+                                          f"$GEMMA_TPU_RUNS): run directories go under it as <root>/<profile>.")
+        return root / self.name
 
 
 _PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)

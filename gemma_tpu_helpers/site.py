@@ -265,7 +265,7 @@ def screenshot(page: str | os.PathLike, png: str | os.PathLike, window: tuple[in
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="the run's profile (default: $GEMMA_TPU_PROFILE, else smoke)")
-    p.add_argument("--runs", default=None, help="runs root (default ./runs)")
+    p.add_argument("--runs", type=infra.cli_path, default=None, help="runs root (default ./runs)")
     p.add_argument("--no-screenshot", action="store_true", help="skip the index screenshot (needs chromium)")
 
 

@@ -194,6 +194,9 @@ def write_processor_config(out_dir: Path) -> None:
 
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():  # never replaced, even with overwrite: it is not a checkpoint
+        raise OutputExistsError(f"{out_dir} is a file, not a directory; give a new directory name for the "
+                                f"checkpoint (the file is left as it is).")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise OutputExistsError(f"{out_dir} already holds files; pass --overwrite (overwrite=True) to replace them.")
 
@@ -237,7 +240,7 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
         GenerationConfig,
     )
 
-    out_dir = Path(out_dir)
+    out_dir = infra.absolute_path(out_dir, "output directory")
     text_cfg = tiny_text_config(layers, variant)  # validates layers before anything is written
     layers = text_cfg["num_hidden_layers"]
     _prepare_out(out_dir, overwrite)

@@ -20,7 +20,7 @@ from . import data as data_lib
 from . import mesh as mesh_lib
 from . import step as step_lib
 from .errors import GemmaTpuError
-from .infra import config_hash, write_atomic
+from .infra import absolute_path, config_hash, write_atomic
 from .multihost import is_main, process_rows
 from .profiles import Profile
 
@@ -219,7 +219,11 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     if overrides:
         t = dataclasses.replace(t, **overrides)
         profile = dataclasses.replace(profile, train=t)
-    run_dir = Path(run_dir or profile.run_dir())
+    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory")  # Orbax needs absolute paths
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
+                            f"go under it).")
+    base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
     base = base_model.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
     mesh = mesh_lib.make_mesh(profile)
     fsdp = dict(mesh.shape).get("fsdp", 1)
@@ -320,7 +324,7 @@ def ensure_trained(profile: Profile, run_dir: str | Path | None = None, progress
 
     How later notebooks (merge, serve, evaluate) stay standalone: the first one to need a trained LoRA trains it.
     """
-    run_dir = Path(run_dir or profile.run_dir())
+    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory")
     ckpt_dir = run_dir / "checkpoints"
     done = run_dir / "train" / DONE
     if not (done.is_file() and latest_step(ckpt_dir) == json.loads(done.read_text())["steps"]):

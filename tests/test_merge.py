@@ -323,7 +323,8 @@ def test_cli_paths_from_the_profile(tmp_path, monkeypatch, capsys):
     run = tmp_path / "smoke-e"
     assert merge.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
                                                                         run / "merged")
-    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == Path("x")
+    monkeypatch.chdir(tmp_path)  # a path given is taken relative to where the user is, once, as it comes in
+    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == tmp_path / "x"
     assert run_cli(merge.main_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
     assert "--profile" in capsys.readouterr().err
 
