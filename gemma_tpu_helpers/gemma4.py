@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 
 from .errors import GemmaTpuError
@@ -87,13 +88,20 @@ def read_text_config(model_dir: str | Path) -> dict:
     """The text part of a Gemma 4 ``config.json`` (multimodal layout or text-only)."""
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
+    if model_dir.exists() and not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir} is a file, not a checkpoint directory: pass the directory that holds "
+                              f"config.json and the *.safetensors shards.")
     if not model_dir.is_dir():
         raise CheckpointError(f"Checkpoint directory {model_dir} does not exist. Build the smoke one with "
                               f"`python -m gemma_tpu_helpers tiny-model {model_dir}` or download the real one.")
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory.")
-    cfg = json.loads(path.read_text())
-    text = cfg.get("text_config", cfg)
+    try:
+        cfg = json.loads(path.read_text())
+        text = cfg.get("text_config", cfg)
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{path} is not a JSON object (truncated or damaged); "
+                              f"{refetch_hint(model_dir)}.") from None
     if text.get("model_type") not in ("gemma4_text", "gemma4"):
         raise CheckpointError(f"{path} describes model_type={text.get('model_type')!r}, not a Gemma 4 text model.")
     return text
@@ -236,23 +244,104 @@ def valid_tp_sizes(text_config: dict, max_tp: int = 64) -> list[int]:
     return [tp for tp in range(1, max_tp + 1) if not head_divisibility_problems(text_config, {"tp": tp})]
 
 
+INDEX = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
+
+
+def refetch_hint(model_dir: str | Path) -> str:
+    """How to get a damaged file of ``model_dir`` back: run the merge again for a merged model, rebuild a tiny
+    replica, else copy or download it again."""
+    d = Path(model_dir)
+    if (d / "merge_info.json").is_file():
+        return f"run the merge again (`python -m gemma_tpu_helpers merge ... --out {d} --overwrite`)"
+    if (d / "tiny_model.json").is_file():
+        return f"rebuild it (`python -m gemma_tpu_helpers tiny-model {d} --overwrite`)"
+    return (f"copy or download it again (`hf download REPO --local-dir {d}` fetches what is missing or "
+            f"damaged; delete the damaged file first)")
+
+
+def read_shard_header(path: str | Path) -> tuple[dict, int]:
+    """``(header, data_start)`` of one safetensors file (u64 header length, JSON header, raw data), checked: a
+    truncated file, or one that is not safetensors at all, raises CheckpointError naming the file, with the fix."""
+    path = Path(path)
+    fix = refetch_hint(path.parent)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
+            text = f.read(n) if n is not None and 0 < n <= MAX_HEADER_BYTES and 8 + n <= size else b""
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {fix}.") from e
+    if n is None:
+        raise CheckpointError(f"{path} is truncated or not a safetensors file ({size} bytes, shorter than the "
+                              f"8-byte header length); {fix}.")
+    if n == 0 or n > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{path} is not a safetensors file (its first 8 bytes give a header length of "
+                              f"{n:,} bytes); {fix}.")
+    if 8 + n > size:
+        raise CheckpointError(f"{path} is truncated: {size:,} bytes, fewer than its own header needs "
+                              f"({8 + n:,}); an interrupted copy or download. {fix[0].upper()}{fix[1:]}.")
+    try:
+        header = json.loads(text)
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):  # not JSON, or not safetensors' header
+        raise CheckpointError(f"{path} is not a safetensors file (its header is not a safetensors JSON header); "
+                              f"{fix}.") from None
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise CheckpointError(f"{path} is truncated: {size:,} bytes of the {need:,} its header describes; an "
+                              f"interrupted copy or download. {fix[0].upper()}{fix[1:]}.")
+    return header, 8 + n
+
+
+def checkpoint_layout(model_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
+    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a safetensors checkpoint: the index (or the
+    single ``model.safetensors``), and every shard's header read and checked against it. Raises CheckpointError,
+    naming the file, for a missing, truncated or foreign shard and for an index the shards do not match."""
+    model_dir = Path(model_dir)
+    index_path = model_dir / INDEX
+    fix = refetch_hint(model_dir)
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = dict(index["weight_map"])
+        except (ValueError, TypeError, KeyError):
+            raise CheckpointError(f"{index_path} is not a safetensors index (no JSON weight_map: truncated or "
+                                  f"damaged); {fix}.") from None
+    elif (model_dir / "model.safetensors").is_file():  # a single-file checkpoint: same code, one shard
+        header, _ = read_shard_header(model_dir / "model.safetensors")
+        weight_map = {k: "model.safetensors" for k in header if k != "__metadata__"}
+        index = {"metadata": {}, "weight_map": weight_map}
+    else:
+        raise CheckpointError(f"{model_dir} has no {INDEX} (nor a single model.safetensors): cannot tell which "
+                              f"shard holds which tensor. {fix[0].upper()}{fix[1:]}, with its index.")
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, []).append(name)
+    entries = {}
+    for shard, names in shards.items():
+        path = model_dir / shard
+        if not path.is_file():
+            raise CheckpointError(f"{INDEX} names shard {shard}, which is missing from {model_dir}; {fix}.")
+        header, _ = read_shard_header(path)
+        for name in names:
+            if name not in header:
+                raise CheckpointError(f"{index_path} puts {name} in {shard}, but that shard's header does not hold "
+                                      f"it: the index and the shards are from different copies. "
+                                      f"{fix[0].upper()}{fix[1:]}.")
+            entries[name] = header[name]
+    return index, shards, entries
+
+
 def check_checkpoint(model_dir: str | Path) -> dict:
-    """Validate a checkpoint's files and key layout; return its text config. Raises CheckpointError."""
+    """Validate a checkpoint's files (every shard's header, against the index) and key layout; return its text
+    config. Raises CheckpointError."""
     model_dir = Path(model_dir)
     text = read_text_config(model_dir)
-    shards = sorted(model_dir.glob("*.safetensors"))
-    if not shards:
+    if not any(model_dir.glob("*.safetensors")):
         raise CheckpointError(f"{model_dir} has config.json but no *.safetensors weights.")
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        keys = list(json.loads(index.read_text())["weight_map"])
-    else:
-        from safetensors import safe_open
-
-        keys = []
-        for s in shards:
-            with safe_open(s, framework="np") as f:
-                keys.extend(f.keys())
+    keys = list(checkpoint_layout(model_dir)[0]["weight_map"])
     layer_keys = [k for k in keys if re.search(r"layers\.\d+\.", k) and not k.startswith(MULTIMODAL_PREFIXES)]
     wrong = [k for k in layer_keys if not k.startswith(KEY_PREFIX)]
     if wrong or not layer_keys:

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from .errors import GemmaTpuError
-from .gemma4 import CheckpointError, read_text_config
-
-INDEX = "model.safetensors.index.json"
+# INDEX is read by merge from here (noqa: re-exported)
+from .gemma4 import INDEX, CheckpointError, checkpoint_layout, read_shard_header, read_text_config  # noqa: F401
 COPY_CHUNK = 64 << 20
 # Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
 # to stay in the caches and keep the memory bounded whatever the tensor's size.
@@ -52,52 +49,22 @@ def _np_dtype(name: str):
 
 
 def read_header(path: str | Path) -> tuple[dict, int]:
-    """``(header, data_start)`` of a safetensors file (the format: u64 header length, JSON header, raw data)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise SafetensorsError(f"{path} is not a safetensors file (shorter than 8 bytes).")
-        (n,) = struct.unpack("<Q", raw)
-        if n > 100 << 20:
-            raise SafetensorsError(f"{path} is not a safetensors file (header length {n}).")
-        header = json.loads(f.read(n))
-    size = Path(path).stat().st_size
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > size:
-        raise SafetensorsError(f"{path} is truncated: its header describes {8 + n + end} bytes, the file has {size}.")
-    return header, 8 + n
+    """``(header, data_start)`` of a safetensors file (the format: u64 header length, JSON header, raw data);
+    ``gemma4.read_shard_header``'s checks, raised as SafetensorsError."""
+    try:
+        return read_shard_header(path)
+    except CheckpointError as e:
+        raise SafetensorsError(str(e)) from e
 
 
 def base_layout(base_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
-    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint. Raises SafetensorsError."""
-    base_dir = Path(base_dir)
+    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint (``gemma4.checkpoint_layout``
+    after its config). Raises SafetensorsError."""
     try:
         read_text_config(base_dir)
+        return checkpoint_layout(base_dir)
     except CheckpointError as e:
         raise SafetensorsError(str(e)) from e
-    index_path = base_dir / INDEX
-    if index_path.is_file():
-        index = json.loads(index_path.read_text())
-    elif (base_dir / "model.safetensors").is_file():  # a single-file checkpoint: same code, one shard
-        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in read_header(base_dir / "model.safetensors")[0]
-                                                if k != "__metadata__"}}
-    else:
-        raise SafetensorsError(f"{base_dir} has no {INDEX} (nor a single model.safetensors): cannot tell which shard holds "
-                         f"which tensor. Re-download the checkpoint with its index.")
-    shards: dict[str, list[str]] = {}
-    for name, shard in index["weight_map"].items():
-        shards.setdefault(shard, []).append(name)
-    entries = {}
-    for shard, names in shards.items():
-        path = base_dir / shard
-        if not path.is_file():
-            raise SafetensorsError(f"{INDEX} names shard {shard}, which is missing from {base_dir}.")
-        header, _ = read_header(path)
-        for name in names:
-            if name not in header:
-                raise SafetensorsError(f"{INDEX} puts {name} in {shard}, but that shard does not hold it.")
-            entries[name] = header[name]
-    return index, shards, entries
 
 
 def _copy_range(src, dst, offset: int, length: int) -> None:

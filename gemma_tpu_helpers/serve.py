@@ -41,7 +41,7 @@ from pathlib import Path
 from . import infra
 from .base_model import profile_text_config
 from .errors import GemmaTpuError, run_cli
-from .gemma4 import attn_dims, kv_shared_layers, layer_kinds, param_count
+from .gemma4 import CheckpointError, attn_dims, checkpoint_layout, kv_shared_layers, layer_kinds, param_count
 from .profiles import Profile, get_profile, tpu_device_files, tpu_holders, tpu_visible
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
@@ -92,8 +92,12 @@ def serve_python(check: bool = True) -> Path:
 
 
 def check_model_dir(model_dir: str | os.PathLike) -> Path:
-    """A servable HF checkpoint directory: config.json, weights and a tokenizer. Raises ServeError before launch."""
-    model_dir = Path(model_dir)
+    """A servable HF checkpoint directory, absolute: config.json, weights (every shard's header, against the index)
+    and a tokenizer. Raises ServeError before launch."""
+    model_dir = infra.absolute_path(model_dir, "model directory")
+    if model_dir.exists() and not model_dir.is_dir():
+        raise ServeError(f"{model_dir} is a file; --model takes the checkpoint directory (config.json, the "
+                         f"*.safetensors shards and the tokenizer).")
     if not model_dir.is_dir():
         raise ServeError(f"Model directory {model_dir} does not exist (build the smoke one with "
                          f"`python -m gemma_tpu_helpers tiny-model {model_dir}`, or merge the adapter first).")
@@ -108,6 +112,10 @@ def check_model_dir(model_dir: str | os.PathLike) -> Path:
         raise ServeError(f"{model_dir} is not a servable checkpoint: missing {', '.join(missing)}. vLLM needs the "
                          f"config, the weights and the tokenizer in one directory (the merge step copies the "
                          f"tokenizer).")
+    try:
+        checkpoint_layout(model_dir)  # a truncated or foreign shard: one line now, not vLLM's traceback later
+    except CheckpointError as e:
+        raise ServeError(str(e)) from e
     return model_dir
 
 
@@ -243,7 +251,7 @@ def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_
         lora_mounts = {}
         for i, (name, path) in enumerate((lora_modules or {}).items()):
             lora_mounts[name] = f"/lora/{i}"
-            argv += ["-v", f"{path}:/lora/{i}:ro"]
+            argv += ["-v", f"{os.path.abspath(os.path.expanduser(path))}:/lora/{i}:ro"]  # docker needs absolute
         if lora_modules:
             argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
         argv += [profile.serve.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
@@ -601,7 +609,7 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
         check_port_free(port)
     argv = command(profile, model_dir, port=port, api_key=api_key, served_name=served_name,
                    lora_modules=lora_modules) + list(extra_args or [])
-    log_path = Path(log_path) if log_path else profile.run_dir() / "serve" / "server.log"
+    log_path = infra.absolute_path(log_path, "log path") if log_path else profile.run_dir() / "serve" / "server.log"
     env = {**os.environ, **environment(profile, api_key, lora=bool(lora_modules))}
     proc = infra.start_group(argv, log_path, env=env, cwd=log_path.parent, header=f"# {shlex.join(argv)}\n")
     server = Server(proc, argv, port, HOST, log_path, served_name, api_key)

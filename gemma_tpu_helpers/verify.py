@@ -12,6 +12,7 @@ import numpy as np
 from . import gemma4, lora, parity, profiles
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
+from .infra import absolute_path, cli_path
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import MERGE_INFO, read_merge_info
 
@@ -74,6 +75,11 @@ def verify(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=N
     to bf16); the TPU profiles verify on the tiny model, like the parity check.
     """
     bound = parity.DEFAULT_REL_BOUND if bound is None else bound
+    base_dir = absolute_path(base_dir, "base directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    merged_dir = absolute_path(merged_dir, "merged directory")
+    gemma4.check_checkpoint(base_dir)  # both checkpoints' files, before minutes of loading (a damaged shard: one line)
+    gemma4.check_checkpoint(merged_dir)
     mesh = mesh if mesh is not None else mesh_lib.make_mesh(profiles.get_profile("smoke"))
     step, arrays = restore_lora(checkpoint_dir, step)
     info = read_merge_info(merged_dir)
@@ -111,9 +117,9 @@ def verify_table(result: dict):
 # The CLI (wired in __main__.py)
 
 def add_verify_arguments(p) -> None:
-    p.add_argument("--base", required=True)
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--merged", required=True)
+    p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
+    p.add_argument("--checkpoint", type=cli_path, required=True, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--merged", type=cli_path, required=True, help="the merged checkpoint directory")
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=40)
     p.add_argument("--profile", default=None, help="JAX devices/mesh profile (default: smoke)")
