@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GemmaTpuError
+from .infra import absolute_path
 
 METADATA = "lora_config.json"  # = train.METADATA (not imported: train pulls in more than reading a LoRA needs)
 PARAMS_ITEM = "model_params"
@@ -34,8 +35,12 @@ def list_steps(checkpoint_dir: str | Path) -> list[int]:
 
 
 def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[int, Path]:
-    """``(step, <checkpoint_dir>/<step>/model_params)``; the latest step by default. Raises LoraCheckpointError."""
-    d = Path(checkpoint_dir)
+    """``(step, <checkpoint_dir>/<step>/model_params)``, absolute (Orbax needs it: a relative path fails inside it);
+    the latest step by default. Raises LoraCheckpointError."""
+    d = absolute_path(checkpoint_dir, "checkpoint directory")
+    if d.exists() and not d.is_dir():
+        raise LoraCheckpointError(f"{d} is a file; pass the run's `checkpoints` directory (it holds one folder per "
+                                  f"saved step and lora_config.json).")
     if not d.is_dir():
         raise LoraCheckpointError(f"Checkpoint directory {d} does not exist (train first: `python -m gemma_tpu_helpers train`).")
     steps = list_steps(d)
@@ -56,13 +61,17 @@ def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[i
 def read_lora_config(checkpoint_dir: str | Path) -> dict:
     """``lora_config.json`` written by training: targets, rank, alpha, ... (the only source of rank and alpha)."""
     if not Path(checkpoint_dir).is_dir():
-        resolve_step(checkpoint_dir)  # raises the "does not exist" error
+        resolve_step(checkpoint_dir)  # raises the "does not exist" / "is a file" error
     path = Path(checkpoint_dir) / METADATA
     if not path.is_file():
         raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds (rank, alpha, targets). "
                          f"Checkpoints written by `gemma_tpu_helpers train` have it.")
-    meta = json.loads(path.read_text())
-    missing = [k for k in ("targets", "rank", "alpha") if k not in meta]
+    try:
+        meta = json.loads(path.read_text())
+        missing = [k for k in ("targets", "rank", "alpha") if k not in meta]
+    except (ValueError, TypeError):
+        raise LoraCheckpointError(f"{path} is not a JSON object (truncated or damaged); copy the checkpoint again, "
+                                  f"or rewrite it by rerunning `train` on the same run directory.") from None
     if missing:
         raise LoraCheckpointError(f"{path} lacks {missing}.")
     return meta
@@ -95,22 +104,33 @@ def restore_lora(checkpoint_dir: str | Path, step: int | None = None) -> tuple[i
     import orbax.checkpoint as ocp
 
     step, item = resolve_step(checkpoint_dir, step)
+    steps = list_steps(item.parent.parent)
     ckptr = ocp.PyTreeCheckpointer()
     try:
         meta = ckptr.metadata(item)
+    except Exception as e:  # noqa: BLE001 - Orbax raises many kinds for a missing or garbled metadata file
+        raise LoraCheckpointError(f"Cannot read step {step} of {item.parent.parent}: {item} has no readable Orbax "
+                                  f"metadata ({_first_line(e)}). That step is incomplete or damaged (saving was "
+                                  f"cut off, or a copy is partial): pick another step (steps: {steps}) or copy the "
+                                  f"checkpoint again.") from e
+    try:
         tree_meta = getattr(meta, "item_metadata", None) or getattr(meta, "tree", None) or meta
         restore_args = _map_leaves(tree_meta, lambda _: ocp.RestoreArgs(restore_type=np.ndarray))
         tree = ckptr.restore(item, args=ocp.args.PyTreeRestore(restore_args=restore_args))
-    except LoraCheckpointError:
-        raise
-    except Exception as e:  # truncated / corrupt directories fail in many ways inside Orbax and TensorStore
-        raise LoraCheckpointError(f"Could not restore the LoRA params from {item}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}. The checkpoint is incomplete or damaged; "
-                         f"pick another step (steps: {list_steps(checkpoint_dir)}) or retrain.") from e
+    except Exception as e:  # noqa: BLE001 - truncated array data fails in many ways inside Orbax and TensorStore
+        raise LoraCheckpointError(f"Cannot read the arrays of step {step} in {item} ({_first_line(e)}): its "
+                                  f"metadata reads, but array data is missing or cut short, so the step is "
+                                  f"incomplete or damaged. Pick another step (steps: {steps}) or copy the "
+                                  f"checkpoint again.") from e
     flat = {_strip_value(k): np.asarray(v) for k, v in _flatten(_to_plain(tree)).items()}
     if not flat:
         raise LoraCheckpointError(f"{item} holds no arrays.")
     return step, flat
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def _to_plain(tree):
@@ -146,7 +166,7 @@ def write_lora_checkpoint(checkpoint_dir: str | Path, arrays: dict[str, np.ndarr
     nested layout tunix's ``PeftTrainer`` saves (``layers -> 0 -> attn -> q_einsum -> w_lora_a``)."""
     import orbax.checkpoint as ocp
 
-    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
     tree: dict = {}
     for path, arr in arrays.items():
         node = tree
@@ -157,5 +177,5 @@ def write_lora_checkpoint(checkpoint_dir: str | Path, arrays: dict[str, np.ndarr
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     (checkpoint_dir / METADATA).write_text(json.dumps(meta, indent=1))
     ckptr = ocp.PyTreeCheckpointer()
-    ckptr.save((checkpoint_dir / str(step) / PARAMS_ITEM).resolve(), tree, force=True)
+    ckptr.save(checkpoint_dir / str(step) / PARAMS_ITEM, tree, force=True)
     return checkpoint_dir
