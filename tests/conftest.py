@@ -56,11 +56,12 @@ def smoke_run(tmp_path_factory, tiny_dir):
                                 checkpoint_every=SMOKE_RUN_EVERY, progress=False)
 
 
-def run_cli(*args, env=None, timeout=600):
+def run_cli(*args, env=None, timeout=600, cwd=REPO):
+    """``python -m gemma_tpu_helpers ARGS`` in ``cwd`` (default: the checkout), as a user runs it."""
     import subprocess
 
     return subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 # `make test` runs the suite on two pytest-xdist workers. Each module stays on one worker, so a module fixture (a

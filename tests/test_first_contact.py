@@ -403,6 +403,23 @@ def test_ensure_base_resumes_an_incomplete_checkpoint(tmp_path):
     assert hub.complete(d)
 
 
+def test_a_file_as_out_and_a_truncated_shard_from_a_relative_path(tiny_dir, tmp_path):
+    """Two of the relative-path report's cases, typed from a working directory (test_user_paths has the rest:
+    train, resume, merge, verify and serve with relative paths, and the README's commands run literally)."""
+    import shutil
+
+    (tmp_path / "afile").write_text("keep me")
+    r = run_cli("tiny-model", "afile", cwd=tmp_path, env=env_for(tmp_path))
+    one_line_error(r, f"{tmp_path / 'afile'} is a file, not a directory")
+    assert (tmp_path / "afile").read_text() == "keep me"  # nothing lost
+    shutil.copytree(tiny_dir, tmp_path / "base")
+    shard = sorted((tmp_path / "base").glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:1000])  # an interrupted copy
+    r = run_cli("parity", "base", cwd=tmp_path, env=env_for(tmp_path))
+    line = one_line_error(r, f"{shard} is truncated: 1,000 bytes")
+    assert "tiny-model" in line and "--overwrite" in line, line  # how to get it back
+
+
 # --- pre-flight for TPU profiles ------------------------------------------------------------------------------------
 
 def test_tpu_profile_without_tpu_is_one_line_without_libtpu_noise(tmp_path):

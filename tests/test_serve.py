@@ -183,7 +183,9 @@ def server(smoke, tiny_dir, adapters, tmp_path_factory):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    srv = serve.start(smoke, tiny_dir, api_key=API_KEY, lora_modules=adapters, log_path=log, progress=False)
+    rel = os.path.relpath  # as a user types them: relative to this directory (vLLM runs in the log's folder)
+    srv = serve.start(smoke, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
+                      log_path=rel(log), progress=False)
     srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
     print(f"\nvLLM start: {srv.start_s:.1f} s")
     try:
