@@ -204,7 +204,16 @@ def main(argv=None) -> int:
     if not args.skip_paper:
         once["load-everything merge (paper)"] = ([py, str(Path(__file__).resolve()), "--paper-merge", str(base),
                                                   str(ckpt), str(work / "out_paper")], None)
+    # the streamed weight check of the last streamed merge (verify --weights): reads base and merged, no writes
+    once["weight check of the merge (weight_check.verify_weights)"] = (
+        [py, "-c", "import sys; from gemma_tpu_helpers import weight_check; "
+         "r = weight_check.verify_weights(*sys.argv[1:4], progress=False); sys.exit(0 if r['ok'] else 1)",
+         str(base), str(ckpt), str(work / "out_streamed")], cpu_only)
     for name, (cmd, env) in once.items():
+        if name.startswith("weight check"):
+            runs[name] = [timed(cmd, env)]
+            print(f"  {name}: {runs[name][0][0]:.1f} s, peak RSS {runs[name][0][1]:.0f} MiB", flush=True)
+            continue
         shutil.rmtree(cmd[-2] if "merge_lora" in cmd[2] else cmd[-1], ignore_errors=True)
         runs[name] = [timed(cmd, env)]
         print(f"  {name}: {runs[name][0][0]:.1f} s, peak RSS {runs[name][0][1]:.0f} MiB", flush=True)
@@ -221,6 +230,9 @@ def main(argv=None) -> int:
           f"{', '.join(f'{w:.1f}' for w, _ in runs['streamed merge, XLA kernel (merge.merge_lora)'])} s vs "
           f"{', '.join(f'{w:.1f}' for w, _ in runs['cp -r base'])} s)")
     print(f"peak RSS / largest shard: {streamed[1] / largest:.2f}x (goal <= 1.3x)")
+    checked = med["weight check of the merge (weight_check.verify_weights)"]
+    print(f"weight check/merge: {checked[0] / streamed[0]:.1f}x (goal: about 1x or less), peak RSS "
+          f"{checked[1] / largest:.2f}x the largest shard")
     print(kernel_differences(work / "out_streamed", work / "out_numpy"))
     if not args.skip_paper:
         print(paper_difference(work / "out_streamed", work / "out_paper"))

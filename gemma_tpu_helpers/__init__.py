@@ -10,7 +10,8 @@ below; the notebooks' "Use it in your project" cells name those files.
    meshes, multi-host, the data pipeline, the LoRA layout table (tunix <-> HF).
 4. ``step``: LoRA application, sharding, logits parity, remat policies and the one train step.
 5. ``workflows``: train, plan (AOT), overhead, equivalence, merge (+ the LoRA checkpoint reader, the merge plan,
-   safetensors streaming, verify, PEFT export), serve (+ its greedy parity check and LoRA
+   safetensors streaming, the streamed weight check, verify, PEFT
+   export), serve (+ its greedy parity check and LoRA
    adapter tools), evaluate, bench, cost.
 6. ``course``: the notebooks' glue, preflight, the site, the workshop, the exercises, the CLI.
 """
@@ -23,7 +24,7 @@ LAYERS = (
     ("models", ("gemma4", "tiny", "hub", "base_model", "mesh", "multihost", "data", "layout")),
     ("step", ("lora", "sharding", "parity", "remat", "step")),
     ("workflows", ("train", "plan", "overhead", "equivalence", "lora_checkpoint", "merge_plan", "safetensors_io",
-                   "merge", "verify", "peft_export", "serve", "greedy", "adapters",
+                   "merge", "weight_check", "verify", "peft_export", "serve", "greedy", "adapters",
                    "evaluate", "bench", "cost")),
     ("course", ("course", "preflight", "site", "workshop", "exercises", "__main__")),
 )

@@ -38,7 +38,8 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.in
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
-def _np_dtype(name: str):
+def np_dtype(name: str):
+    """The numpy dtype of a safetensors dtype name (ml_dtypes' bfloat16 for BF16)."""
     if name == "BF16":
         import ml_dtypes
 
@@ -170,7 +171,7 @@ def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str
     return applied
 
 
-def _block_rows(in_dim: int) -> int:
+def block_rows(in_dim: int) -> int:
     """Rows per merge block: a power of two near ``MERGE_BLOCK_ELEMENTS / in_dim``. The out dims of the 31B and
     of the bench model are multiples of it, so each input width compiles one XLA block kernel."""
     limit = max(1, MERGE_BLOCK_ELEMENTS // in_dim)
@@ -256,9 +257,9 @@ def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel:
     """
     if kernel not in MERGE_KERNELS:
         raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
-    dtype = _np_dtype(entry["dtype"])
+    dtype = np_dtype(entry["dtype"])
     out_dim, in_dim = entry["shape"]
-    rows = _block_rows(in_dim)
+    rows = block_rows(in_dim)
     a = d.a.astype(np.float32)  # (in, r)
     b = d.b.astype(np.float32)  # (r, out)
     scale = np.float32(d.scale)
