@@ -193,7 +193,7 @@ def test_xla_kernel_equals_the_numpy_reference(tmp_path, monkeypatch, dtype):
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((300, 64)) * 0.02).astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
     x, n, ulps, applied = _kernels_agree(tmp_path, w, scale=0.3)
-    assert safetensors_io._block_rows(64) == 64 and x.dtype == n.dtype == w.dtype
+    assert safetensors_io.block_rows(64) == 64 and x.dtype == n.dtype == w.dtype
     _assert_same_up_to_dot_order(w, x, n, ulps, dtype)
     assert applied["xla"] == pytest.approx(applied["numpy"], rel=1e-6) and applied["xla"] > 0
     assert np.abs(x.astype(np.float32) - w.astype(np.float32)).max() > 1e-3  # the LoRA did change it
@@ -253,9 +253,10 @@ def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh
     res = verify.verify(tiny_dir, strong, merged, mesh=mesh)
     table = verify.verify_table(res)
     print(table.to_string())
-    a, b, effect = res["rows"]
-    assert res["same_lora_as_merge"] is True
-    assert res["ok"] and a["rel"] <= parity.DEFAULT_REL_BOUND and b["rel"] <= parity.DEFAULT_REL_BOUND
+    a, b, effect, port = res["rows"]
+    assert res["same_lora_as_merge"] is True and res["weights"]["ok"] and not res["problems"]
+    assert res["ok"] and a["rel"] <= res["bound"] and b["rel"] <= res["bound"]
+    assert res["bound"] == verify.PORT_FACTOR * port["rel"] < parity.DEFAULT_REL_BOUND  # 6 layers: tighter than 1e-4
     assert effect["rel"] > 100 * parity.DEFAULT_REL_BOUND  # the LoRA moves logits by far more than the bound
 
 
@@ -275,6 +276,7 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
     monkeypatch.setattr(merge_plan, "plan", real_plan)
     res = verify.verify(tiny_dir, strong, out, mesh=mesh)
     assert not res["ok"] and res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2
+    assert any("k_proj" in p and "ulps from base" in p for p in res["problems"])  # and the weights name the tensors
 
 
 def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):

@@ -23,7 +23,7 @@ CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")
 STEPS = set(cli.build_parser()._subparsers._group_actions[0].choices)
 # The order the documented commands run in (each needs what an earlier one made: train builds runs/smoke/base).
-ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "parity", "merge", "eval", "cost",
+ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "parity", "merge", "verify", "eval", "cost",
          "solutions", "launch"]
 # Documented commands that are parsed but not run here, and why (each is run elsewhere in the suite).
 NOT_RUN = {
