@@ -70,7 +70,7 @@ def run_cli(*args, env=None, timeout=600, cwd=REPO):
 # once on a 24 GiB machine, while the other worker runs the in-process tests. (xdist's own `--dist loadgroup`
 # cannot do this under pytest 9: it renames node ids through an attribute pytest 9 no longer reads.)
 SERIAL_GROUP = "processes"
-STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_tiny_e", "test_train"}
+STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_tiny_e", "test_train", "test_user_paths"}
 
 
 def work_unit(nodeid: str) -> str:

@@ -63,7 +63,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                             for a in argv]
                     if len(argv) == 1 and argv[0] != "--help" and not parses(argv):
                         continue  # a mention of a step ("see `python -m gemma_tpu_helpers verify`"), not a command
-                    if (name, argv) not in out:
+                    if argv not in [a for _, a in out]:  # the same command in two places runs once
                         out.append((name, argv))
     return out
 
