@@ -335,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_merge_arguments(p)
     p.set_defaults(func=merge.main_merge)
 
-    p = sub.add_parser("verify", help="07: merged model vs tunix base + LoRA (transformers and tunix logits)")
+    p = sub.add_parser("verify", help="07: merged model vs base + LoRA: every tensor (streamed), then the logits "
+                       "(--weights: the tensors alone, any model size)")
     verify.add_verify_arguments(p)
     p.set_defaults(func=verify.main_verify)
 
