@@ -349,7 +349,7 @@ def shard_profile(base: Path, ckpt: Path) -> str:
             del dw, m
             fn = safetensors_io._xla_block_kernel("bfloat16", fuse_scale=bool(np.frexp(s)[0] == 0.5))
             bt, at = np.ascontiguousarray(b.T), jax.device_put(np.ascontiguousarray(a.T), cpu)
-            rows = safetensors_io._block_rows(in_dim)
+            rows = safetensors_io.block_rows(in_dim)
             blocks = [(w[r:r + rows].view(np.uint16), bt[r:r + rows]) for r in range(0, out_dim, rows)]
             dt, dev = _time(lambda: [(jax.device_put(x, cpu, may_alias=True), jax.device_put(y, cpu))
                                      for x, y in blocks])
@@ -406,14 +406,15 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
     import ml_dtypes
     from safetensors.numpy import save_file
 
-    from gemma_tpu_helpers import gemma4, merge_plan, safetensors_io
+    from gemma_tpu_helpers import gemma4, merge_plan, safetensors_io, weight_check
 
     c = gemma4.GEMMA4_31B_TEXT_CONFIG
     rng = np.random.default_rng(0)
-    lines = [f"\none full-size 31B weight at rank {rank} (bf16, through merge.write_merged_shard; load "
-             f"{os.getloadavg()[0]:.2f})", "| tensor [out, in] | MB | XLA kernel s | GB/s | numpy kernel s |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    rate = {}
+    lines = [f"\none full-size 31B weight at rank {rank} (bf16, through merge.write_merged_shard, then "
+             f"weight_check.check_tensor; load {os.getloadavg()[0]:.2f})",
+             "| tensor [out, in] | MB | XLA kernel s | GB/s | numpy kernel s | weight check s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    rate, check_rate = {}, {}
     for label, shape in SHAPES_31B.items():
         out_dim, in_dim = shape(c)
         path = work / "w31b.safetensors"
@@ -428,24 +429,34 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         run("xla")  # compile once, outside the timing
         xla_s, _ = _time(lambda: run("xla"))
         numpy_s = _time(lambda: run("numpy"), repeat=1)[0] if label == "gate_proj" else None
+        header, start = safetensors_io.read_header(path)
+        check = lambda: weight_check.check_tensor(path, work / "w31b_out.safetensors", start, start,  # noqa: E731
+                                                  header["w"], delta)
+        check_s, res = _time(check)
+        assert res["excess"] <= 1, res
         mb = out_dim * in_dim * 2 / 1e6
         rate[(out_dim, in_dim)] = mb * 1e6 / xla_s
+        check_rate[(out_dim, in_dim)] = mb * 1e6 / check_s
         lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | "
-                     + (f"{numpy_s:.2f} |" if numpy_s else "- |"))
+                     + (f"{numpy_s:.2f} |" if numpy_s else "- |") + f" {check_s:.2f} |")
     path.unlink()
     (work / "w31b_out.safetensors").unlink()
     shapes, params = targeted_31b(c)
     gb = 2 * params  # the language model's weights in bf16 (the vision tower, ~1 GB, is copied too)
-    seconds = targeted_bytes = 0.0
-    fallback = min(rate.values())
+    seconds = check_seconds = targeted_bytes = 0.0
+    fallback, check_fallback = min(rate.values()), min(check_rate.values())
     for (out_dim, in_dim), count in shapes.items():
         nbytes = 2 * out_dim * in_dim * count
         targeted_bytes += nbytes
         seconds += nbytes / rate.get((out_dim, in_dim), rate.get((in_dim, out_dim), fallback))
+        check_seconds += nbytes / check_rate.get((out_dim, in_dim), check_rate.get((in_dim, out_dim), check_fallback))
     seconds += (gb - targeted_bytes) / copy_bytes_per_s
+    check_seconds += (gb - targeted_bytes) / copy_bytes_per_s  # two files read and compared ~ one read, one written
     lines.append(f"projected merge of the 31B ({gb / 1e9:.0f} GB, {targeted_bytes / 1e9:.1f} GB of it in targeted "
                  f"tensors; shapes not timed above at the slowest rate): {seconds:.0f} s = {seconds / 60:.1f} min, vs "
                  f"cp at this machine's rate {gb / copy_bytes_per_s:.0f} s (plus restoring the LoRA)")
+    lines.append(f"projected weight check of that merge (one thread; verify_weights runs tensors on every core): "
+                 f"{check_seconds:.0f} s = {check_seconds / 60:.1f} min, {check_seconds / seconds:.1f}x the merge")
     return "\n".join(lines)
 
 

@@ -159,7 +159,7 @@ def main_verify(args) -> int:
     res = verify(args.base, args.checkpoint, args.merged, step=args.step, mesh=mesh_lib.make_mesh(prof),
                  seq_len=args.seq_len)
     w = res["weights"]
-    print(f"weights: {w['merged_tensors']} merged tensors within {w['max_ulps']} ulp of base + ΔW, "
+    print(f"weights: {w['merged_tensors']} merged tensors within rounding of base + ΔW (at most {w['max_ulps']} ulp), "
           f"{w['copied_tensors']} copied byte for byte" if w["ok"] else f"weights: {len(w['problems'])} problem(s)")
     for problem in w["problems"][:SHOWN_PROBLEMS]:
         print(f"FAILED: {problem}")
@@ -174,8 +174,9 @@ def main_verify(args) -> int:
 def main_verify_weights(args) -> int:
     profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
     res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
-    print(f"step {res['step']}: {res['merged_tensors']} merged tensors within {res['max_ulps']} ulp of base + ΔW, "
-          f"{res['copied_tensors']} copied; {res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
+    print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
+          f"{res['max_excess']:.2f} of the allowed rounding), {res['copied_tensors']} copied; "
+          f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
     table = weight_check.worst_tensors(res, 5)
     if len(table):
         print(table.to_string(index=False))
