@@ -141,8 +141,9 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
                    progress: bool = True) -> dict:
     """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, or its latest: a
-    merge of another step fails, naming the step ``merge_info.json`` records), streamed. Returns ``{"ok", "step", "problems": [str], "tensors": [row], ...}``;
-    a row per tensor (``kind`` merged or copied, ``max_ulps``, ``ok``). Raises WeightCheckError or CheckpointError
+    merge of another step fails, naming the step ``merge_info.json`` records), streamed. Returns ``{"ok", "step",
+    "problems": [str], "notes", "tensors": [row], ...}``: a row per tensor (``kind`` merged or copied, ``max_ulps``,
+    ``excess``, ``ok``). Raises WeightCheckError or CheckpointError
     (a damaged base: one line naming the file) when the check cannot start."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
