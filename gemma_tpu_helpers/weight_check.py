@@ -6,9 +6,9 @@ blocks), on the host, with no accelerator: its peak memory is the LoRA arrays an
 
 - Every tensor the LoRA does not target (and the vision tower) must be byte-identical to the base's.
 - Every targeted tensor must equal ``round(base + scale · ΔW)`` in its stored dtype, within ``max_ulps`` units in
-  the last place of the merged value (the merge's XLA kernel may sum the rank-r dot in another order than numpy:
-  1 ulp). ΔW comes from the Orbax LoRA, computed here with numpy (``merge_plan.Delta.delta``'s arithmetic on row
-  blocks), not with the merge's kernel.
+  the last place plus what the rank-r dot's summation order can change (the merge's XLA kernel sums it in another
+  order than numpy; where W and ΔW cancel near zero that is many ulps of a tiny value): see :func:`check_tensor`.
+  ΔW comes from the Orbax LoRA, computed here with numpy on row blocks, not with the merge's kernel.
 - ``merge_info.json`` must record this step and this LoRA (its digest) and this base config; the shard set and
   ``model.safetensors.index.json``'s weight map must be the base's; every other file of the base (config,
   generation config, tokenizer, chat template) must be a byte-identical copy.
@@ -18,7 +18,7 @@ A problem is a row of ``problems``, naming the tensor or file; ``ok`` is True wh
 
 from __future__ import annotations
 
-import hashlib
+import filecmp
 import json
 import os
 import time
@@ -40,14 +40,6 @@ MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in anoth
 
 class WeightCheckError(GemmaTpuError, ValueError):
     """A weight check that cannot start (no merge_info.json, a damaged base)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _same_bytes(fa, fb, offset_a: int, offset_b: int, length: int) -> bool:
@@ -139,12 +131,13 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
 
 
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, arrays: dict | None = None) -> dict:
     """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, or its latest: a
     merge of another step fails, naming the step ``merge_info.json`` records), streamed. Returns ``{"ok", "step",
     "problems": [str], "notes", "tensors": [row], ...}``: a row per tensor (``kind`` merged or copied, ``max_ulps``,
     ``excess``, ``ok``). Raises WeightCheckError or CheckpointError
-    (a damaged base: one line naming the file) when the check cannot start."""
+    (a damaged base: one line naming the file) when the check cannot start. ``arrays``: the LoRA of ``step``,
+    already restored by the caller (``verify.verify``), so it is not read from Orbax twice."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
@@ -161,7 +154,8 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
         raise WeightCheckError(f"{merged_dir} has no {MERGE_INFO}: it was not written by "
                                f"`python -m gemma_tpu_helpers merge`, so there is no record of what was merged.")
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
-    step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
+    if arrays is None or step is None:
+        step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
     deltas = {d.hf: d for d in merge_plan.plan(arrays, meta, text)}
     problems: list[str] = []
     notes: list[str] = []
@@ -195,7 +189,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
         q = merged_dir / p.name
         if not q.is_file():
             problems.append(f"{q} is missing (the base has {p.name})")
-        elif _sha256(p) != _sha256(q):
+        elif not filecmp.cmp(p, q, shallow=False):
             problems.append(f"{q} differs from the base's {p.name} (it must be a byte-identical copy)")
 
     # every tensor, streamed: copied ones compared byte for byte here, targeted ones on a pool of threads
