@@ -247,11 +247,11 @@ def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_
         if hub_id:  # downloaded inside the container (needs HF_TOKEN and the licence accepted); cache kept on the host
             argv += ["-v", f"{os.path.expanduser(HOST_HF_CACHE)}:/root/.cache/huggingface"]
         else:
-            argv += ["-v", f"{os.path.abspath(os.path.expanduser(model_dir))}:{CONTAINER_MODEL_DIR}:ro"]
+            argv += ["-v", f"{infra.absolute_path(model_dir, 'model directory')}:{CONTAINER_MODEL_DIR}:ro"]
         lora_mounts = {}
         for i, (name, path) in enumerate((lora_modules or {}).items()):
             lora_mounts[name] = f"/lora/{i}"
-            argv += ["-v", f"{os.path.abspath(os.path.expanduser(path))}:/lora/{i}:ro"]  # docker needs absolute
+            argv += ["-v", f"{infra.absolute_path(path, 'LoRA adapter directory')}:/lora/{i}:ro"]  # docker needs absolute
         if lora_modules:
             argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
         argv += [profile.serve.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
