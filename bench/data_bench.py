@@ -39,7 +39,7 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
     """``n`` shipped rows (cycled), prompts repeated to reach CodeV-R1-like example lengths."""
     import json
 
-    from gemma_tpu_helpers import data
+    from gemma_tpu_helpers.fixes import data
 
     shipped = [json.loads(line) for line in data.SHIPPED_SFT.read_text().splitlines() if line.strip()]
     targets = data.codev_like_lengths(n=n, seed=seed)
@@ -54,9 +54,9 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
 
 
 def data_module_at(rev: str):
-    """``gemma_tpu_helpers.data`` as it was at git revision ``rev`` (None when git or the revision is missing)."""
+    """``gemma_tpu_helpers.fixes.data`` as it was at git revision ``rev`` (None when git or the revision is missing)."""
     try:
-        source = subprocess.run(["git", "show", f"{rev}:gemma_tpu_helpers/data.py"], cwd=REPO, check=True,
+        source = subprocess.run(["git", "show", f"{rev}:gemma_tpu_helpers/fixes/data.py"], cwd=REPO, check=True,
                                 capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -64,7 +64,7 @@ def data_module_at(rev: str):
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     module.__package__, module.__file__ = "gemma_tpu_helpers", str(REPO / "gemma_tpu_helpers" / "data.py")
     sys.modules[name] = module
-    exec(compile(source, f"{rev[:7]}:gemma_tpu_helpers/data.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev[:7]}:gemma_tpu_helpers/fixes/data.py", "exec"), module.__dict__)
     return module
 
 
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--before", default=BEFORE, help="git revision whose tokenize_rows is the 'before' column")
     args = p.parse_args(argv)
 
-    from gemma_tpu_helpers import data, profiles, tiny
+    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.course import profiles, tiny
 
     prof = profiles.get_profile("v5p-8")
     tokenizer = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"])

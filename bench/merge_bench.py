@@ -43,7 +43,7 @@ BENCH_OVERRIDES = {"vocab_size": 32768, "hidden_size": 2048, "intermediate_size"
 
 
 def text_config(layers: int) -> dict:
-    from gemma_tpu_helpers import tiny
+    from gemma_tpu_helpers.course import tiny
 
     return dict(tiny.tiny_text_config(layers), **BENCH_OVERRIDES)
 
@@ -62,7 +62,7 @@ def tensor_specs(text: dict) -> list[tuple[str, tuple[int, ...]]]:
 def check_specs_match_tiny(tmp: Path) -> None:
     """The meta-model key list reproduces what save_pretrained writes (checked on the real tiny checkpoint), the
     vision tower aside: the synthetic base has none (the merge copies it byte for byte, like any untargeted tensor)."""
-    from gemma_tpu_helpers import tiny
+    from gemma_tpu_helpers.course import tiny
 
     base = tiny.write_tiny_model(tmp / "tiny", layers=6, overwrite=True)
     vision = ("model.vision_tower.", "model.embed_vision.")
@@ -109,7 +109,7 @@ def write_base(out: Path, layers: int, shard_mb: int, seed: int = 0) -> Path:
 
 
 def write_lora(ckpt: Path, base: Path, rank: int = 64) -> Path:
-    from gemma_tpu_helpers import gemma4, layout, lora, lora_checkpoint
+    from gemma_tpu_helpers.fixes import gemma4, layout, lora, lora_checkpoint
 
     text = gemma4.read_text_config(base)
     arrays = layout.synthetic_lora(text, lora.HF_TARGETS, rank)
@@ -124,7 +124,7 @@ def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from gemma_tpu_helpers import gemma4, lora_checkpoint, merge_plan
+    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan
 
     index = json.loads((base / "model.safetensors.index.json").read_text())
     state = {}
@@ -256,7 +256,7 @@ def _shard_tensors(path: Path) -> dict[str, np.ndarray]:
 def kernel_differences(xla_dir: Path, numpy_dir: Path) -> str:
     """Every tensor of the two merges compared: untargeted must be identical; targeted, how many elements differ
     and by how many ulps (merge.ulp_distance)."""
-    from gemma_tpu_helpers import safetensors_io
+    from gemma_tpu_helpers.fixes import safetensors_io
 
     counts, total, untargeted_diff, worst = {}, 0, 0, 0
     for shard in sorted(p.name for p in xla_dir.glob("*.safetensors")):
@@ -303,7 +303,7 @@ def shard_profile(base: Path, ckpt: Path) -> str:
     import jax
     import ml_dtypes
 
-    from gemma_tpu_helpers import gemma4, lora_checkpoint, merge_plan, safetensors_io
+    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan, safetensors_io
 
     _, shards, _ = safetensors_io.base_layout(base)
     _, arrays = lora_checkpoint.restore_lora(ckpt)
@@ -395,7 +395,7 @@ def targeted_31b(c: dict) -> tuple[dict[tuple[int, int], int], int]:
     """({(out, in): how many such targeted tensors}, total parameter count) of the real 31B, all 7 targets."""
     import collections
 
-    from gemma_tpu_helpers import gemma4, layout
+    from gemma_tpu_helpers.fixes import gemma4, layout
 
     return dict(collections.Counter(layout.targeted_weights(c).values())), gemma4.param_count(c)
 
@@ -406,7 +406,7 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
     import ml_dtypes
     from safetensors.numpy import save_file
 
-    from gemma_tpu_helpers import gemma4, merge_plan, safetensors_io, weight_check
+    from gemma_tpu_helpers.fixes import gemma4, merge_plan, safetensors_io, weight_check
 
     c = gemma4.GEMMA4_31B_TEXT_CONFIG
     rng = np.random.default_rng(0)

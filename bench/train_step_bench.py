@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gemma_tpu_helpers import base_model, profiles  # noqa: E402
+from gemma_tpu_helpers.course import base_model, profiles  # noqa: E402
 
 GOAL = 1.10
 
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="checkpoint to train (default: the profile's base model)")
     args = ap.parse_args()
     profile = profiles.configure_jax(args.profile)
-    from gemma_tpu_helpers import overhead
+    from gemma_tpu_helpers.course import overhead
 
     base = Path(args.base) if args.base else base_model.ensure_base(profile)
     with tempfile.TemporaryDirectory(prefix="train_step_bench_") as tmp:

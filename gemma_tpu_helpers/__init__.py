@@ -1,30 +1,38 @@
-"""gemma_tpu_helpers: the course's helpers, in layers. A module imports only from its own layer or the ones
-below it (``tests/test_architecture.py`` checks it, and that there is no import cycle and no private name imported
-from another module). To copy a helper into your project, take its module and what it imports from the layers
-below; the notebooks' "Use it in your project" cells name those files.
+"""gemma_tpu_helpers: the course's helpers, in two tiers you can see in the file tree.
 
-1. ``core``: no imports from this package. The error base class, atomic writes / log tails / hashes / the HTTP
-   client / process supervision, library compatibility checks, the Gemma 4 chat format as plain data.
-2. ``config``: the profiles (every hyperparameter).
-3. ``models``: Gemma 4 configs and the loader, the tiny replica, the Hub, the base checkpoint a profile uses,
-   meshes, multi-host, the data pipeline, the LoRA layout table (tunix <-> HF).
-4. ``step``: LoRA application, sharding, logits parity, remat policies and the one train step.
-5. ``workflows``: train, plan (AOT), overhead, equivalence, merge (+ the LoRA checkpoint reader, the merge plan,
-   safetensors streaming, the streamed weight check, verify, PEFT
-   export), serve (+ its greedy parity check and LoRA
-   adapter tools), evaluate, bench, cost.
-6. ``course``: the notebooks' glue, preflight, the site, the workshop, the exercises, the CLI.
+``fixes/``: the porting fixes, each one a module that travels alone. A fix takes plain arguments (a model, a config
+dict, a path, the small spec dataclass that lives beside it: ``LoraSpec`` in ``lora.py``, ``TrainSpec`` in
+``step.py``, ``DataSpec`` in ``data.py``, ``ServeSpec`` in ``serve.py``) and returns plain results. No fix reads a
+profile, a run directory, a cache or an environment variable of the course, downloads anything or builds the replica.
+To copy a fix into your project, take its module and what it imports from ``fixes/`` (the notebooks' "Copy into your
+project" lines name those files; ``tests/test_copy_fix.py`` copies them into an empty folder and runs them there).
+
+``course/``: the course on top of the fixes. Profiles (composed of the fixes' spec dataclasses), run directories, the
+Hub and the base checkpoint, the tiny replica, the ``ensure_*`` caching, training runs, the AOT plan, benchmarks and
+cost, preflight, the site, the workshop, the exercises and the CLI (``__main__``).
+
+The course imports the fixes, never the other way round. Inside each tier a module imports only from its own layer or
+the ones below it. ``tests/test_architecture.py`` checks both, and that there is no import cycle and no private name
+imported from another module.
 """
 
-# (layer, modules), lowest first. JAX, torch and vLLM are imported inside functions (heavy or in another venv);
-# everything else at the top of a module, so the import graph is what the file says.
-LAYERS = (
-    ("core", ("errors", "infra", "compat", "chat_format")),
-    ("config", ("profiles",)),
-    ("models", ("gemma4", "tiny", "hub", "base_model", "mesh", "multihost", "data", "layout")),
-    ("step", ("lora", "sharding", "parity", "remat", "step")),
-    ("workflows", ("train", "plan", "overhead", "equivalence", "lora_checkpoint", "merge_plan", "safetensors_io",
-                   "merge", "weight_check", "verify", "peft_export", "serve", "greedy", "adapters",
-                   "evaluate", "bench", "cost")),
-    ("course", ("course", "preflight", "site", "workshop", "exercises", "__main__")),
+# (tier, ((layer, modules), ...)), lowest first. JAX, torch and vLLM are imported inside functions (heavy or in
+# another venv); everything else at the top of a module, so the import graph is what the file says.
+TIERS = (
+    ("fixes", (
+        ("core", ("errors", "infra", "compat", "chat_format")),
+        ("models", ("gemma4", "layout", "data", "mesh", "multihost")),
+        ("step", ("lora", "sharding", "parity", "remat", "step")),
+        ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
+                       "peft_export", "serve", "greedy", "adapters", "evaluate")),
+    )),
+    ("course", (
+        ("config", ("profiles",)),
+        ("models", ("hub", "tiny", "base_model")),
+        ("workflows", ("runs", "train", "plan", "overhead", "equivalence", "bench", "cost")),
+        ("front", ("report", "preflight", "site", "workshop", "exercises", "commands")),
+    )),
 )
+# Every module as "<tier>.<module>" in its layer, lowest layer first; the CLI (``python -m gemma_tpu_helpers``) last.
+LAYERS = tuple((f"{tier}.{layer}", tuple(f"{tier}.{m}" for m in mods)) for tier, layers in TIERS
+               for layer, mods in layers) + (("cli", ("__main__",)),)

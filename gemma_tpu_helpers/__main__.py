@@ -9,35 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import (
-    base_model,
-    bench,
-    cost,
-    course,
-    data,
-    evaluate,
-    exercises,
-    gemma4,
-    lora,
-    merge,
-    multihost,
-    parity,
-    peft_export,
-    plan,
-    preflight,
-    profiles,
-    serve,
-    sharding,
-    site,
-    tiny,
-    train,
-    verify,
-    workshop,
-)
-from . import mesh as mesh_lib
-from .errors import run_cli
-from .infra import cli_path
-from .gemma4 import load_model
+from .course import base_model, bench, cost, report, exercises, plan, preflight, profiles, site, tiny, train, workshop
+from .fixes import data, evaluate, gemma4, lora, merge, multihost, parity, peft_export, serve, sharding, verify
+from .fixes import mesh as mesh_lib
+from .fixes.errors import run_cli
+from .fixes.infra import cli_path
+from .fixes.gemma4 import load_model
 
 
 def _profile_arg(p: argparse.ArgumentParser) -> None:
@@ -47,7 +24,7 @@ def _profile_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_setup(args) -> int:
     """Step 00: versions, devices, profile, course map and the profile's memory estimate."""
-    if args.check:  # workshop: is this machine ready? one screen, a fix per item (gemma_tpu_helpers.workshop)
+    if args.check:  # workshop: is this machine ready? one screen, a fix per item (gemma_tpu_helpers.course.workshop)
 
         return workshop.main_check(args)
     prof = profiles.configure_jax(args.profile)
@@ -58,15 +35,15 @@ def cmd_setup(args) -> int:
         found = preflight.checks(prof)
         print(f"pre-flight:\n{preflight.format_checks(found)}")
         failed = [c.name for c in found if c.status == "fail"]
-    for k, v in course.versions().items():
+    for k, v in report.versions().items():
         print(f"  {k:18s} {v}")
     if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
-        print("devices:", json.dumps(course.devices()))
+        print("devices:", json.dumps(report.devices()))
     text = base_model.profile_text_config(prof)
     est = plan.memory_estimate(prof, text)
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
-    print(course.course_map().drop(columns=["helpers"]).to_string(index=False))
+    print(report.course_map().drop(columns=["helpers"]).to_string(index=False))
     if failed:
         raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says what "
                                        f"to do.")
@@ -116,7 +93,7 @@ def cmd_mesh(args) -> int:
 def cmd_report(args) -> int:
     """Write runs/<profile>/report.md from the figures the notebooks recorded."""
     prof = profiles.get_profile(args.profile)
-    print(course.write_report(prof.run_dir(args.runs)))
+    print(report.write_report(prof.run_dir(args.runs)))
     return 0
 
 
@@ -124,10 +101,10 @@ def cmd_demo(args) -> int:
     """Run every notebook in order under the profile; executed copies and report.md go to runs/<profile>/."""
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
-    results = course.run_notebooks(prof.name, run_dir)
+    results = report.run_notebooks(prof.name, run_dir)
     for r in results:
         print(f"{r['notebook']:28s} {r['seconds']:7.1f} s  {r['error'] or 'ok'}")
-    print(course.write_report(run_dir))
+    print(report.write_report(run_dir))
     return 1 if any(r["error"] for r in results) else 0
 
 

@@ -10,32 +10,60 @@ import pytest
 import gemma_tpu_helpers
 
 PKG = Path(gemma_tpu_helpers.__file__).parent
+TIERS = [tier for tier, _ in gemma_tpu_helpers.TIERS]
 LAYER_OF = {m: i for i, (_, mods) in enumerate(gemma_tpu_helpers.LAYERS) for m in mods}
-MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+# every module as "<tier>.<name>" ("__main__" at the top)
+MODULES = sorted([f"{p.parent.name}.{p.stem}" for t in TIERS for p in (PKG / t).glob("*.py") if p.stem != "__init__"]
+                 + [p.stem for p in PKG.glob("*.py") if p.stem != "__init__"])
+
+
+def tier_of(module: str) -> str | None:
+    return module.split(".")[0] if "." in module else None
+
+
+def path_of(module: str) -> Path:
+    return PKG / (module.replace(".", "/") + ".py")
 
 
 def imports(module: str):
-    """(imported module, imported names, inside a function?) for each import of this package in ``module``."""
-    tree = ast.parse((PKG / f"{module}.py").read_text())
+    """(imported module as "<tier>.<name>", imported names, inside a function?) for each import of this package in
+    ``module``."""
+    tree = ast.parse(path_of(module).read_text())
     inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
              for n in ast.walk(f) if n is not f}
+    here = tier_of(module)
     out = []
+
+    def add(dotted: str, names, node):
+        """``dotted``: a path inside this package ("fixes.lora", "fixes", "lora" in the module's own folder)."""
+        parts = [p for p in dotted.split(".") if p]
+        if parts and parts[0] in TIERS:
+            if len(parts) > 1:
+                out.append((f"{parts[0]}.{parts[1]}", names, id(node) in inner))
+            else:  # from ..fixes import a, b
+                out.extend((f"{parts[0]}.{n}", [], id(node) in inner) for n in names)
+        elif parts:
+            out.append((f"{here}.{parts[0]}" if here else parts[0], names, id(node) in inner))
+        else:  # from . import a, b
+            out.extend(((f"{here}.{n}" if here else n), [], id(node) in inner) for n in names)
+
     for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.name.startswith("gemma_tpu_helpers."):
-                        out.append((a.name.split(".")[1], [], id(node) in inner))
-            continue
-        names = [a.name for a in node.names]
-        if node.level == 1 and node.module:
-            out.append((node.module.split(".")[0], names, id(node) in inner))
-        elif node.level == 1:  # from . import a, b
-            out.extend((n, [], id(node) in inner) for n in names)
-        elif node.module and node.module.startswith("gemma_tpu_helpers."):
-            out.append((node.module.split(".")[1], names, id(node) in inner))
-        elif node.module == "gemma_tpu_helpers":
-            out.extend((n, [], id(node) in inner) for n in names)
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("gemma_tpu_helpers."):
+                    add(a.name.split(".", 1)[1], [], node)
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+            if node.level == 1 and here is None:
+                add(node.module or "", names, node)
+            elif node.level == 1:
+                add(node.module or "", names, node)
+            elif node.level == 2:
+                add(node.module or "", names, node)
+            elif node.module and node.module.startswith("gemma_tpu_helpers."):
+                add(node.module.split(".", 1)[1], names, node)
+            elif node.module == "gemma_tpu_helpers":
+                add("", names, node)
     return out
 
 
@@ -82,17 +110,30 @@ def test_this_packages_imports_are_at_the_top():
     assert not inner, inner
 
 
-@pytest.mark.parametrize("module", ["infra", "chat_format", "compat"])
+@pytest.mark.parametrize("module", ["fixes.infra", "fixes.chat_format", "fixes.compat"])
 def test_the_core_imports_only_the_error_base(module):
-    assert set(GRAPH[module]) <= {"errors"} and GRAPH["errors"] == []
+    assert set(GRAPH[module]) <= {"fixes.errors"} and GRAPH["fixes.errors"] == []
+
+
+def test_the_course_is_on_top_of_the_fixes():
+    """The tier rule: a fix imports only fixes (the course imports the fixes, never the other way round)."""
+    down = [f"{m} imports {t}" for m in MODULES if tier_of(m) == "fixes" for t in GRAPH[m] if tier_of(t) != "fixes"]
+    assert not down, down
+
+
+def test_the_two_tiers_are_folders():
+    """Whoever opens the package sees the tiers: only the CLI and the package docstring sit beside the two folders."""
+    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "__main__.py"]
+    assert {tier_of(m) for m in LAYER_OF} == set(TIERS) | {None}
 
 
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     """The checks can fail: an upward, private, function-level import in a scratch module is seen as such."""
-    (tmp_path / "scratch.py").write_text("def f():\n    from .site import _private\n")
+    (tmp_path / "fixes").mkdir()
+    (tmp_path / "fixes" / "scratch.py").write_text("def f():\n    from ..course.site import _private\n")
     monkeypatch.setattr(__import__(__name__), "PKG", tmp_path)
-    (found,) = imports("scratch")
-    assert found == ("site", ["_private"], True)
+    (found,) = imports("fixes.scratch")
+    assert found == ("course.site", ["_private"], True)
 
 
 def closure(module: str) -> set[str]:

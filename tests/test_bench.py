@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers import bench, cost, serve
+from gemma_tpu_helpers.course import bench, cost
+from gemma_tpu_helpers.fixes import serve
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
@@ -122,7 +123,7 @@ def test_missing_serve_venv_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_cli_unreachable_server_exits_2_quickly(tmp_path):
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.bench", "--url",
+    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.course.bench", "--url",
                            f"http://127.0.0.1:{serve.free_port()}", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr

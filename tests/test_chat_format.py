@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import chat_format, data, gemma4, tiny
+from gemma_tpu_helpers.fixes import chat_format, data, gemma4
+from gemma_tpu_helpers.course import tiny
 
 DESIGN = Path(__file__).resolve().parent.parent.parent / "shared" / "DESIGN.md"
 ANSWER = "```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"
@@ -170,7 +171,7 @@ def test_cached_tiny_model_of_the_old_format_is_rebuilt(tiny_dir, tmp_path):
 
 
 def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
-    from gemma_tpu_helpers import evaluate, serve
+    from gemma_tpu_helpers.fixes import evaluate, serve
 
     problem = evaluate.load_problems()[0]
     text = serve.rendered_prompt(tiny_dir, evaluate.prompt_messages(problem))
@@ -191,7 +192,7 @@ def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from gemma_tpu_helpers import lora
+    from gemma_tpu_helpers.fixes import lora
 
     names = [n for n, _ in AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).named_modules()]
     hits = [n for n in names if re.fullmatch(lora.peft_target_modules(), n)]

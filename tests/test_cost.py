@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import cost, profiles
+from gemma_tpu_helpers.course import cost, profiles
 
 
 def test_default_prices_come_from_profiles_with_their_date():

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers import data, profiles
+from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.course import profiles
 
 
 def test_shipped_rows():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import data
+from gemma_tpu_helpers.fixes import data
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def _examples(tokenizer, n=12):
 
 def test_batched_tokenize_rows_equals_tokenize_example_per_row(tokenizer, monkeypatch):
     """The batched tokenizer calls give exactly the per-row ids and masks, across batch boundaries (5 + 5 + 2)."""
-    from gemma_tpu_helpers import profiles
+    from gemma_tpu_helpers.course import profiles
 
     monkeypatch.setattr(data, "TOKENIZE_BATCH", 5)
     rows = data.load_rows("shipped").select(range(12))
@@ -63,8 +63,8 @@ def test_attention_mask_is_block_diagonal_causal():
 def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, mesh):
     import jax.numpy as jnp
 
-    from gemma_tpu_helpers import step
-    from gemma_tpu_helpers.parity import forward
+    from gemma_tpu_helpers.fixes import step
+    from gemma_tpu_helpers.fixes.parity import forward
 
     ex = _examples(tokenizer, 3)
     packed = data.pack(ex, max_seq_len=sum(len(i) for i, _ in ex))  # all three in one row
@@ -178,7 +178,8 @@ def tokenizers():
     Gemma 4 E2B/E4B (none) and Gemma 3 (system prompt folded into the user turn, <end_of_turn>)."""
     import copy
 
-    from gemma_tpu_helpers import chat_format, tiny
+    from gemma_tpu_helpers.fixes import chat_format
+    from gemma_tpu_helpers.course import tiny
 
     base = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"], "31b")
     e, gemma3 = copy.deepcopy(base), copy.deepcopy(base)
@@ -192,7 +193,7 @@ def _settings():
     """tokenize_rows keyword arguments: the profiles' DataSpecs, every target and system source, the no-spec form."""
     import dataclasses
 
-    from gemma_tpu_helpers import profiles
+    from gemma_tpu_helpers.course import profiles
 
     specs = list(dict.fromkeys(p.data for p in profiles.PROFILES.values()))
     base = specs[0]

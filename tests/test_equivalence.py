@@ -1,7 +1,8 @@
 """The TPU recipe against the GPU recipe: the settings per update, and a loss-curve parity run with HF PEFT."""
 
 
-from gemma_tpu_helpers import data, equivalence, profiles
+from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.course import equivalence, profiles
 
 
 def test_settings_table_for_the_papers_runs():

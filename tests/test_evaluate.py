@@ -20,7 +20,7 @@ from fractions import Fraction
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import evaluate as ev
+from gemma_tpu_helpers.fixes import evaluate as ev
 
 
 def _have_iverilog():

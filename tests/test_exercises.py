@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_cli
 
-from gemma_tpu_helpers import exercises
+from gemma_tpu_helpers.course import exercises
 
 KEYS = list(exercises.EXERCISES)
 NOTEBOOKS = {p.stem[:2]: p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
@@ -77,7 +77,8 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
     solution gives LoRA to every projection in it through qwix itself."""
     from flax import nnx
 
-    from gemma_tpu_helpers import lora, sharding, tiny
+    from gemma_tpu_helpers.fixes import lora, sharding
+    from gemma_tpu_helpers.course import tiny
 
     cfg = tiny.tiny_text_config()
     model = sharding.model_from_config(cfg, abstract=True)
@@ -94,7 +95,7 @@ def test_the_mask_exercise_means_what_data_tokenize_example_does(tiny_dir):
     """Both train on the last answer and its closing end-of-turn token, and on nothing else."""
     from transformers import AutoTokenizer
 
-    from gemma_tpu_helpers import data
+    from gemma_tpu_helpers.fixes import data
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     for chat in exercises._MASK_CHATS:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gemma_tpu_helpers import errors, infra
+from gemma_tpu_helpers.fixes import errors, infra
 
 # ------------------------------------------------------------------------------------------------ atomic writes
 
@@ -33,7 +33,7 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_fails_midway(tmp_path):
 
 _HOLD = """
 import sys, time
-from gemma_tpu_helpers import infra
+from gemma_tpu_helpers.fixes import infra
 with infra.locked(sys.argv[1]):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers import equivalence, gemma4, layout, lora, tiny
+from gemma_tpu_helpers.course import equivalence, tiny
+from gemma_tpu_helpers.fixes import gemma4, layout, lora
 
 RANK = 4
 TARGET_LISTS = [(t,) for t in layout.TARGETS] + [layout.TARGETS, equivalence.PARITY_TARGETS, ("q_proj", "v_proj"),
@@ -172,7 +173,7 @@ def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
     same keys as the table's, in a live model (adapter ``default``) and in a saved adapter, with A (r, in), B (out, r)."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    from gemma_tpu_helpers import parity
+    from gemma_tpu_helpers.fixes import parity
 
     model_dir = tiny_dir if which == "31b" else e2b_dir
     text = gemma4.read_text_config(model_dir)
@@ -194,7 +195,7 @@ def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, tmp
     """Every weight the table says LoRA adapts is in the replica's files at that [out, in] shape (k=v layers, KV-shared
     layers and E2B's doubled MLP included), and it leaves out only what no forward pass reads: the k/v projections
     the real E files still carry on KV-shared layers."""
-    from gemma_tpu_helpers import safetensors_io
+    from gemma_tpu_helpers.fixes import safetensors_io
 
     base = tiny_dir if variant == "31b" else tiny.write_tiny_model(tmp_path / "e2b", variant="e2b")
     text = gemma4.read_text_config(base)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify
-from gemma_tpu_helpers.errors import GemmaTpuError, run_cli
+from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify
+from gemma_tpu_helpers.fixes.errors import GemmaTpuError, run_cli
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 
@@ -19,7 +19,7 @@ LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 @pytest.fixture(scope="module")
 def trained(smoke, tiny_dir, tmp_path_factory):
     """One real 2-step training run (tunix PeftTrainer, checkpoints at steps 1 and 2) for the whole module."""
-    from gemma_tpu_helpers import train
+    from gemma_tpu_helpers.course import train
 
     run = tmp_path_factory.mktemp("merge_run")
     train.train(smoke, run_dir=run, base_dir=tiny_dir, max_steps=2, checkpoint_every=1, progress=False)
@@ -86,7 +86,7 @@ def test_restore_only_lora_arrays_as_numpy(trained):
 
 
 def test_plan_maps_every_module_once(trained, tiny_dir):
-    from gemma_tpu_helpers import gemma4
+    from gemma_tpu_helpers.fixes import gemma4
 
     meta = lora_checkpoint.read_lora_config(trained)
     _, arrays = lora_checkpoint.restore_lora(trained)
@@ -248,7 +248,7 @@ def test_ulp_distance():
 
 
 def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh):
-    from gemma_tpu_helpers import parity
+    from gemma_tpu_helpers.fixes import parity
 
     res = verify.verify(tiny_dir, strong, merged, mesh=mesh)
     table = verify.verify_table(res)
@@ -282,7 +282,7 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
 def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
     from safetensors import safe_open
 
-    from gemma_tpu_helpers import parity
+    from gemma_tpu_helpers.fixes import parity
 
     out = peft_export.export_peft_adapter(strong, tmp_path / "adapter", tiny_dir)
     cfg = json.loads((out / "adapter_config.json").read_text())
@@ -357,7 +357,7 @@ def test_truncated_orbax_checkpoint(tiny_dir, trained, tmp_path):
 
 
 def test_wrong_base_model(trained, tmp_path, monkeypatch):
-    from gemma_tpu_helpers import tiny
+    from gemma_tpu_helpers.course import tiny
 
     deeper = tiny.write_tiny_model(tmp_path / "deep", layers=12)
     with pytest.raises(merge_plan.LoraMismatchError, match="6-layer base, but this base has 12 layers"):
@@ -412,7 +412,7 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
 
 
 def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained, tmp_path):
-    from gemma_tpu_helpers import train
+    from gemma_tpu_helpers.course import train
 
     run = tmp_path / "run"
     shutil.copytree(tiny_dir, run / "base")
@@ -441,8 +441,9 @@ def test_every_merge_error_is_a_gemma_tpu_error_and_a_value_error():
 def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
     """The E2B replica (KV-shared layers with no k/v, a double-wide MLP there) with a synthetic LoRA on every target:
     the merge touches exactly the table's HF tensors, and both checks and PEFT agree with tunix base + LoRA."""
-    from gemma_tpu_helpers import layout, parity, profiles, tiny
-    from gemma_tpu_helpers import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes import layout, parity
+    from gemma_tpu_helpers.course import profiles, tiny
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     mesh = mesh_lib.make_mesh(profiles.get_profile("smoke-e"))  # tp=1: the replica has one KV head
     base = tiny.write_tiny_model(tmp_path / "base", variant="e2b")

@@ -1,8 +1,8 @@
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from gemma_tpu_helpers import gemma4
-from gemma_tpu_helpers import mesh as mesh_lib
+from gemma_tpu_helpers.fixes import gemma4
+from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
 
 def test_mesh_axes_are_auto_and_shaped_by_the_profile(mesh, smoke):

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, run_cli
 
-from gemma_tpu_helpers import lora_checkpoint, train
+from gemma_tpu_helpers.fixes import lora_checkpoint
+from gemma_tpu_helpers.course import train
 
 # conftest's smoke run is the one-process reference. Step 1 runs at lr 0 (warmup), so steps 2-4 test the optimizer
 # across processes; the resume restores step EVERY and redoes the steps after it.
@@ -198,11 +199,12 @@ def test_process_count_mismatch_fails_on_both_sides():
 
 JOINED = """
 import sys
-from gemma_tpu_helpers import multihost, profiles
+from gemma_tpu_helpers.fixes import multihost
+from gemma_tpu_helpers.course import profiles
 profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 import jax, numpy as np
-from gemma_tpu_helpers import data, mesh as mesh_lib
+from gemma_tpu_helpers.fixes import data, mesh as mesh_lib
 mesh = mesh_lib.make_mesh(profiles.get_profile("smoke"))
 print("devices", jax.device_count(), jax.local_device_count(), "main", multihost.is_main(), flush=True)
 print("rows", multihost.process_rows(mesh, 4), flush=True)

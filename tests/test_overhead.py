@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers import overhead
+from gemma_tpu_helpers.course import overhead
 
 
 def test_bare_tunix_loop_computes_what_the_helpers_compute(smoke, tiny_dir, tmp_path):

@@ -7,7 +7,8 @@ import math
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import base_model, errors, gemma4, layout, plan, profiles, tiny
+from gemma_tpu_helpers.course import base_model, plan, profiles, tiny
+from gemma_tpu_helpers.fixes import errors, gemma4, layout
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -61,7 +62,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     import jax
     from flax import nnx
 
-    from gemma_tpu_helpers import step
+    from gemma_tpu_helpers.fixes import step
 
     v5p = profiles.get_profile("v5p-8")
     kw = dict(text_config=TINY, batch=1, rank=8, alpha=16.0, dtype="bfloat16")

@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers import gemma4, plan, profiles, tiny
+from gemma_tpu_helpers.fixes import gemma4
+from gemma_tpu_helpers.course import plan, profiles, tiny
 
 
 def test_unknown_profile_lists_valid_names():
@@ -54,7 +55,7 @@ def test_configure_jax_sets_device_count(smoke):
 
 
 def test_param_count_matches_the_real_models(tiny_dir):
-    from gemma_tpu_helpers.parity import load_hf
+    from gemma_tpu_helpers.fixes.parity import load_hf
 
     hf = load_hf(tiny_dir)
     real = sum(t.numel() for t in hf.model.language_model.state_dict().values())  # layer_scalar is a buffer
@@ -73,7 +74,7 @@ def test_memory_estimate_scales_with_devices():
 
 def test_a_colab_profile_checks_on_the_replica_of_its_own_model(tmp_path):
     """Parity and probes on colab-v6e-1 run on the tiny E4B (KV-shared layers, per-layer inputs), not the 31B's."""
-    from gemma_tpu_helpers import base_model
+    from gemma_tpu_helpers.course import base_model
 
     check = base_model.ensure_check_model(profiles.get_profile("colab-v6e-1"), tmp_path)
     text = gemma4.read_text_config(check)
@@ -93,7 +94,7 @@ def test_a_colab_runtime_picks_its_profile_by_accelerator_type(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
     """v5p-8's mesh on one (abstract) TPU chip, as on Colab: the error names the one-chip profiles."""
-    from gemma_tpu_helpers import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     one_chip = list(plan.topology_mesh(profiles.get_profile("colab-v5e-1")).devices.flat)
     with pytest.raises(mesh_lib.MeshError, match="needs 4 TPU chips but this runtime has 1") as e:

@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from gemma_tpu_helpers import gemma4, remat
+from gemma_tpu_helpers.fixes import gemma4, remat
 
 RANK, ALPHA = 8, 16.0
 
@@ -34,7 +34,7 @@ def test_the_trap_remat_before_lora_gives_no_lora_params(tiny_dir, mesh):
 def test_right_order_keeps_lora_and_sets_remat(lora_model):
     n = remat.count_lora_params(lora_model)
     # rank 8 over q, kv/k, o, gate, up, down on 6 layers of the tiny config (plan.lora_param_count agrees)
-    from gemma_tpu_helpers import plan, tiny
+    from gemma_tpu_helpers.course import plan, tiny
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     assert n == plan.lora_param_count(tiny.tiny_text_config(6), RANK, targets) > 0
@@ -48,8 +48,9 @@ def test_right_order_keeps_lora_and_sets_remat(lora_model):
 def test_the_policy_is_in_the_train_step(lora_model, mesh, policy, regions):
     """Rematerialised regions in the jaxpr of the train step training runs (step.train_step): BLOCK wraps
     attention and MLP of each of the 6 layers, DECODER each layer once."""
-    from gemma_tpu_helpers import mesh as mesh_lib
-    from gemma_tpu_helpers import profiles, step
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
+    from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.fixes import step
 
     remat.set_remat(lora_model, policy)
     spec = profiles.get_profile("smoke").train
@@ -65,7 +66,7 @@ def test_compare_policies_table_with_tpu_columns(smoke, tiny_dir, mesh):
     """The CPU steps and the v5p-8 AOT compiles (a background thread) of the train step under two policies.
 
     Notebook 04 compiles the TPU columns only with GEMMA_TPU_AOT=1, so this is where CI runs that path."""
-    from gemma_tpu_helpers import plan
+    from gemma_tpu_helpers.course import plan
 
     df = plan.compare_policies(smoke, tiny_dir, mesh, policies=("none", "decoder"), seq_len=16, steps=1,
                                tpu_profile="v5p-8", tpu_seq_len=512)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers import adapters as lora_adapters
-from gemma_tpu_helpers import greedy, infra, profiles, serve
+from gemma_tpu_helpers.fixes import adapters as lora_adapters
+from gemma_tpu_helpers.fixes import greedy, infra, serve
+from gemma_tpu_helpers.course import profiles
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
@@ -280,7 +281,7 @@ def test_cli_smoke_test_answers_and_cleans_up(tiny_dir, tmp_path):
     import psutil
 
     env = {**os.environ, "GEMMA_TPU_RUNS": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers.serve", "--model", str(tiny_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers.fixes.serve", "--model", str(tiny_dir),
                              "--profile", "smoke", "--smoke-test"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO)
     seen: list = []

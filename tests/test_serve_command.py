@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import profiles, serve
+from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.fixes import serve
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")

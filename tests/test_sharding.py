@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers import gemma4, lora, plan, sharding, tiny
+from gemma_tpu_helpers.fixes import gemma4, lora, sharding
+from gemma_tpu_helpers.course import plan, tiny
 
 
 @pytest.fixture(scope="module")

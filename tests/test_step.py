@@ -6,7 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers import gemma4, remat, step, train
+from gemma_tpu_helpers.fixes import gemma4, remat, step
+from gemma_tpu_helpers.course import train
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +16,7 @@ def trainer_program(smoke, tiny_dir, mesh):
     a smoke-shaped micro-batch, and the trainer itself."""
     from tunix.sft import peft_trainer
 
-    from gemma_tpu_helpers import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     t = smoke.train
     model = train._apply_lora(gemma4.load_model(tiny_dir, mesh, dtype=smoke.model.dtype), smoke, t.seed)
@@ -68,7 +69,7 @@ def test_lora_trains_under_remat_with_dropout(smoke, tiny_dir, mesh):
     the params, so without remat.lora_then_remat's stream the first step fails ("Cannot find rngs")."""
     from flax import nnx
 
-    from gemma_tpu_helpers import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     spec = dataclasses.replace(smoke.train, grad_accum=1, warmup_steps=0, learning_rate=3e-3)
     model = remat.lora_then_remat(gemma4.load_model(tiny_dir, mesh), 8, 16.0, "block", dropout=0.05)

@@ -3,7 +3,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import gemma4, tiny
+from gemma_tpu_helpers.fixes import gemma4
+from gemma_tpu_helpers.course import tiny
 
 
 def test_layout_is_the_real_checkpoints(tiny_dir):
@@ -83,7 +84,7 @@ def test_cli_tiny_model(tmp_path):
 
 _ENSURE = """
 import os, sys
-from gemma_tpu_helpers import tiny
+from gemma_tpu_helpers.course import tiny
 out = tiny.ensure_tiny_model(sys.argv[1], seed=0, layers=6)
 print(os.stat(out / "model.safetensors.index.json").st_ino)
 """

@@ -14,7 +14,8 @@ import pytest
 from conftest import run_cli
 from safetensors import safe_open
 
-from gemma_tpu_helpers import base_model, chat_format, evaluate, gemma4, greedy, infra, parity, profiles, serve, tiny
+from gemma_tpu_helpers.course import base_model, profiles, tiny
+from gemma_tpu_helpers.fixes import chat_format, evaluate, gemma4, greedy, infra, parity, serve
 
 E2B = "e2b"
 REPO = Path(__file__).resolve().parent.parent
@@ -227,7 +228,7 @@ def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
     gaps. The JAX side runs while vLLM starts."""
     merged = e_server["merged"]
     prof = profiles.get_profile("smoke-e")
-    from gemma_tpu_helpers import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     mesh = mesh_lib.make_mesh(prof)  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
     model = gemma4.load_model(merged, mesh, dtype=prof.model.dtype)
@@ -298,7 +299,7 @@ def test_colab_profiles_are_one_chip_e_models(name, chip, model):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 @pytest.mark.parametrize("name", ["colab-v5e-1", "colab-v6e-1"])
 def test_colab_topology_is_one_abstract_chip(name):
-    from gemma_tpu_helpers import plan
+    from gemma_tpu_helpers.course import plan
 
     mesh = plan.topology_mesh(profiles.get_profile(name))
     assert mesh.devices.size == 1 and mesh.devices.flat[0].platform == "tpu"
@@ -308,7 +309,7 @@ def test_colab_topology_is_one_abstract_chip(name):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_colab_v6e_plan_compiles_e4b_for_one_chip():
     """The real E4B train step, full depth (42 layers), compiled for v6e:1x1 at a short sequence: minutes."""
-    from gemma_tpu_helpers import plan
+    from gemma_tpu_helpers.course import plan
 
     p = plan.aot_plan("colab-v6e-1", remat="block", seq_len=256)
     assert p["layers"] == 42 and p["method"] == "compiled" and p["fits"]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
-from gemma_tpu_helpers import step, train
+from gemma_tpu_helpers.fixes import step
+from gemma_tpu_helpers.course import train
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
 

@@ -17,7 +17,8 @@ import pytest
 from conftest import REPO, run_cli
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers import evaluate, profiles, serve
+from gemma_tpu_helpers.fixes import evaluate, serve
+from gemma_tpu_helpers.course import profiles
 
 CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")
@@ -283,7 +284,7 @@ def test_damaged_safetensors_name_the_file(work, tmp_path, monkeypatch, capsys):
 
 def test_relative_checkpoint_restores_as_the_absolute_one(work, monkeypatch):
     """The root of the README bug: Orbax given a relative path failed inside, and the message blamed the data."""
-    from gemma_tpu_helpers import lora_checkpoint
+    from gemma_tpu_helpers.fixes import lora_checkpoint
 
     d, _ = work
     step, absolute = lora_checkpoint.restore_lora(d / "runs/smoke/checkpoints")

@@ -5,7 +5,7 @@ import shutil
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers import workshop
+from gemma_tpu_helpers.course import workshop
 
 NB = "02_lora_naming"
 URL = "https://colab.research.google.com/github/acme/gemma-tpu/blob/{}/notebooks/02_lora_naming.ipynb"

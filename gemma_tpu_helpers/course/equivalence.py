@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import data, gemma4, layout, parity, remat, step
+from ..fixes import data, gemma4, layout, parity, remat, step
 from .profiles import GPU_RECIPE, Profile
 
 # tunix gives k and v one LoRA A on local layers (one kv_einsum); PEFT gives each its own. The parity run leaves

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .gemma4 import layer_kinds, read_text_config
 from .lora import peft_target_modules
-from .profiles import LoraSpec
+from ..course.profiles import LoraSpec
 
 
 def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, targets=None, seed: int = 0,

@@ -22,15 +22,16 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from . import hub, infra, profiles
-from .errors import GemmaTpuError
+from . import hub, profiles
+from ..fixes import infra
+from ..fixes.errors import GemmaTpuError
 
 # PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
 GOOGLE_PCI_VENDOR = "0x1ae0"
 TPU_PCI_IDS = {"0x0027": "v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e",
                "0x0076": "tpu7x"}
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/accelerator-type"
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 class PreflightError(GemmaTpuError, RuntimeError):

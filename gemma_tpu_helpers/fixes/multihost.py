@@ -26,7 +26,7 @@ import sys
 import time
 
 from .errors import GemmaTpuError
-from .profiles import cpu_xla_flags
+from ..course.profiles import cpu_xla_flags
 
 DEFAULT_TIMEOUT_S = 120
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import base_model, gemma4, lora_checkpoint, merge_plan, profiles, safetensors_io, train
+from ..course import base_model, profiles, train
+from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
 from .infra import absolute_path, cli_path, config_hash, install_dir, temp_dir_beside
 from .multihost import is_main

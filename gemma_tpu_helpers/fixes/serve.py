@@ -39,10 +39,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import infra
-from .base_model import profile_text_config
+from ..course.base_model import profile_text_config
 from .errors import GemmaTpuError, run_cli
 from .gemma4 import CheckpointError, attn_dims, checkpoint_layout, kv_shared_layers, layer_kinds, param_count
-from .profiles import Profile, get_profile, tpu_device_files, tpu_holders, tpu_visible
+from ..course.profiles import Profile, get_profile, tpu_device_files, tpu_holders, tpu_visible
 
 # ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
@@ -67,7 +67,7 @@ SERVE_PYTHON_ENV = "GEMMA_TPU_SERVE_PYTHON"
 LOG_TAIL_LINES = infra.LOG_TAIL_LINES
 GIB = 1024**3
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SERVE_VENV = REPO / ".venv-serve"  # the serving venv: vLLM's CPU build here, vllm-tpu from pip on Colab
 
 
@@ -817,7 +817,7 @@ def main_serve(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m gemma_tpu_helpers.serve ...`` (the same as the ``serve`` sub-command)."""
+    """``python -m gemma_tpu_helpers.fixes.serve ...`` (the same as the ``serve`` sub-command)."""
     p = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers serve", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run_cli(main_serve, p.parse_args(argv))

@@ -22,11 +22,12 @@ import re
 import time
 from pathlib import Path
 
-from . import base_model, bench, data, layout, profiles, step
-from . import mesh as mesh_lib
-from . import remat as remat_lib
-from .errors import GemmaTpuError
-from .gemma4 import (
+from . import base_model, bench, profiles
+from ..fixes import data, layout, step
+from ..fixes import mesh as mesh_lib
+from ..fixes import remat as remat_lib
+from ..fixes.errors import GemmaTpuError
+from ..fixes.gemma4 import (
     PATTERN,
     attn_dims,
     kv_shared_layers,
@@ -35,7 +36,7 @@ from .gemma4 import (
     param_count,
     read_text_config,
 )
-from .infra import config_hash, write_atomic
+from ..fixes.infra import config_hash, write_atomic
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}

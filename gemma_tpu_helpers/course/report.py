@@ -9,10 +9,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from . import infra
-from .multihost import is_main
+from ..fixes import infra
+from ..fixes.multihost import is_main
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 # notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke: measured on an idle
 # 2-core machine, cold run directory, about twice that on a busy one; TPU: estimated).

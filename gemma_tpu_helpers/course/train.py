@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import base_model, gemma4, lora, remat
-from . import data as data_lib
-from . import mesh as mesh_lib
-from . import step as step_lib
-from .errors import GemmaTpuError
-from .infra import absolute_path, config_hash, write_atomic
-from .multihost import is_main, process_rows
+from . import base_model
+from ..fixes import gemma4, lora, remat
+from ..fixes import data as data_lib
+from ..fixes import mesh as mesh_lib
+from ..fixes import step as step_lib
+from ..fixes.errors import GemmaTpuError
+from ..fixes.infra import absolute_path, config_hash, write_atomic
+from ..fixes.multihost import is_main, process_rows
 from .profiles import Profile
 
 METADATA = "lora_config.json"

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from . import profiles
-from .errors import GemmaTpuError
+from ..fixes.errors import GemmaTpuError
 
 # What the training, merge and serving steps read from a base checkpoint.
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
@@ -75,7 +75,7 @@ def explain(exc: BaseException, repo_id: str, target: str | os.PathLike) -> str 
         private = "" if token else " If it is private, set HF_TOKEN to a token that can read it."
         return (f"{repo_id} does not exist on the Hugging Face Hub ({url} answers "
                 f"{exc.response.status_code}): check the id (the profile's model.source in "
-                f"gemma_tpu_helpers/profiles.py).{private}")
+                f"gemma_tpu_helpers/course/profiles.py).{private}")
     if isinstance(exc, errors.RevisionNotFoundError):
         return f"{repo_id} has no such revision on the Hub: check the revision name."
     if isinstance(exc, errors.OfflineModeIsEnabled) or (isinstance(exc, errors.LocalEntryNotFoundError)

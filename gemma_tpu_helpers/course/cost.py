@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from .errors import GemmaTpuError, run_cli
+from ..fixes.errors import GemmaTpuError, run_cli
 from .profiles import PRICES_DATE, PRICES_USD_PER_HOUR
 
 DEFAULT_TPU = "v5p-8"
@@ -186,7 +186,7 @@ def main_cost(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.cost", description=main_cost.__doc__))
+    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.course.cost", description=main_cost.__doc__))
     return run_cli(main_cost, p.parse_args(argv))
 
 

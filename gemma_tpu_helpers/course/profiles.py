@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import infra
+from ..fixes import infra
 
 ENV_VAR = "GEMMA_TPU_PROFILE"
 
@@ -178,7 +178,7 @@ class Profile:
         absolute."""
         root = root or os.environ.get("GEMMA_TPU_RUNS")
         if root is None:
-            checkout = Path(__file__).resolve().parent.parent
+            checkout = Path(__file__).resolve().parents[2]
             root = checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
         root = infra.absolute_path(root, "runs root")  # relative: to the current directory, once
         if root.exists() and not root.is_dir():

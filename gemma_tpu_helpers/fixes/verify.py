@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemma4, lora, parity, profiles, weight_check
+from . import gemma4, lora, parity, weight_check
+from ..course import profiles
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
 from .infra import absolute_path, cli_path

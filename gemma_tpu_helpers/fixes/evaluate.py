@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import infra, profiles
+from . import infra
+from ..course import profiles
 from .data import SHIPPED_EVAL
 from .errors import GemmaTpuError, run_cli
 
@@ -1047,7 +1048,7 @@ def main_eval(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.evaluate",
+    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.fixes.evaluate",
                                               description=main_eval.__doc__))
     return run_cli(main_eval, p.parse_args(argv))
 

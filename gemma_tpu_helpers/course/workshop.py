@@ -19,15 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from . import evaluate, preflight, profiles
-from .gemma4 import CheckpointError, check_checkpoint
-from .serve import ServeError, serve_python, start
+from ..fixes import evaluate
+from . import preflight, profiles
+from ..fixes.gemma4 import CheckpointError, check_checkpoint
+from ..fixes.serve import ServeError, serve_python, start
 from .site import find_chromium
 
 REPO_ENV = "GEMMA_TPU_REPO"  # the course's git URL (the Colab install cell clones it)
 BRANCH_ENV = "GEMMA_TPU_BRANCH"  # the branch the Colab link opens (default: main)
 DEFAULT_BRANCH = "main"
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 COURSE_NOTEBOOKS = 11  # 00..10
 # Guidance, not measurements: a notebook kernel with the tiny model plus the vLLM CPU server (KV cache 1 GiB).
 RAM_WARN_GIB, RAM_FAIL_GIB = 8.0, 4.0

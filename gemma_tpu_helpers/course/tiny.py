@@ -15,9 +15,9 @@ import json
 import shutil
 from pathlib import Path
 
-from . import chat_format, infra
-from .errors import GemmaTpuError
-from .gemma4 import GEMMA4_31B_TEXT_CONFIG, KEY_PREFIX, PATTERN, TEXT_CONFIGS, kv_shared_layers
+from ..fixes import chat_format, infra
+from ..fixes.errors import GemmaTpuError
+from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, KEY_PREFIX, PATTERN, TEXT_CONFIGS, kv_shared_layers
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
 # head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
@@ -119,7 +119,7 @@ def tiny_text_config(layers: int | None = None, variant: str = "31b") -> dict:
 
 def training_texts() -> list[str]:
     """Prompts and responses of the shipped Verilog data (the tokenizer's training corpus)."""
-    path = Path(__file__).parent / "data" / "verilog_sft.jsonl"
+    path = Path(__file__).resolve().parents[1] / "data" / "verilog_sft.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [t for r in rows for t in (r["prompt"], r["response"])]
 

@@ -12,7 +12,8 @@ this module applies it with qwix and reports what got LoRA.
 
 from __future__ import annotations
 
-from . import base_model, compat, gemma4, layout
+from ..course import base_model
+from . import compat, gemma4, layout
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
 

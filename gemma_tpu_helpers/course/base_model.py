@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import gemma4, hub, tiny
-from .infra import absolute_path
+from ..fixes import gemma4
+from . import hub, tiny
+from ..fixes.infra import absolute_path
 
 HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-E2B-it": "e2b", "google/gemma-4-E4B-it": "e4b"}
 

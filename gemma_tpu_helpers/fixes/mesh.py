@@ -6,10 +6,10 @@ import contextlib
 import warnings
 
 from .data import causal_inputs
-from . import profiles
+from ..course import profiles
 from .errors import GemmaTpuError
 from .gemma4 import head_divisibility_problems, load_model
-from .profiles import Profile
+from ..course.profiles import Profile
 
 
 class MeshError(GemmaTpuError, ValueError):

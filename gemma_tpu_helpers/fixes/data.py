@@ -24,7 +24,7 @@ import numpy as np
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
 SHIPPED_CONFIG = "sft"
 SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
@@ -162,7 +162,7 @@ def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None =
 
 
 def spec_messages(row: dict, spec) -> list[dict]:
-    """:func:`to_messages` with a profile's :class:`~gemma_tpu_helpers.profiles.DataSpec` settings."""
+    """:func:`to_messages` with a profile's :class:`~gemma_tpu_helpers.course.profiles.DataSpec` settings."""
     return to_messages(row, system_prompt=spec.system_prompt, system=spec.system, target=spec.target)
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 
-from . import base_model, gemma4, lora
+from ..course import base_model
+from . import gemma4, lora
 from .data import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import PATTERN

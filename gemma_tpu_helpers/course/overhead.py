@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, gemma4, lora, step, train
-from . import mesh as mesh_lib
+from ..fixes import data, gemma4, lora, step
+from . import train
+from ..fixes import mesh as mesh_lib
 from .profiles import Profile
 
 

@@ -2,7 +2,7 @@
 
 ``build(run_dir)`` writes ``run_dir/site/``: one page per notebook in ``run_dir/executed/`` (nbconvert's lab
 template; plots are inline PNGs, tables stay HTML tables) and ``index.html`` with the course map
-(:data:`course.COURSE`: notebook, the paper's fix, time on CPU / TPU, this run's time or error), the run report and
+(:data:`report.COURSE`: notebook, the paper's fix, time on CPU / TPU, this run's time or error), the run report and
 a link per notebook. It needs no server and no network: pages link each other by relative paths and every script
 that nbconvert would load from a CDN (require.js, MathJax, the widget manager) is left out, so a teacher can zip
 the folder and hand it out. Widgets (tqdm bars) show their text form.
@@ -25,9 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import course, infra, profiles
-from .course import COURSE
-from .errors import GemmaTpuError
+from . import report, profiles
+from ..fixes import infra
+from .report import COURSE
+from ..fixes.errors import GemmaTpuError
 
 SITE_DIR = "site"
 INDEX = "index.html"
@@ -273,7 +274,7 @@ def main_site(args) -> int:
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
     if (run_dir / "figures.json").is_file():
-        course.write_report(run_dir)
+        report.write_report(run_dir)
     result = build(run_dir)
     print(f"wrote {result['index']}: {result['pages']} pages, {result['bytes'] / 2**20:.1f} MiB")
     broken = broken_links(result["index"].parent)

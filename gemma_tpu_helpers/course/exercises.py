@@ -24,17 +24,17 @@ from typing import Any, Callable
 
 from .bench import PAPER_TRAINING_HOURS
 from .cost import cost_per_million_output_tokens, price, training_comparison
-from .data import codev_like_lengths, token_use_for_lengths
-from .errors import GemmaTpuError
-from .evaluate import pass_at_k
-from .gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
-from .layout import synthetic_lora
-from .lora import HF_TARGETS, regex_for, tunix_module
-from .merge_plan import plan
+from ..fixes.data import codev_like_lengths, token_use_for_lengths
+from ..fixes.errors import GemmaTpuError
+from ..fixes.evaluate import pass_at_k
+from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
+from ..fixes.layout import synthetic_lora
+from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
+from ..fixes.merge_plan import plan
 from .profiles import GPU_RECIPE, get_profile
-from .remat import POLICIES, UnknownPolicyError, check_policy
-from .serve import ServeError, hbm_per_chip
-from .sharding import bytes_per_device, divisible_spec, indivisible_dims
+from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
+from ..fixes.serve import ServeError, hbm_per_chip
+from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
 from .tiny import tiny_text_config
 
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"

@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import cost, infra, profiles, serve
-from .errors import GemmaTpuError, run_cli
+from . import cost, profiles
+from ..fixes import infra, serve
+from ..fixes.errors import GemmaTpuError, run_cli
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
 DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)
@@ -516,7 +517,7 @@ def main_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m gemma_tpu_helpers.bench ...`` (the same as the ``bench`` sub-command)."""
+    """``python -m gemma_tpu_helpers.course.bench ...`` (the same as the ``bench`` sub-command)."""
     p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers bench",
                                               description=main_bench.__doc__))
     return run_cli(main_bench, p.parse_args(argv))
