@@ -20,7 +20,7 @@ imported from another module.
 # another venv); everything else at the top of a module, so the import graph is what the file says.
 TIERS = (
     ("fixes", (
-        ("core", ("errors", "infra", "compat", "chat_format")),
+        ("core", ("errors", "infra", "compat", "chat_format", "inputs")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost")),
         ("step", ("lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
@@ -30,7 +30,7 @@ TIERS = (
         ("config", ("profiles",)),
         ("models", ("hub", "tiny", "base_model")),
         ("workflows", ("runs", "train", "plan", "overhead", "equivalence", "bench", "cost")),
-        ("front", ("report", "preflight", "site", "workshop", "exercises", "commands")),
+        ("front", ("logbook", "preflight", "site", "workshop", "exercises", "commands")),
     )),
 )
 # Every module as "<tier>.<module>" in its layer, lowest layer first; the CLI (``python -m gemma_tpu_helpers``) last.

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .course import base_model, bench, cost, report, exercises, plan, preflight, profiles, site, tiny, train, workshop
-from .fixes import data, evaluate, gemma4, lora, merge, multihost, parity, peft_export, serve, sharding, verify
+from .course import (base_model, bench, commands, cost, exercises, logbook, plan, preflight, profiles, runs, site, tiny,
+                     train, workshop)
+from .fixes import data, gemma4, multihost, parity, peft_export
 from .fixes import mesh as mesh_lib
 from .fixes.errors import run_cli
 from .fixes.infra import cli_path
@@ -35,15 +36,15 @@ def cmd_setup(args) -> int:
         found = preflight.checks(prof)
         print(f"pre-flight:\n{preflight.format_checks(found)}")
         failed = [c.name for c in found if c.status == "fail"]
-    for k, v in report.versions().items():
+    for k, v in logbook.versions().items():
         print(f"  {k:18s} {v}")
     if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
-        print("devices:", json.dumps(report.devices()))
+        print("devices:", json.dumps(logbook.devices()))
     text = base_model.profile_text_config(prof)
     est = plan.memory_estimate(prof, text)
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
-    print(report.course_map().drop(columns=["helpers"]).to_string(index=False))
+    print(logbook.course_map().drop(columns=["helpers"]).to_string(index=False))
     if failed:
         raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says what "
                                        f"to do.")
@@ -64,7 +65,7 @@ def cmd_parity(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)
 
-    mesh = mesh_lib.make_mesh(prof)
+    mesh = prof.make_mesh()
     model = load_model(args.model_dir, mesh, dtype="float32")
     stats = parity.compare_logits(args.model_dir, mesh, seq_len=args.seq_len, model=model)
     print(f"max |dlogit|: {stats['max_abs']:.3e}  logit scale: {stats['scale']:.3f}  relative: {stats['rel']:.3e}"
@@ -81,7 +82,7 @@ def cmd_mesh(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # a TPU profile needs its TPU, free; checked before JAX is imported
 
-    mesh = mesh_lib.make_mesh(prof)
+    mesh = prof.make_mesh()
     print(f"mesh {dict(mesh.shape)}:\n{mesh_lib.describe(mesh).to_string()}")
     text = base_model.profile_text_config(prof) if prof.model.source != "tiny" else gemma4.read_text_config(base_model.ensure_base(prof))
     print(mesh_lib.tp_table(text).to_string(index=False))
@@ -93,7 +94,7 @@ def cmd_mesh(args) -> int:
 def cmd_report(args) -> int:
     """Write runs/<profile>/report.md from the figures the notebooks recorded."""
     prof = profiles.get_profile(args.profile)
-    print(report.write_report(prof.run_dir(args.runs)))
+    print(logbook.write_report(prof.run_dir(args.runs)))
     return 0
 
 
@@ -101,10 +102,10 @@ def cmd_demo(args) -> int:
     """Run every notebook in order under the profile; executed copies and report.md go to runs/<profile>/."""
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
-    results = report.run_notebooks(prof.name, run_dir)
+    results = logbook.run_notebooks(prof.name, run_dir)
     for r in results:
         print(f"{r['notebook']:28s} {r['seconds']:7.1f} s  {r['error'] or 'ok'}")
-    print(report.write_report(run_dir))
+    print(logbook.write_report(run_dir))
     return 1 if any(r["error"] for r in results) else 0
 
 
@@ -113,7 +114,7 @@ def cmd_lora(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
 
-    print(lora.report_for_profile(prof, regex=args.regex).to_string(index=False))
+    print(runs.lora_report(prof, regex=args.regex).to_string(index=False))
     return 0
 
 
@@ -121,7 +122,7 @@ def cmd_sharding(args) -> int:
     """Step 03: per-device bytes, audit flags and the fix plan for the profile's model on its mesh."""
     prof = profiles.configure_jax(args.profile)
 
-    summary, _, changes = sharding.plan_for_profile(prof)
+    summary, _, changes = runs.sharding_plan(prof)
     print((summary / 2**30).round(3).to_string())
     print(changes.to_string(index=False) if len(changes) else "no changes needed")
     return 0
@@ -140,12 +141,13 @@ def cmd_data_stats(args) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if args.show_example is not None:  # one example as it is trained: the loss span inside ⟦ ⟧
-        view = data.show_row(prof, tokenizer, args.show_example, source=args.source)
+        view = data.show_row(prof.data, tokenizer, args.show_example, source=args.source)
         print(view["text"])
         print(f"\n{view['tokens']} tokens: {view['prompt_tokens']} of prompt (no loss), "
               f"{view['trained_tokens']} trained (inside {''.join(data.TRAINED_MARKS)})")
         return 0
-    prepared = data.prepare(prof, tokenizer, source=args.source, progress=False)
+    prepared = data.prepare(prof.data, tokenizer, prof.train.max_seq_len, prof.train.seed, source=args.source,
+                            progress=False)
     padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
                              prof.train.max_seq_len, prof.data.overlong)
     s = prepared.train.stats
@@ -197,7 +199,7 @@ def cmd_launch(args) -> int:
 
 def cmd_eval(args) -> int:
     """Step 09: VerilogEval-style pass@k with iverilog (from a server or a completions file)."""
-    return evaluate.main_eval(args)
+    return commands.main_eval(args)
 
 
 def cmd_cost(args) -> int:
@@ -309,24 +311,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("merge", help="07: merge the trained LoRA (Orbax) into the base's sharded safetensors, streamed")
-    merge.add_merge_arguments(p)
-    p.set_defaults(func=merge.main_merge)
+    commands.add_merge_arguments(p)
+    p.set_defaults(func=commands.main_merge)
 
     p = sub.add_parser("verify", help="07: merged model vs base + LoRA: every tensor (streamed), then the logits "
                        "(--weights: the tensors alone, any model size)")
-    verify.add_verify_arguments(p)
-    p.set_defaults(func=verify.main_verify)
+    commands.add_verify_arguments(p)
+    p.set_defaults(func=commands.main_verify)
 
     p = sub.add_parser("export-adapter", help="07: the trained LoRA as an unmerged PEFT adapter (vLLM --enable-lora)")
     peft_export.add_export_arguments(p)
     p.set_defaults(func=peft_export.main_export_adapter)
 
     p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; on TPU the docker line, or on Colab the pip route)")
-    serve.add_arguments(p)
-    p.set_defaults(func=serve.main_serve)
+    commands.add_serve_arguments(p)
+    p.set_defaults(func=commands.main_serve)
 
     p = sub.add_parser("eval", help="09: VerilogEval-style pass@k with iverilog (--url server or --completions file)")
-    evaluate.add_arguments(p)
+    commands.add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("cost", help="10: TPU-vs-GPU training cost ratio and $ per million output tokens")

@@ -31,7 +31,7 @@ def tiny_dir(tmp_path_factory):
 def mesh():
     from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
-    return mesh_lib.make_mesh(SMOKE)
+    return SMOKE.make_mesh()
 
 
 @pytest.fixture(scope="session")

@@ -166,7 +166,7 @@ def server(smoke, tiny_dir, tmp_path_factory):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    srv = serve.start(smoke, tiny_dir, log_path=log, progress=False)
+    srv = serve.start(smoke.serving, tiny_dir, log_path=log, progress=False)
     try:
         yield srv
     finally:

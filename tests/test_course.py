@@ -6,23 +6,23 @@ import nbformat
 from conftest import run_cli
 from nbformat.v4 import new_code_cell, new_notebook
 
-from gemma_tpu_helpers.course import report
+from gemma_tpu_helpers.course import logbook
 
 
 def test_record_and_report(tmp_path):
-    report.record(tmp_path, "00_setup", parity_rel="2.1e-05")
-    report.record(tmp_path, "06_training", final_loss=1.5, step=8)  # a figure may be called "step"
-    report.record(tmp_path, "00_setup", parity_rel="3.0e-05")  # a rerun replaces the step's figures
-    report = report.write_report(tmp_path).read_text()
-    assert "| parity_rel | 3.0e-05 |" in report and "2.1e-05" not in report
-    assert report.index("## 00_setup") < report.index("## 06_training") and "| step | 8 |" in report
+    logbook.record(tmp_path, "00_setup", parity_rel="2.1e-05")
+    logbook.record(tmp_path, "06_training", final_loss=1.5, step=8)  # a figure may be called "step"
+    logbook.record(tmp_path, "00_setup", parity_rel="3.0e-05")  # a rerun replaces the step's figures
+    text = logbook.write_report(tmp_path).read_text()
+    assert "| parity_rel | 3.0e-05 |" in text and "2.1e-05" not in text
+    assert text.index("## 00_setup") < text.index("## 06_training") and "| step | 8 |" in text
 
 
 _RECORD = """
 import sys
-from gemma_tpu_helpers.course import report
+from gemma_tpu_helpers.course import logbook
 for i in range(40):
-    report.record(sys.argv[1], f"{sys.argv[2]}_{i:02d}", i=i)
+    logbook.record(sys.argv[1], f"{sys.argv[2]}_{i:02d}", i=i)
 """
 
 
@@ -35,7 +35,7 @@ def test_notebooks_recording_at_once_lose_no_step(tmp_path):
 
 
 def test_course_map_marks_available_notebooks():
-    table = report.course_map()
+    table = logbook.course_map()
     assert list(table["notebook"])[:2] == ["00_setup", "01_mesh_setup"]
     assert table.set_index("notebook").loc["00_setup", "available"]
 
@@ -49,7 +49,7 @@ def test_run_notebooks_keeps_going_in_order_and_stops_on_error(tmp_path):
         nbformat.write(nb, p)
         paths.append(p)
     run_dir = tmp_path / "runs" / "smoke"
-    results = report.run_notebooks("smoke", run_dir, notebooks=paths, timeout=120)
+    results = logbook.run_notebooks("smoke", run_dir, notebooks=paths, timeout=120)
     assert [r["notebook"] for r in results] == ["00_ok", "01_fail"]
     assert results[0]["error"] is None and "boom" in (results[1]["error"] + json.dumps(
         nbformat.read(run_dir / "executed" / "01_fail.ipynb", 4).cells[0].outputs))

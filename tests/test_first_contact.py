@@ -21,6 +21,7 @@ import pytest
 from conftest import run_cli
 
 from gemma_tpu_helpers.course import base_model
+from gemma_tpu_helpers.fixes import infra
 
 REAL = "google/gemma-4-31B-it"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -546,8 +547,8 @@ def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
     accel.write_text("")
     lock.write_text("")
     monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
-    monkeypatch.setattr(profiles, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(profiles, "LIBTPU_LOCKFILE", str(lock))
+    monkeypatch.setattr(infra, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(infra, "LIBTPU_LOCKFILE", str(lock))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no tpu-info here
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-8")  # no metadata-server call
     assert preflight.check_hbm(profiles.get_profile("v5p-8")).status == "ok"
@@ -576,8 +577,8 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
     accel.write_text("")
     for module in (profiles, serve):
         monkeypatch.setattr(module, "tpu_visible", lambda: True)
-    monkeypatch.setattr(profiles, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(profiles, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
+    monkeypatch.setattr(infra, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(infra, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
     monkeypatch.setattr(serve, "serve_python", lambda check=True: tmp_path / "venv" / "bin" / "python")  # no vllm-tpu
     colab = profiles.get_profile("colab-v5e-1")
@@ -586,13 +587,13 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
     try:
         assert child.stdout.readline().strip() == "holding"
         with pytest.raises(serve.ServeError, match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
-            serve.start(colab, "google/gemma-4-E2B-it")
+            serve.start(colab.serving, "google/gemma-4-E2B-it")
         assert f"kill {child.pid}" in str(e.value)
     finally:
         child.kill()
         child.wait()
     with pytest.raises(serve.ServeError, match="vllm-tpu is not installed"):  # the chip is free now: next check
-        serve.start(colab, "google/gemma-4-E2B-it")
+        serve.start(colab.serving, "google/gemma-4-E2B-it")
 
 
 def test_versions_check_reads_the_pins():

@@ -12,6 +12,7 @@ import pytest
 
 from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify
 from gemma_tpu_helpers.fixes.errors import GemmaTpuError, run_cli
+from gemma_tpu_helpers.course import commands, runs
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 
@@ -305,14 +306,14 @@ def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
 
 def test_step_and_cli(tiny_dir, trained, tmp_path):
     p = argparse.ArgumentParser()
-    merge.add_merge_arguments(p)
+    commands.add_merge_arguments(p)
     out = tmp_path / "m1"
-    assert merge.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--step", "1",
+    assert commands.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--step", "1",
                                           "--out", str(out)])) == 0
     assert merge.read_merge_info(out)["step"] == 1
-    assert run_cli(merge.main_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
+    assert run_cli(commands.main_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
                                                    str(out)])) == 2  # not empty, no --overwrite: a message
-    assert merge.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
+    assert commands.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
                                           str(out), "--overwrite"])) == 0
     assert merge.read_merge_info(out)["step"] == 2
 
@@ -320,14 +321,14 @@ def test_step_and_cli(tiny_dir, trained, tmp_path):
 def test_cli_paths_from_the_profile(tmp_path, monkeypatch, capsys):
     """--profile fills what is not given from runs/<profile>/; without it the three paths are required."""
     p = argparse.ArgumentParser()
-    merge.add_merge_arguments(p)
+    commands.add_merge_arguments(p)
     monkeypatch.setenv("GEMMA_TPU_RUNS", str(tmp_path))
     run = tmp_path / "smoke-e"
-    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
+    assert commands.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
                                                                         run / "merged")
     monkeypatch.chdir(tmp_path)  # a path given is taken relative to where the user is, once, as it comes in
-    assert merge.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == tmp_path / "x"
-    assert run_cli(merge.main_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
+    assert commands.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == tmp_path / "x"
+    assert run_cli(commands.main_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
     assert "--profile" in capsys.readouterr().err
 
 
@@ -419,14 +420,14 @@ def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained,
     shutil.copytree(trained, run / "checkpoints")
     (run / "train").mkdir(parents=True)
     (run / "train" / train.DONE).write_text(json.dumps({"steps": 2}))
-    out = merge.ensure_merged(smoke, run, progress=False)
+    out = runs.ensure_merged(smoke, run, progress=False)
     assert out == run / "merged" and merge.read_merge_info(out)["step"] == 2
     stamp = (out / merge.MERGE_INFO).stat().st_mtime_ns
-    assert merge.ensure_merged(smoke, run, progress=False) == out
+    assert runs.ensure_merged(smoke, run, progress=False) == out
     assert (out / merge.MERGE_INFO).stat().st_mtime_ns == stamp  # cached
     shutil.copytree(run / "checkpoints" / "2", run / "checkpoints" / "3")  # a newer step appears
     (run / "train" / train.DONE).write_text(json.dumps({"steps": 3}))
-    merge.ensure_merged(smoke, run, progress=False)
+    runs.ensure_merged(smoke, run, progress=False)
     assert merge.read_merge_info(out)["step"] == 3
 
 
@@ -445,7 +446,7 @@ def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
     from gemma_tpu_helpers.course import profiles, tiny
     from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
-    mesh = mesh_lib.make_mesh(profiles.get_profile("smoke-e"))  # tp=1: the replica has one KV head
+    mesh = profiles.get_profile("smoke-e").make_mesh()  # tp=1: the replica has one KV head
     base = tiny.write_tiny_model(tmp_path / "base", variant="e2b")
     text = gemma4.read_text_config(base)
     arrays = layout.synthetic_lora(text, layout.TARGETS, 4, std=0.05)

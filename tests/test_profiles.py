@@ -98,5 +98,5 @@ def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
 
     one_chip = list(plan.topology_mesh(profiles.get_profile("colab-v5e-1")).devices.flat)
     with pytest.raises(mesh_lib.MeshError, match="needs 4 TPU chips but this runtime has 1") as e:
-        mesh_lib.make_mesh(profiles.get_profile("v5p-8"), devices=one_chip)
+        profiles.get_profile("v5p-8").make_mesh(devices=one_chip)
     assert "colab-v5e-1" in str(e.value) and "colab-v6e-1" in str(e.value)

@@ -50,7 +50,7 @@ def _descendants(pid: int) -> list:
 def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_print_me")
     prof = profiles.get_profile("v6e-8")
-    argv = serve.command(prof, "/data/merged", port=8123, api_key="sk-secret", lora_modules=None)
+    argv = serve.command(prof.serving, "/data/merged", port=8123, api_key="sk-secret", lora_modules=None)
     line = " ".join(argv)
     assert argv[:2] == ["docker", "run"]
     for flag in ("--privileged", "--net=host", "--shm-size=16G", prof.serve.image):
@@ -71,21 +71,21 @@ def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch)
     # secrets by name only
     assert argv[argv.index("HF_TOKEN") - 1] == "-e" and "VLLM_API_KEY" in argv
     assert "hf_do_not_print_me" not in line and "sk-secret" not in line and "--api-key" not in argv
-    assert "hf_do_not_print_me" not in serve.shell_line(prof, "/data/merged", api_key="sk-secret")
+    assert "hf_do_not_print_me" not in serve.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
     # LoRA on TPU goes through the vLLM model implementation
-    lora = serve.command(prof, "/data/merged", lora_modules={"verilog": "/data/adapter"})
+    lora = serve.command(prof.serving, "/data/merged", lora_modules={"verilog": "/data/adapter"})
     assert "MODEL_IMPL_TYPE=vllm" in lora and "--enable-lora" in lora and "verilog=/lora/0" in lora
     assert lora[lora.index("--max-lora-rank") + 1] == str(prof.lora.rank)
     # a Hub id is downloaded inside the container, with the host's HF cache mounted
-    hub = serve.command(prof, "google/gemma-4-31B-it")
+    hub = serve.command(prof.serving, "google/gemma-4-31B-it")
     assert "google/gemma-4-31B-it" in hub and not any(a.endswith(":/model:ro") for a in hub)
-    pip = serve.tpu_pip_instructions(prof)
+    pip = serve.tpu_pip_instructions(prof.serving)
     assert f"vllm-tpu=={prof.serve.pip_version}" in pip and "hf_do_not_print_me" not in pip
 
 
 @needs_venv
 def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
-    argv = serve.command(smoke, tiny_dir, port=9001, api_key="k", lora_modules={"a": tiny_dir})
+    argv = serve.command(smoke.serving, tiny_dir, port=9001, api_key="k", lora_modules={"a": tiny_dir})
     assert argv[0] == str(SERVE_PY.resolve()) or Path(argv[0]) == SERVE_PY
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -94,13 +94,13 @@ def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
     assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"architectures": ["Gemma4ForCausalLM"]}
     assert "--disable-log-requests" not in argv and "--api-key" not in argv and "k" not in argv
     assert argv[argv.index("--max-lora-rank") + 1] == str(smoke.lora.rank)
-    assert serve.environment(smoke, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
+    assert serve.environment(smoke.serving, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
 
 
 def test_missing_serve_venv_says_make_serve_venv(monkeypatch, smoke, tmp_path):
     monkeypatch.setenv(serve.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
     with pytest.raises(serve.ServeError, match="make serve-venv"):
-        serve.command(smoke, tmp_path)
+        serve.command(smoke.serving, tmp_path)
 
 
 @needs_venv
@@ -114,10 +114,10 @@ def test_bad_model_dir_fails_before_launch(smoke, tiny_dir, tmp_path, remove):
     what = {"config.json": "config.json", "tokenizer.json": "tokenizer", "weights": "safetensors"}[remove]
     t0 = time.perf_counter()
     with pytest.raises(serve.ServeError, match=what):
-        serve.start(smoke, bad, log_path=tmp_path / "log")
+        serve.start(smoke.serving, bad, log_path=tmp_path / "log")
     assert time.perf_counter() - t0 < 5, "must fail before launching vLLM"
     with pytest.raises(serve.ServeError, match="does not exist"):
-        serve.start(smoke, tmp_path / "missing", log_path=tmp_path / "log")
+        serve.start(smoke.serving, tmp_path / "missing", log_path=tmp_path / "log")
 
 
 @needs_venv
@@ -127,7 +127,7 @@ def test_busy_port_is_a_clear_error(smoke, tiny_dir, tmp_path):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(serve.ServeError, match=f"Port {port} on 127.0.0.1 is busy"):
-            serve.start(smoke, tiny_dir, port=port, log_path=tmp_path / "log")
+            serve.start(smoke.serving, tiny_dir, port=port, log_path=tmp_path / "log")
 
 
 def test_connect_to_nothing_is_a_clear_error():
@@ -156,7 +156,7 @@ def test_server_that_dies_at_start_reports_the_log_tail(smoke, tiny_dir, tmp_pat
     log = tmp_path / "server.log"
     t0 = time.perf_counter()
     with pytest.raises(serve.ServeError) as err:
-        serve.start(smoke, tiny_dir, log_path=log, extra_args=["--no-such-flag"], progress=False)
+        serve.start(smoke.serving, tiny_dir, log_path=log, extra_args=["--no-such-flag"], progress=False)
     msg = str(err.value)
     assert "exited with code" in msg and "--no-such-flag" in msg and str(log) in msg
     assert time.perf_counter() - t0 < 120
@@ -185,7 +185,7 @@ def server(smoke, tiny_dir, adapters, tmp_path_factory):
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     rel = os.path.relpath  # as a user types them: relative to this directory (vLLM runs in the log's folder)
-    srv = serve.start(smoke, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
+    srv = serve.start(smoke.serving, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
                       log_path=rel(log), progress=False)
     srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
     print(f"\nvLLM start: {srv.start_s:.1f} s")
@@ -281,7 +281,7 @@ def test_cli_smoke_test_answers_and_cleans_up(tiny_dir, tmp_path):
     import psutil
 
     env = {**os.environ, "GEMMA_TPU_RUNS": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers.fixes.serve", "--model", str(tiny_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers", "serve", "--model", str(tiny_dir),
                              "--profile", "smoke", "--smoke-test"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO)
     seen: list = []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.course import profiles, runs
 from gemma_tpu_helpers.fixes import serve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def v6e():
 
 @pytest.fixture(scope="module")
 def tpu_argv(v6e):
-    return serve.tpu_vllm_argv(serve.command(v6e, "/data/merged", port=8123))
+    return serve.tpu_vllm_argv(serve.command(v6e.serving, "/data/merged", port=8123))
 
 
 def _misspell(argv, flag, wrong):
@@ -36,7 +36,7 @@ def _misspell(argv, flag, wrong):
 
 
 def colab_argv(name):
-    return serve.command(profiles.get_profile(name), "/data/merged", port=8123)
+    return serve.command(profiles.get_profile(name).serving, "/data/merged", port=8123)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_an_abbreviated_flag_is_caught_although_argparse_accepts_it(parsed):
 
 def test_hbm_per_chip_arithmetic(v6e):
     """The figures in the v6e-8 profile's comment: 31B text weights and one full-length sequence's KV per chip."""
-    hbm = serve.hbm_per_chip(v6e)
+    hbm = runs.hbm_per_chip(v6e)
     assert hbm["params"] == 30_697_345_340
     # K and V per token per chip: 50 sliding layers x 2 x (16/8 heads) x 256 x 2 B + 10 global x 2 x 1 x 512 x 2 B
     assert hbm["kv_bytes_per_token"] == 50 * 2 * 2 * 256 * 2 + 10 * 2 * 1 * 512 * 2 == 122_880
@@ -107,14 +107,14 @@ def test_hbm_per_chip_arithmetic(v6e):
 def test_hbm_arithmetic_fails_where_it_should(v6e):
     # all 16K-token sequences at the bound do not fit when the weights take most of the chip: bf16 on TP2
     tp2 = dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=2))
-    assert serve.hbm_per_chip(tp2)["weights_gib"] > 28 and not serve.hbm_per_chip(tp2)["fits"]
+    assert runs.hbm_per_chip(tp2)["weights_gib"] > 28 and not runs.hbm_per_chip(tp2)["fits"]
     # the alternative reported working: TP4 with fp8 weights and fp8 KV also fits (one replica of two)
     tp4 = dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=4, kv_cache_dtype="fp8"))
-    assert serve.hbm_per_chip(tp4, weight_dtype="fp8")["fits"]
+    assert runs.hbm_per_chip(tp4, weight_dtype="fp8")["fits"]
     with pytest.raises(serve.ServeError, match="tensor_parallel=6 does not divide 16 KV heads"):
-        serve.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
+        runs.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
     with pytest.raises(serve.ServeError, match="not a TPU profile"):
-        serve.hbm_per_chip(profiles.get_profile("smoke"))
+        runs.hbm_per_chip(profiles.get_profile("smoke"))
 
 
 def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
@@ -123,17 +123,17 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
             continue
         chips = prof.hardware.num_devices // prof.hardware.hosts
         assert prof.serve.tensor_parallel <= chips, name
-        assert serve.hbm_per_chip(prof)["fits"], name
-        argv = serve.command(prof, "/data/merged")
+        assert runs.hbm_per_chip(prof)["fits"], name
+        argv = serve.command(prof.serving, "/data/merged")
         if name.startswith("colab-"):  # no Docker on Colab
-            assert serve.route(prof) == "pip" and "docker" not in argv and argv[1] == "serve", name
+            assert serve.route(prof.serving) == "pip" and "docker" not in argv and argv[1] == "serve", name
         else:
-            assert serve.route(prof) == "docker" and argv[:2] == ["docker", "run"], name
+            assert serve.route(prof.serving) == "docker" and argv[:2] == ["docker", "run"], name
     v5p = profiles.get_profile("v5p-8")
-    assert serve.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
+    assert runs.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
     too_wide = dataclasses.replace(v5p, serve=dataclasses.replace(v5p.serve, tensor_parallel=8))
     with pytest.raises(serve.ServeError, match="one of its hosts has 4 chips"):
-        serve.command(too_wide, "/data/merged")
+        serve.command(too_wide.serving, "/data/merged")
 
 
 # ------------------------------------------------------------------------------- Colab: one chip, no Docker
@@ -143,7 +143,7 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
 def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
     prof = profiles.get_profile(name)
     argv = colab_argv(name)
-    assert not prof.serve.docker and serve.route(prof) == "pip" and serve.runs_here(prof)
+    assert not prof.serve.docker and serve.route(prof.serving) == "pip" and serve.runs_here(prof.serving)
     assert argv[0] == str(serve.serve_python(check=False).parent / "vllm") and argv[1:3] == ["serve", "/data/merged"]
     assert not {"docker", "--hf-overrides", "--api-key"} & set(argv)  # multimodal as released; the key by env only
     s = prof.serve
@@ -151,10 +151,10 @@ def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
                         ("--max-num-seqs", s.max_num_seqs), ("--gpu-memory-utilization", s.gpu_memory_utilization),
                         ("--host", serve.HOST), ("--dtype", "bfloat16")):
         assert argv[argv.index(flag) + 1] == str(value), flag
-    env = serve.environment(prof, api_key="k", lora=True)
+    env = serve.environment(prof.serving, api_key="k", lora=True)
     assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(serve.HOST_COMPILE_CACHE), "MODEL_IMPL_TYPE": "vllm",
                    "VLLM_API_KEY": "k"}
-    line = serve.shell_line(prof, "/data/merged", api_key="sk-secret")
+    line = serve.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
     assert "VLLM_API_KEY=$VLLM_API_KEY" in line and "sk-secret" not in line
 
 
@@ -175,7 +175,7 @@ def test_colab_command_parses_with_vllm_032s_own_parser(parsed, name):
 
 def test_colab_serving_fits_one_chip_with_room_for_an_eval():
     """One chip: the bf16 text weights and the KV cache of a 4096-token sequence (prompt + 2048 new tokens)."""
-    e2b, e4b = (serve.hbm_per_chip(profiles.get_profile(n)) for n in COLAB)
+    e2b, e4b = (runs.hbm_per_chip(profiles.get_profile(n)) for n in COLAB)
     assert e2b["chips"] == e4b["chips"] == 1 and e2b["max_model_len"] == 4096
     assert e2b["weights_gib"] == pytest.approx(8.66, abs=0.01) and e2b["budget_gib"] == pytest.approx(16 * 0.85)
     assert e4b["weights_gib"] == pytest.approx(14.00, abs=0.01) and e4b["budget_gib"] == pytest.approx(32 * 0.85)
@@ -200,15 +200,15 @@ def test_a_step_that_needs_more_chips_than_colab_has_says_so():
     prof = profiles.get_profile("colab-v5e-1")
     four = dataclasses.replace(prof, serve=dataclasses.replace(prof.serve, tensor_parallel=4))
     with pytest.raises(serve.ServeError, match="tensor_parallel=4, but this runtime has 1 chip. Lower"):
-        serve.command(four, "/data/merged")
+        serve.command(four.serving, "/data/merged")
     with pytest.raises(serve.ServeError, match="Docker image on its TPU VM"):  # the docker route is not started here
-        serve.start(profiles.get_profile("v6e-8"), "/data/merged")
+        serve.start(profiles.get_profile("v6e-8").serving, "/data/merged")
 
 
 @pytest.mark.skipif(profiles.tpu_visible(), reason="a TPU is visible: start() would try vllm-tpu for real")
 def test_colab_start_without_a_tpu_says_what_to_do(tmp_path):
     with pytest.raises(serve.ServeError, match="no TPU is visible here.*--profile smoke-e"):
-        serve.start(profiles.get_profile("colab-v5e-1"), tmp_path, log_path=tmp_path / "log")
+        serve.start(profiles.get_profile("colab-v5e-1").serving, tmp_path, log_path=tmp_path / "log")
     assert serve.tpu_held_by_this_process() == []  # a CPU machine: nothing to hold
 
 

@@ -13,7 +13,7 @@ from conftest import REPO, run_cli
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gemma_tpu_helpers.course import report, site
+from gemma_tpu_helpers.course import logbook, site
 
 PLOT = """import matplotlib
 matplotlib.use("module://matplotlib_inline.backend_inline")
@@ -52,8 +52,8 @@ def _executed_run(tmp_path):
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         NotebookClient(nb, timeout=120, kernel_name="python3").execute()
         nbformat.write(nb, run_dir / "executed" / f"{stem}.ipynb")
-    report.record(run_dir, "demo", **{"00_setup": "3.1 s", "01_mesh_setup": "RuntimeError: boom"})
-    report.write_report(run_dir)
+    logbook.record(run_dir, "demo", **{"00_setup": "3.1 s", "01_mesh_setup": "RuntimeError: boom"})
+    logbook.write_report(run_dir)
     return run_dir
 
 
@@ -69,7 +69,7 @@ def test_build_writes_an_offline_page_per_notebook_and_an_index(built):
     assert result["index"] == out / "index.html" and result["pages"] == len(NOTEBOOKS) + 1
     assert sorted(p.name for p in out.iterdir()) == ["00_setup.html", "01_mesh_setup.html", "index.html"]
     index = (out / "index.html").read_text()
-    for nb, *_ in report.COURSE:
+    for nb, *_ in logbook.COURSE:
         assert nb in index
     assert '<a href="00_setup.html"' in index and "02_lora_naming (not run)" in index
     assert "RuntimeError: boom" in index and "3.1 s" in index  # this run's times, from the report

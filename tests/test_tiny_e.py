@@ -230,7 +230,7 @@ def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
     prof = profiles.get_profile("smoke-e")
     from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
-    mesh = mesh_lib.make_mesh(prof)  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
+    mesh = prof.make_mesh()  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
     model = gemma4.load_model(merged, mesh, dtype=prof.model.dtype)
     ids = serve.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)  # 12 ids: 32 positions > window 16
     jax_tokens, margins = greedy.jax_greedy(model, mesh, ids, N_PARITY, return_margins=True)

@@ -499,7 +499,7 @@ def main_bench(args) -> int:
             if args.model not in (None, serve.SERVED_NAME):
                 raise BenchError(f"--serve-model serves the checkpoint as {serve.SERVED_NAME!r}; drop --model")
             serve_python()
-            server = serve.start(prof, args.serve_model, api_key=api_key)
+            server = serve.start(prof.serving, args.serve_model, api_key=api_key)
             print(f"vLLM ready at {server.base_url} in {server.start_s:.1f} s", flush=True)
             url, model = server.base_url, serve.SERVED_NAME
         t0 = time.perf_counter()

@@ -1,0 +1,191 @@
+"""The fixes' command-line steps, wired in ``__main__.py``: where a step takes ``--profile``, the profile's run
+directory and mesh become the plain arguments the fix takes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..fixes import evaluate, infra, merge, serve, verify, weight_check
+from ..fixes.infra import cli_path
+from . import profiles
+
+# ---------------------------------------------------------------------------------------------------------------
+# merge
+
+def add_merge_arguments(p) -> None:
+    p.add_argument("--profile", default=None,
+                   help="take --base, --checkpoint and --out from the profile's run directory (runs/<profile>/base, "
+                        "checkpoints, merged) where they are not given")
+    p.add_argument("--base", type=cli_path, default=None,
+                   help="base HF checkpoint directory (config, shards, index, tokenizer)")
+    p.add_argument("--checkpoint", type=cli_path, default=None, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--out", type=cli_path, default=None, help="output directory (written atomically)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+def merge_paths(args) -> tuple[Path, Path, Path]:
+    """``(base, checkpoint, out)`` of the merge command: as given, else from ``--profile``'s run directory."""
+    if args.profile is None and None in (args.base, args.checkpoint, args.out):
+        raise merge.MergeError("merge needs --base, --checkpoint and --out, or --profile NAME to take them "
+                               "from runs/<profile>/ (base, checkpoints, merged).")
+    run_dir = profiles.get_profile(args.profile).run_dir() if args.profile else None
+    pick = lambda given, name: Path(given) if given is not None else run_dir / name  # noqa: E731
+    return pick(args.base, "base"), pick(args.checkpoint, "checkpoints"), pick(args.out, "merged")
+
+
+def main_merge(args) -> int:
+    base, checkpoint, out = merge_paths(args)
+    r = merge.merge_lora(base, checkpoint, out, step=args.step, overwrite=args.overwrite)
+    print(f"merged step {r.step}: {r.merged_tensors} tensors with LoRA, {r.copied_tensors} copied, {r.shards} shards, "
+          f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s -> {r.out_dir}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verify
+
+def add_verify_arguments(p) -> None:
+    p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
+    p.add_argument("--checkpoint", type=cli_path, required=True, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--merged", type=cli_path, required=True, help="the merged checkpoint directory")
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=40)
+    p.add_argument("--profile", default=None, help="JAX devices/mesh profile (default: smoke)")
+    p.add_argument("--weights", action="store_true",
+                   help="the streamed weight check alone, without the logits: every tensor against base + ΔW of "
+                        "the LoRA, one at a time, on the host (any model size, the 31B included; no accelerator)")
+
+
+SHOWN_PROBLEMS = 8
+
+
+def main_verify(args) -> int:
+    if args.weights:
+        return main_verify_weights(args)
+    prof = profiles.configure_jax(args.profile or "smoke")
+    res = verify.verify(args.base, args.checkpoint, args.merged, step=args.step, mesh=prof.make_mesh(),
+                 seq_len=args.seq_len)
+    w = res["weights"]
+    print(f"weights: {w['merged_tensors']} merged tensors within rounding of base + ΔW (at most {w['max_ulps']} ulp), "
+          f"{w['copied_tensors']} copied byte for byte" if w["ok"] else f"weights: {len(w['problems'])} problem(s)")
+    for problem in w["problems"][:SHOWN_PROBLEMS]:
+        print(f"FAILED: {problem}")
+    for r in res["rows"]:
+        b = f"(bound {r['bound']:.1e}: {res['bound_rule']})" if r["bound"] else ""
+        print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
+              f"relative {r['rel']:.3e} {b}")
+    print("verify: OK" if res["ok"] else "verify: FAILED")
+    return 0 if res["ok"] else 1
+
+
+def main_verify_weights(args) -> int:
+    profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
+    res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
+    print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
+          f"{res['max_excess']:.2f} of the allowed rounding), {res['copied_tensors']} copied; "
+          f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
+    table = weight_check.worst_tensors(res, 5)
+    if len(table):
+        print(table.to_string(index=False))
+    for note in res["notes"]:
+        print(f"note: {note}")
+    for problem in res["problems"][:SHOWN_PROBLEMS]:
+        print(f"FAILED: {problem}")
+    if len(res["problems"]) > SHOWN_PROBLEMS:
+        print(f"FAILED: ... and {len(res['problems']) - SHOWN_PROBLEMS} more")
+    print("verify --weights: OK" if res["ok"] else f"verify --weights: FAILED ({len(res['problems'])} problem(s))")
+    return 0 if res["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# eval
+
+def add_eval_arguments(p) -> None:
+    evaluate.add_arguments(p)
+    p.add_argument("--profile", default=None,
+                   help=f"whose run directory (runs/<profile>) holds the calibrations: one of "
+                        f"{', '.join(profiles.PROFILES)} (default: ${profiles.ENV_VAR}, else smoke without a TPU)")
+
+
+def main_eval(args) -> int:
+    """``evaluate.main_eval`` with the calibrations kept in the profile's run directory unless --run-dir says."""
+    if not args.run_dir:
+        try:
+            args.run_dir = profiles.get_profile(args.profile).run_dir()
+        except ValueError as e:
+            raise evaluate.EvalError(f"{e} (or pass --run-dir)") from None
+    return evaluate.main_eval(args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# serve
+
+SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
+
+
+def add_serve_arguments(p) -> None:
+    """The ``serve`` sub-command's arguments (``python -m gemma_tpu_helpers serve ...``)."""
+    p.add_argument("--model", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
+    p.add_argument("--profile", default=None,
+                   help="smoke / smoke-e (CPU, runs here) or a TPU profile (prints the command: the docker line on "
+                        "a TPU VM; on Colab, where there is no Docker, the vllm-tpu install and its `vllm serve`)")
+    p.add_argument("--smoke-test", action="store_true", help="start, send one chat request, print the answer, stop")
+    p.add_argument("--port", type=int, default=None, help="default: a free port (CPU), 8000 in a printed command")
+    p.add_argument("--api-key", default=None, help=f"require this key (default: ${serve.API_KEY_ENV} if set)")
+    p.add_argument("--print-command", action="store_true", help="print the command instead of running it")
+    p.add_argument("--timeout", type=float, default=serve.START_TIMEOUT_S, help="seconds to wait for /health")
+
+
+def main_serve(args) -> int:
+    """``python -m gemma_tpu_helpers serve --model DIR [--profile P] [--smoke-test] [--port N] [--api-key K]``.
+
+    TPU profiles (or ``--print-command``): print the command and exit: the docker line and the pip alternative on
+    a TPU VM; on Colab (``serve.docker`` False) the vllm-tpu install, the ``vllm serve`` line and the ``eval`` that
+    talks to it (with ``--smoke-test`` it starts there, as on a CPU). CPU: start the server; with ``--smoke-test``,
+    send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
+    """
+    prof = profiles.get_profile(args.profile)
+    api_key = infra.resolve_api_key(args.api_key)
+    port = args.port or serve.DEFAULT_PORT
+    how = serve.route(prof.serving)
+    if how == "pip" and not args.smoke_test:
+        print(f"# {prof.name}: {prof.hardware.num_devices} TPU chip, no Docker: vllm-tpu from pip, a plain `vllm "
+              f"serve`\n" + serve.tpu_pip_instructions(prof.serving, args.model, port=port, api_key=api_key))
+        print(f"# then evaluate through it:\npython -m gemma_tpu_helpers eval --url http://{serve.HOST}:{port} "
+              f"--model {serve.SERVED_NAME} --profile {prof.name}")
+        return 0
+    if how == "docker" or args.print_command:
+        print(serve.shell_line(prof.serving, args.model, port=port, api_key=api_key))
+        if how == "docker":
+            print("\n# pip route instead of docker:\n"
+                  + serve.tpu_pip_instructions(prof.serving, args.model, port=port, api_key=api_key))
+        return 0
+    server = serve.start(prof.serving, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
+
+    def _exit(signum, frame):  # `kill` or a closed tmux pane: leave through `with server:` so it stops the group
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGHUP, _exit)
+    with server:
+        print(f"vLLM ready at {server.base_url} (model {server.served_name!r}, pid {server.pid}) in "
+              f"{server.start_s:.1f} s; log: {server.log_path}", flush=True)
+        try:
+            if args.smoke_test:
+                # special tokens kept: a random smoke model may answer in them alone, which would print as ''
+                answer = server.chat(SMOKE_QUESTION, max_tokens=32, skip_special_tokens=False)
+                print(f"Q: {SMOKE_QUESTION}\nA: {answer['text']!r}\n({answer['latency_s']:.2f} s, "
+                      f"{answer['usage']['completion_tokens']} tokens, finish: {answer['finish_reason']})")
+                return 0 if answer["usage"]["completion_tokens"] > 0 else 1
+            print("serving; Ctrl-C stops it", flush=True)
+            while server.alive():
+                time.sleep(1.0)
+            print(f"error: the server exited ({server.proc.returncode}). Log tail:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 0

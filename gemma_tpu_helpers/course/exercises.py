@@ -33,8 +33,9 @@ from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
 from ..fixes.merge_plan import plan
 from .profiles import GPU_RECIPE, get_profile
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
-from ..fixes.serve import ServeError, hbm_per_chip
+from ..fixes.serve import ServeError
 from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
+from .runs import hbm_per_chip
 from .tiny import tiny_text_config
 
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"

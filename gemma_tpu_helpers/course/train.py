@@ -226,7 +226,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
                             f"go under it).")
     base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
     base = base_model.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
-    mesh = mesh_lib.make_mesh(profile)
+    mesh = profile.make_mesh()
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:
         raise TrainingError(f"micro_batch {t.micro_batch} does not divide the fsdp axis ({fsdp}); the batch is "
@@ -237,7 +237,8 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
 
     if prepared is None:
         tokenizer = AutoTokenizer.from_pretrained(base)
-        prepared = data_lib.prepare(profile, tokenizer, progress=progress)
+        prepared = data_lib.prepare(profile.data, tokenizer, profile.train.max_seq_len, profile.train.seed,
+                                    progress=progress)
     steps = total_steps(profile, len(prepared.train))
     if steps <= 0:
         raise TrainingError(f"{len(prepared.train)} packed rows give no full optimizer step of "

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .gemma4 import layer_kinds, read_text_config
-from .lora import peft_target_modules
-from ..course.profiles import LoraSpec
+from .lora import LoraSpec, peft_target_modules
 
 
 def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, targets=None, seed: int = 0,

@@ -23,12 +23,37 @@ import numpy as np
 
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
+from .inputs import BATCH_DTYPES, attention_mask_from_segments, causal_inputs  # noqa: F401  (data.causal_inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    # "shipped" is the replica of the CodeV-R1 repository layout in gemma_tpu_helpers/data/codev_r1_replica (its
+    # "sft" config); otherwise a local .jsonl/.json/.parquet file, a local dataset directory or a HF dataset id.
+    source: str
+    config: str | None = None  # the dataset's config: CodeV-R1 declares "sft" and "rl" and has no default
+    split: str = "train"
+    max_rows: int | None = None  # keep the first rows only (None: all)
+    # What is trained on from a response (data.training_target): "answer" (reasoning dropped, <answer> unwrapped,
+    # prose kept), "verilog" (only the fenced Verilog blocks) or "full" (as it is, tags and reasoning included).
+    target: str = "answer"
+    # The system turn: "none", "fixed" (system_prompt) or "row" (the row's own `system` field, else system_prompt).
+    system: str = "none"
+    system_prompt: str | None = None
+    overlong: str = "drop"  # "drop" or "trim" examples longer than max_seq_len
+    eval_fraction: float = 0.05
+    pack: bool = True
+    columns: tuple[tuple[str, str], ...] = ()  # source column -> schema column, e.g. (("question", "prompt"),)
+
+    @property
+    def strip_think(self) -> bool:
+        """True when the <think> reasoning is not trained on."""
+        return self.target != "full"
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
 SHIPPED_CONFIG = "sft"
 SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
-SHIPPED_EVAL = DATA_DIR / "eval"
 REQUIRED = ("prompt", "response")
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -162,7 +187,7 @@ def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None =
 
 
 def spec_messages(row: dict, spec) -> list[dict]:
-    """:func:`to_messages` with a profile's :class:`~gemma_tpu_helpers.course.profiles.DataSpec` settings."""
+    """:func:`to_messages` with a :class:`DataSpec`'s settings."""
     return to_messages(row, system_prompt=spec.system_prompt, system=spec.system, target=spec.target)
 
 
@@ -304,12 +329,12 @@ def show_example(tokenizer, messages: list[dict], chat_template: str | None = No
             "prompt_tokens": int(len(ids) - mask.sum())}
 
 
-def show_row(profile, tokenizer, index: int, source: str | None = None) -> dict:
-    """Row ``index`` of the profile's data (in source order) as :func:`show_example` shows it: what is trained."""
-    rows = load_profile_rows(profile.data, source)
+def show_row(spec: DataSpec, tokenizer, index: int, source: str | None = None) -> dict:
+    """Row ``index`` of the data ``spec`` names (in source order) as :func:`show_example` shows it: what is trained."""
+    rows = load_profile_rows(spec, source)
     if not 0 <= index < len(rows):
         raise DataError(f"--show-example {index}: the data has rows 0 to {len(rows) - 1}.")
-    return show_example(tokenizer, spec_messages(rows[index], profile.data))
+    return show_example(tokenizer, spec_messages(rows[index], spec))
 
 
 def compare_chat_formats(tokenizer, messages: list[dict]):
@@ -380,9 +405,6 @@ def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = Tr
 
 
 # The arrays of a packed micro-batch (``batches`` yields them, ``step.model_inputs`` reads them) and their dtypes.
-BATCH_DTYPES = {"tokens": np.int32, "loss_mask": np.int8, "segment_ids": np.int32, "positions": np.int32}
-
-
 @dataclasses.dataclass
 class Packed:
     """Fixed-length rows holding one or more examples each.
@@ -466,34 +488,6 @@ def _layout(rows, max_seq_len, pad_id, stats) -> Packed:
     return Packed(tokens, loss_mask, segment_ids, positions, stats)
 
 
-def attention_mask_from_segments(segment_ids):
-    """Block-diagonal causal mask [B, T, T]: a token sees earlier tokens of its own example only.
-
-    A numpy input gives a numpy mask (no JAX op: what the multi-process input path needs); anything else, a jax array.
-    """
-    if isinstance(segment_ids, np.ndarray):
-        xp, seg = np, segment_ids
-    else:
-        import jax.numpy as xp
-
-        seg = xp.asarray(segment_ids)
-    t = seg.shape[-1]
-    causal = xp.tril(xp.ones((t, t), bool))
-    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0)
-    return same & causal[None]
-
-
-def causal_inputs(tokens):
-    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows (one example per row, no padding): the
-    packed-row inputs with a single segment, so every forward in the course takes its mask from one builder."""
-    import jax.numpy as jnp
-
-    tokens = jnp.asarray(tokens)
-    b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
-    return tokens, positions, attention_mask_from_segments(jnp.ones((b, t), jnp.int32))
-
-
 def token_use_for_lengths(lengths, max_seq_len: int) -> dict:
     """Token use of packing vs pad-to-max for a list of example lengths (no tokenizer needed)."""
     fake = [(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in lengths]
@@ -537,18 +531,19 @@ def load_profile_rows(spec, source: str | None = None):
                      config=spec.config if source is None else None, max_rows=spec.max_rows)
 
 
-def prepare(profile, tokenizer, source: str | None = None, progress: bool = True) -> Prepared:
-    """Load, split, normalise, tokenise and pack the profile's data (the whole notebook-05 pipeline)."""
-    spec, train_spec = profile.data, profile.train
+def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, source: str | None = None,
+            progress: bool = True) -> Prepared:
+    """Load, split (``seed``), normalise, tokenise and pack to ``max_seq_len`` the data ``spec`` names (the whole
+    notebook-05 pipeline)."""
     rows = load_profile_rows(spec, source)
     kept = rows.filter(lambda r: bool(training_target(r["response"], spec.target).strip()))
-    train_rows, eval_rows = split_rows(kept, spec.eval_fraction, train_spec.seed)
+    train_rows, eval_rows = split_rows(kept, spec.eval_fraction, seed)
     layout = pack if spec.pack else pad_to_max
     train_ex = tokenize_rows(train_rows, tokenizer, progress=progress, spec=spec)
     eval_ex = tokenize_rows(eval_rows, tokenizer, progress=progress, spec=spec)
     pad = tokenizer.pad_token_id or 0
-    return Prepared(layout(train_ex, train_spec.max_seq_len, spec.overlong, pad),
-                    layout(eval_ex, train_spec.max_seq_len, spec.overlong, pad) if eval_ex else None,
+    return Prepared(layout(train_ex, max_seq_len, spec.overlong, pad),
+                    layout(eval_ex, max_seq_len, spec.overlong, pad) if eval_ex else None,
                     np.array([len(ids) for ids, _ in train_ex]), len(rows) - len(kept))
 
 

@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from . import infra
-from ..course import profiles
-from .data import SHIPPED_EVAL
 from .errors import GemmaTpuError, run_cli
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
@@ -69,6 +67,9 @@ INSTALL_HINT = (f"Install Icarus Verilog 12: {BUILD_HINT}. Any other iverilog on
 SYSTEM_PROMPT = "You are a Verilog RTL designer that only writes code using correct Verilog syntax."
 
 _MISMATCH_RE = re.compile(r"^Mismatches: (\d+) in (\d+) samples\s*$", re.M)
+
+# The course's 28 self-written problems (gemma_tpu_helpers/data/eval); pass your own folder to load_problems.
+SHIPPED_EVAL = Path(__file__).resolve().parents[1] / "data" / "eval"
 
 
 class EvalError(GemmaTpuError, ValueError):
@@ -962,10 +963,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file; with --calibrate, redo a cached calibration")
     p.add_argument("--run-dir", type=infra.cli_path, default=None,
-                   help="run directory whose eval/ holds the calibrations (default runs/<profile>)")
-    p.add_argument("--profile", default=None,
-                   help=f"whose run directory (runs/<profile>) holds the calibrations: one of "
-                        f"{', '.join(profiles.PROFILES)} (default: ${profiles.ENV_VAR}, else smoke without a TPU)")
+                   help="run directory whose eval/ holds the calibrations (the course's default: runs/<profile>)")
     return p
 
 
@@ -984,13 +982,9 @@ def _sampling(args) -> dict:
     return chosen
 
 
-def _calibration_dir(args) -> Path:
-    if getattr(args, "run_dir", None):
-        return Path(args.run_dir) / "eval"
-    try:
-        return profiles.get_profile(getattr(args, "profile", None)).run_dir() / "eval"
-    except ValueError as e:
-        raise EvalError(f"{e} (or pass --run-dir)") from None
+def _calibration_dir(args) -> Path | None:
+    """RUN_DIR/eval, where calibrations are kept (None without --run-dir: nothing cached)."""
+    return Path(args.run_dir) / "eval" if getattr(args, "run_dir", None) else None
 
 
 def main_eval(args) -> int:
@@ -1006,6 +1000,8 @@ def main_eval(args) -> int:
     print(f"simulator: Icarus Verilog {version} ({simulator_tools()[0]})")
     cache_dir = _calibration_dir(args)
     if getattr(args, "calibrate", False):
+        if cache_dir is None:
+            raise EvalError("--calibrate keeps its result in RUN_DIR/eval: pass --run-dir DIR")
         cal = calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)
         print(cal.summary())
         for row in cal.table().itertuples():
@@ -1040,7 +1036,7 @@ def main_eval(args) -> int:
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
     if calibration is None:
         where = f" --problems {args.problems}" if args.problems else ""
-        print(f"no calibration for these problems with iverilog {version} in {cache_dir}: run "
+        print(f"no calibration for these problems with iverilog {version} in {cache_dir or '(no --run-dir)'}: run "
               f"`eval --calibrate{where}` once to see which problems a correct design cannot pass here")
     else:
         print(f"calibration: {calibration.path}")

@@ -7,7 +7,7 @@ many leading tokens agree and whether a divergence sits on a near-tie (fp32 nois
 
 from __future__ import annotations
 
-from .data import causal_inputs
+from .inputs import causal_inputs
 
 # The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
 # no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.

@@ -421,3 +421,25 @@ def health_ok(url: str, timeout: float = 5.0) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+# ---- the TPU's device files (without importing JAX) ----
+
+TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")  # what libtpu opens
+# libtpu takes a POSIX write lock on this file while a process uses the TPU; the file stays after the process ends.
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+
+
+def tpu_device_files() -> list[str]:
+    return [p for g in TPU_DEVICE_GLOBS for p in glob.glob(g)]
+
+
+def tpu_visible() -> bool:
+    """True on a TPU VM (TPU device files present), without importing JAX."""
+    return bool(tpu_device_files())
+
+
+def tpu_holders() -> dict[int, str]:
+    """Other processes using the TPU (its device files open, or libtpu's lock held): {pid: command line}. libtpu
+    admits one process, so while this is not empty nothing else here can open the chip."""
+    return {**open_by(tpu_device_files()), **lock_holders(LIBTPU_LOCKFILE)}

@@ -12,10 +12,21 @@ this module applies it with qwix and reports what got LoRA.
 
 from __future__ import annotations
 
-from ..course import base_model
-from . import compat, gemma4, layout
-from . import mesh as mesh_lib
+import dataclasses
+
+from . import compat, layout
 from .errors import GemmaTpuError
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    dropout: float
+    # Hugging Face / PEFT names; lora.py maps them to tunix module paths.
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # QLoRA: the frozen targeted weights quantized to this qwix type ("nf4"), None for plain LoRA (lora.apply_lora)
+    qlora: str | None = None
 
 HF_TARGETS = layout.TARGETS  # the canonical order
 # The regex in the paper's public code (h2loop/gemma-tpu): tunix names, but no k_einsum.
@@ -332,16 +343,3 @@ def compare_regexes(model, regexes: dict[str, str], rank: int = 8, alpha: float 
                      "qwix unused rules": len(rep.attrs["unused_rules"]),
                      "missed (module: layers)": "; ".join(f"{m}: {ls}" for m, ls in by_module.items()) or "-"})
     return pd.DataFrame(rows)
-
-
-def report_for_profile(profile, regex: str | None = None, model=None):
-    """Coverage summary for a profile's base model: ours (HF targets) or a raw qwix ``regex``. Abstract (fast)."""
-    if model is None:
-        base = base_model.ensure_base(profile)
-        model = gemma4.load_model(base, mesh_lib.make_mesh(profile), dtype=profile.model.dtype)
-    spec = profile.lora
-    if regex is not None:
-        return summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
-    _, report = apply_lora(model, targets=spec.targets, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
-                           abstract=True)
-    return summary(report)

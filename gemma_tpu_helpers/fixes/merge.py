@@ -31,10 +31,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..course import base_model, profiles, train
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
-from .infra import absolute_path, cli_path, config_hash, install_dir, temp_dir_beside
+from .infra import absolute_path, config_hash, install_dir, temp_dir_beside
 from .multihost import is_main
 
 MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
@@ -185,55 +184,3 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
 def read_merge_info(merged_dir: str | Path) -> dict | None:
     p = Path(merged_dir) / MERGE_INFO
     return json.loads(p.read_text()) if p.is_file() else None
-
-
-def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """``runs/<profile>/merged``, merged from the run's trained LoRA (``train.ensure_trained``) when missing or stale.
-
-    Cached: rebuilt when the latest checkpoint step, the checkpoint directory, or the LoRA arrays' recorded source
-    changed. How notebooks 08 (serving) and 09 (evaluation) stay standalone.
-    """
-    run_dir = Path(run_dir or profile.run_dir())
-    ckpt = train.ensure_trained(profile, run_dir, progress=progress)
-    base = base_model.ensure_base(profile, run_dir)
-    out = run_dir / "merged"
-    info = read_merge_info(out)
-    step = train.latest_step(ckpt)
-    if info and info.get("step") == step and Path(info.get("checkpoint_dir", "")) == ckpt.resolve() \
-            and Path(info.get("base_dir", "")) == base.resolve():
-        return out
-    merge_lora(base, ckpt, out, overwrite=True, progress=progress)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The CLI (wired in __main__.py)
-
-def add_merge_arguments(p) -> None:
-    p.add_argument("--profile", default=None,
-                   help="take --base, --checkpoint and --out from the profile's run directory (runs/<profile>/base, "
-                        "checkpoints, merged) where they are not given")
-    p.add_argument("--base", type=cli_path, default=None,
-                   help="base HF checkpoint directory (config, shards, index, tokenizer)")
-    p.add_argument("--checkpoint", type=cli_path, default=None, help="the run's Orbax `checkpoints` directory")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--out", type=cli_path, default=None, help="output directory (written atomically)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-
-
-def merge_paths(args) -> tuple[Path, Path, Path]:
-    """``(base, checkpoint, out)`` of the merge command: as given, else from ``--profile``'s run directory."""
-    if args.profile is None and None in (args.base, args.checkpoint, args.out):
-        raise MergeError("merge needs --base, --checkpoint and --out, or --profile NAME to take them from "
-                         "runs/<profile>/ (base, checkpoints, merged).")
-    run_dir = profiles.get_profile(args.profile).run_dir() if args.profile else None
-    pick = lambda given, name: Path(given) if given is not None else run_dir / name  # noqa: E731
-    return pick(args.base, "base"), pick(args.checkpoint, "checkpoints"), pick(args.out, "merged")
-
-
-def main_merge(args) -> int:
-    base, checkpoint, out = merge_paths(args)
-    r = merge_lora(base, checkpoint, out, step=args.step, overwrite=args.overwrite)
-    print(f"merged step {r.step}: {r.merged_tensors} tensors with LoRA, {r.copied_tensors} copied, {r.shards} shards, "
-          f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s -> {r.out_dir}")
-    return 0

@@ -5,19 +5,17 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from .data import causal_inputs
-from ..course import profiles
+from .inputs import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import head_divisibility_problems, load_model
-from ..course.profiles import Profile
 
 
 class MeshError(GemmaTpuError, ValueError):
     pass
 
 
-def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...] | None = None, devices=None):
-    """A ``jax.sharding.Mesh`` with ``AxisType.Auto`` axes.
+def make_mesh(shape: tuple[int, ...], axes: tuple[str, ...], devices=None):
+    """A ``jax.sharding.Mesh`` of ``shape`` with axis names ``axes`` and ``AxisType.Auto`` axes.
 
     ``jax.make_mesh`` defaults to Explicit axes in this JAX, and tunix's embedding gather then fails, so the
     axis types are set here. The shape's product must equal the number of devices. After
@@ -27,12 +25,9 @@ def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...]
     """
     import jax
 
-    if isinstance(profile_or_shape, Profile):
-        shape, axes = profile_or_shape.mesh_shape, profile_or_shape.mesh_axes
-    else:
-        shape = tuple(profile_or_shape)
-        if axes is None or len(axes) != len(shape):
-            raise MeshError(f"Give one axis name per mesh dimension: shape {shape}, axes {axes}.")
+    shape = tuple(shape)
+    if axes is None or len(axes) != len(shape):
+        raise MeshError(f"Give one axis name per mesh dimension: shape {shape}, axes {axes}.")
     devices = list(devices if devices is not None else jax.devices())
     size = 1
     for s in shape:
@@ -43,20 +38,11 @@ def make_mesh(profile_or_shape: Profile | tuple[int, ...], axes: tuple[str, ...]
             f"{len(devices)} together ({jax.local_device_count()} here). The mesh spans every process's devices: "
             f"pick a mesh whose product is {len(devices)}, or change the number of processes."
         )
-    if size != len(devices) and isinstance(profile_or_shape, Profile) and devices[0].platform == "tpu":
-        fits = [p.name for p in profiles.PROFILES.values()
-                if p.hardware.platform == "tpu" and p.hardware.num_devices == len(devices)]
-        raise MeshError(
-            f"Profile {profile_or_shape.name!r} needs {size} TPU chips but this runtime has {len(devices)} "
-            f"({devices[0].device_kind}). "
-            + (f"Use a profile made for {len(devices)} chip(s): {', '.join(fits)} (GEMMA_TPU_PROFILE or --profile)"
-               + (" - a Colab TPU has one chip and trains Gemma 4 E2B / E4B there." if len(devices) == 1 else ".")
-               if fits else f"No profile here has {len(devices)} chips: pick a slice with {size}."))
     if size != len(devices):
         raise MeshError(
             f"Mesh {dict(zip(axes, shape))} needs {size} devices but {len(devices)} are visible "
             f"({devices[0].platform}). On CPU set XLA_FLAGS=--xla_force_host_platform_device_count={size} before "
-            f"importing JAX (profiles.configure_jax does it), or pick a mesh whose product is {len(devices)}."
+            f"importing JAX, or pick a mesh whose product is {len(devices)}."
         )
     return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices)
 

@@ -26,9 +26,21 @@ import sys
 import time
 
 from .errors import GemmaTpuError
-from ..course.profiles import cpu_xla_flags
 
 DEFAULT_TIMEOUT_S = 120
+
+
+def cpu_xla_flags(num_devices: int, current: str = "") -> str:
+    """``XLA_FLAGS`` for ``num_devices`` virtual CPU devices with patient collectives; other flags in ``current`` stay.
+
+    8 virtual devices share a laptop's few cores; a busy machine can stall one device's thread past XLA's 40 s
+    collective rendezvous limit, which aborts the process. So the collectives get more time.
+    """
+    ours = ("xla_force_host_platform_device_count", "xla_cpu_collective_")
+    kept = [f for f in current.split() if not any(o in f for o in ours)]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={num_devices}",
+                            "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+                            "--xla_cpu_collective_timeout_seconds=1200"])
 
 
 class MultihostError(GemmaTpuError, RuntimeError):

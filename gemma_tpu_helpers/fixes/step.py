@@ -18,10 +18,31 @@ step too.
 
 from __future__ import annotations
 
-from . import data as data_lib
+import dataclasses
+
+from . import inputs
 from . import gemma4, sharding
 from . import mesh as mesh_lib
 from . import remat as remat_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    learning_rate: float
+    warmup_steps: int
+    schedule: str  # "cosine"
+    weight_decay: float
+    micro_batch: int  # global rows per micro-step
+    grad_accum: int
+    max_seq_len: int
+    epochs: int
+    max_steps: int | None  # None: one pass over the data times `epochs`
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    remat: str  # "none" | "block" | "decoder"
+    seed: int = 0
+    max_grad_norm: float = 1.0  # TRL/transformers' default clipping, kept for equivalence
 
 # ---------------------------------------------------------------------------------------------------------------
 # The loss: integer labels over packed rows
@@ -58,7 +79,7 @@ def model_inputs(batch) -> dict:
 
     return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
                 positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
-                attention_mask=data_lib.attention_mask_from_segments(batch["segment_ids"]))
+                attention_mask=inputs.attention_mask_from_segments(batch["segment_ids"]))
 
 
 def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
@@ -211,7 +232,7 @@ def abstract_batch(mesh, batch: int, seq_len: int) -> dict:
 
     sharding = NamedSharding(mesh, P(batch_axis(mesh, batch), None))
     return {k: jax.ShapeDtypeStruct((batch, seq_len), dt, sharding=sharding)
-            for k, dt in data_lib.BATCH_DTYPES.items()}
+            for k, dt in inputs.BATCH_DTYPES.items()}
 
 
 def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: int, seq_len: int,

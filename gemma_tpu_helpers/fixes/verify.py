@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import gemma4, lora, parity, weight_check
-from ..course import profiles
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
-from .infra import absolute_path, cli_path
+from .infra import absolute_path
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import read_merge_info
 
@@ -86,14 +85,16 @@ def verify(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=N
     ``bound`` fixes it instead); and how far the LoRA moves the logits at all (tunix base vs base + LoRA): a check is
     only as strong as that effect is large compared with the bound. Relative = max |Δlogit| / max |logit of the
     reference|. tunix forwards are jitted (``parity.tunix_logits``). Runs on a host in fp32: the tiny replicas; the
-    31B is checked by the weight check alone (``verify --weights``).
+    31B is checked by the weight check alone (``verify --weights``). ``mesh``: default, every device on fsdp.
     """
+    import jax
+
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
     merged_dir = absolute_path(merged_dir, "merged directory")
     gemma4.check_checkpoint(base_dir)  # both checkpoints' files, before minutes of loading (a damaged shard: one line)
     gemma4.check_checkpoint(merged_dir)
-    mesh = mesh if mesh is not None else mesh_lib.make_mesh(profiles.get_profile("smoke"))
+    mesh = mesh if mesh is not None else mesh_lib.make_mesh((jax.device_count(), 1), ("fsdp", "tp"))
     step, arrays = restore_lora(checkpoint_dir, step)
     weights = weight_check.verify_weights(base_dir, checkpoint_dir, merged_dir, step=step, progress=False,
                                           arrays=arrays)
@@ -134,59 +135,3 @@ def verify_table(result: dict):
 
     return pd.DataFrame(result["rows"]).rename(columns={"max_abs": "max |Δlogit|", "scale": "logit scale",
                                                         "rel": "relative"})
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The CLI (wired in __main__.py)
-
-def add_verify_arguments(p) -> None:
-    p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
-    p.add_argument("--checkpoint", type=cli_path, required=True, help="the run's Orbax `checkpoints` directory")
-    p.add_argument("--merged", type=cli_path, required=True, help="the merged checkpoint directory")
-    p.add_argument("--step", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=40)
-    p.add_argument("--profile", default=None, help="JAX devices/mesh profile (default: smoke)")
-    p.add_argument("--weights", action="store_true",
-                   help="the streamed weight check alone, without the logits: every tensor against base + ΔW of "
-                        "the LoRA, one at a time, on the host (any model size, the 31B included; no accelerator)")
-
-
-SHOWN_PROBLEMS = 8
-
-
-def main_verify(args) -> int:
-    if args.weights:
-        return main_verify_weights(args)
-    prof = profiles.configure_jax(args.profile or "smoke")
-    res = verify(args.base, args.checkpoint, args.merged, step=args.step, mesh=mesh_lib.make_mesh(prof),
-                 seq_len=args.seq_len)
-    w = res["weights"]
-    print(f"weights: {w['merged_tensors']} merged tensors within rounding of base + ΔW (at most {w['max_ulps']} ulp), "
-          f"{w['copied_tensors']} copied byte for byte" if w["ok"] else f"weights: {len(w['problems'])} problem(s)")
-    for problem in w["problems"][:SHOWN_PROBLEMS]:
-        print(f"FAILED: {problem}")
-    for r in res["rows"]:
-        b = f"(bound {r['bound']:.1e}: {res['bound_rule']})" if r["bound"] else ""
-        print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
-              f"relative {r['rel']:.3e} {b}")
-    print("verify: OK" if res["ok"] else "verify: FAILED")
-    return 0 if res["ok"] else 1
-
-
-def main_verify_weights(args) -> int:
-    profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
-    res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
-    print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
-          f"{res['max_excess']:.2f} of the allowed rounding), {res['copied_tensors']} copied; "
-          f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
-    table = weight_check.worst_tensors(res, 5)
-    if len(table):
-        print(table.to_string(index=False))
-    for note in res["notes"]:
-        print(f"note: {note}")
-    for problem in res["problems"][:SHOWN_PROBLEMS]:
-        print(f"FAILED: {problem}")
-    if len(res["problems"]) > SHOWN_PROBLEMS:
-        print(f"FAILED: ... and {len(res['problems']) - SHOWN_PROBLEMS} more")
-    print("verify --weights: OK" if res["ok"] else f"verify --weights: FAILED ({len(res['problems'])} problem(s))")
-    return 0 if res["ok"] else 1
