@@ -146,16 +146,39 @@ def closure(module: str) -> set[str]:
     return seen - {module}
 
 
-def test_each_notebook_names_the_files_that_travel_together():
-    """A notebook's "Copy into your project" line lists exactly what its module imports from this package."""
+def copy_lines():
+    """{notebook: (module as "<tier>.<name>", the files its 'Copy into your project' line lists)}."""
     import re
 
     import nbformat
 
+    out = {}
     for path in sorted((PKG.parent / "notebooks").glob("*.ipynb")):
         text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
-        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(\w+)\.py` and what it imports from this "
-                      r"package: ([^(]*)\(", text)
+        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(fixes|course)/(\w+)\.py` and what it imports "
+                      r"from this package: ([^(]*)\(", text)
         assert m, f"{path.name} has no 'Copy into your project' line"
-        listed = set(re.findall(r"`(\w+)\.py`", m.group(2)))
-        assert listed == closure(m.group(1)), (path.name, sorted(listed ^ closure(m.group(1))))
+        out[path.stem] = (f"{m.group(1)}.{m.group(2)}", {f"{t}.{n}" for t, n in re.findall(r"`(fixes|course)/(\w+)\.py`",
+                                                                                          m.group(3))})
+    return out
+
+
+def test_each_notebook_names_the_files_that_travel_together():
+    """A notebook's "Copy into your project" line lists exactly what its module imports from this package."""
+    for name, (module, listed) in copy_lines().items():
+        assert listed == closure(module), (name, sorted(listed ^ closure(module)))
+
+
+COPY_BUDGET_LINES = 2500  # what copying one fix may cost, the module and what it imports together
+
+
+def test_a_fix_travels_without_the_course():
+    """Notebooks 01-09 teach one fix each: its copy holds no course module and stays within the budget."""
+    lines = {}
+    for name, (module, listed) in copy_lines().items():
+        if not name.startswith(tuple(f"0{i}_" for i in range(1, 10))):
+            continue
+        assert tier_of(module) == "fixes" and all(tier_of(m) == "fixes" for m in listed), (name, module, listed)
+        lines[name] = sum(len(path_of(m).read_text().splitlines()) for m in listed | {module})
+    print(lines)
+    assert len(lines) == 9 and max(lines.values()) <= COPY_BUDGET_LINES, lines

@@ -1,6 +1,8 @@
 """Serve a Gemma 4 checkpoint with vLLM and talk to it (notebook 08, ``python -m gemma_tpu_helpers serve``).
 
-Three routes (:func:`route`), one function (:func:`command`), all read from ``target.spec``:
+Every function takes a :class:`ServeTarget` (the machine, dtype and LoRA rank, with its :class:`ServeSpec`: plain
+values; the course builds one from a profile, ``profile.serving``). Three routes (:func:`route`), one function
+(:func:`command`):
 
 - **docker** (a TPU VM: v6e-8, v5p-8): the ``vllm/vllm-tpu`` Docker image, the maintained route for vLLM on a TPU
   VM. The command is printed, not run (:func:`tpu_pip_instructions` gives the pip route instead).
@@ -14,7 +16,7 @@ Three routes (:func:`route`), one function (:func:`command`), all read from ``ta
 :func:`hbm_per_chip` gives the per-chip weights + KV-cache arithmetic behind the profile's choice.
 
 :func:`start` launches the server on 127.0.0.1 in its own process group (``infra.start_group``), waits on
-``/health``, logs to ``runs/<profile>/serve/server.log`` and returns a :class:`Server` (``.stop()`` it, or use it as
+``/health``, logs to ``server.log`` in ``target.log_dir`` (the course's: ``runs/<profile>/serve``) and returns a :class:`Server` (``.stop()`` it, or use it as
 a context manager). The client is ``infra``'s plain HTTP one (the standard library's ``urllib``) against the
 OpenAI-compatible API: :func:`chat`, :func:`stream_chat`, :func:`complete_ids`.
 

@@ -1,0 +1,211 @@
+"""Copy one fix: for notebooks 01-09, the files of the notebook's "Copy into your project" line go into an empty
+folder as a package of another name (fix01 ... fix09), and the notebook's documented calls run there, in a process
+where ``gemma_tpu_helpers`` cannot be imported. They must give what the same calls give in the package.
+
+One script runs every notebook's calls: once on ``gemma_tpu_helpers.fixes`` (the reference) and once on the copies.
+A file missing from a copy line fails the copy run with its ImportError; a result that differs fails the comparison.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_architecture import copy_lines, path_of
+
+from gemma_tpu_helpers.fixes import evaluate, gemma4, layout, lora_checkpoint, multihost
+
+NOTEBOOKS = [f"0{i}" for i in range(1, 10)]
+
+# The calls each notebook's "Use it in your project" section shows, on plain arguments: the tiny replica's files, a
+# LoRA checkpoint, a shipped problem. `fix(nb, name)` imports module `name` of notebook `nb`'s package.
+SCRIPT = textwrap.dedent(r'''
+    import hashlib, importlib, json, os, sys
+    mode, work = sys.argv[1], json.loads(sys.argv[2])
+    os.environ["XLA_FLAGS"] = work["xla_flags"]  # 2 virtual CPU devices, patient collectives
+    if mode == "copies":
+        sys.modules["gemma_tpu_helpers"] = None  # any import of the course's package fails here
+        sys.path.insert(0, work["copies"])
+
+    def fix(nb, name):
+        return importlib.import_module(f"fix{nb}.{name}" if mode == "copies" else f"gemma_tpu_helpers.fixes.{name}")
+
+    import jax
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tiny, out = work["tiny"], {}
+    auto_mesh = jax.make_mesh((2, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def model(nb):
+        return fix(nb, "gemma4").load_model(tiny, auto_mesh, dtype="float32")
+
+    def table(df):
+        return json.loads(df.to_json(orient="records"))
+
+    # 01 mesh: make_mesh(shape, axes), and its error for a shape the devices do not fill
+    mesh_lib = fix("01", "mesh")
+    mesh = mesh_lib.make_mesh((2, 1), ("fsdp", "tp"))
+    try:
+        mesh_lib.make_mesh((2, 2), ("fsdp", "tp"))
+    except mesh_lib.MeshError as e:
+        error = str(e)
+    out["01"] = {"ids": [[d.id for d in row] for row in mesh.devices],
+                 "axes": list(mesh.axis_names), "auto": all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types),
+                 "error": error, "table": table(mesh_lib.describe(mesh))}
+
+    # 02 LoRA naming: apply_lora with HF names and its coverage report, on the replica's model
+    lora = fix("02", "lora")
+    spec = lora.LoraSpec(rank=4, alpha=8.0, dropout=0.0)
+    _, report = lora.apply_lora(model("02"), targets=spec.targets, rank=spec.rank, alpha=spec.alpha,
+                                dropout=spec.dropout, abstract=True)
+    out["02"] = {"summary": table(lora.summary(report)), "lora_params": int(report.attrs["lora_params"]),
+                 "regex": report.attrs["regex"]}
+
+    # 03 sharding: the LoRA sharding plan for the replica's config on a (4, 2) mesh
+    text = fix("03", "gemma4").read_text_config(tiny)
+    summary, _, changes = fix("03", "sharding").plan_lora_sharding(text, (4, 2), ("fsdp", "tp"), rank=4, alpha=8.0,
+                                                                   dtype="float32")
+    out["03"] = {"summary": table(summary), "changes": len(changes)}
+
+    # 04 remat: LoRA first, then the policy
+    remat = fix("04", "remat")
+    m = remat.lora_then_remat(model("04"), 4, 8.0, "block")
+    out["04"] = {"remat": remat.remat_config_of(m), "lora_params": int(remat.count_lora_params(m))}
+
+    # 05 data: the assistant-only mask on the replica's tokenizer, and packing
+    data = fix("05", "data")
+    tok = AutoTokenizer.from_pretrained(tiny)
+    ids, mask = data.tokenize_example(tok, [{"role": "user", "content": "Write a 2-to-1 mux."},
+                                            {"role": "assistant", "content": "module mux(); endmodule"}])
+    packed = data.pack([(ids, mask)] * 3, 64)
+    out["05"] = {"ids": np.asarray(ids).tolist(), "mask": np.asarray(mask).tolist(),
+                 "packed": packed.stats, "segments": packed.segment_ids.tolist()}
+
+    # 06 the train step: two updates of a LoRA model on a fixed packed batch
+    step, lora6 = fix("06", "step"), fix("06", "lora")
+    m, _ = lora6.apply_lora(model("06"), rank=4, alpha=8.0)
+    train = step.TrainSpec(learning_rate=1e-2, warmup_steps=0, schedule="cosine", weight_decay=0.0, micro_batch=2,
+                           grad_accum=1, max_seq_len=16, epochs=1, max_steps=2, eval_every=2, checkpoint_every=2,
+                           keep_checkpoints=1, remat="none")
+    optimizer = step.optimizer_for(m, train, 2)
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(2, 500, (2, 16)).astype(np.int32), "loss_mask": np.ones((2, 16), np.int8),
+             "segment_ids": np.ones((2, 16), np.int32), "positions": np.tile(np.arange(16, dtype=np.int32), (2, 1))}
+    with jax.set_mesh(auto_mesh):
+        losses = [float(step.train_step(m, optimizer, batch)[0]) for _ in range(2)]
+    out["06"] = {"losses": losses}
+
+    # 07 merge: the streamed merge of a small LoRA checkpoint
+    merge = fix("07", "merge")
+    r = merge.merge_lora(tiny, work["checkpoint"], os.path.join(work["out"], f"merged-{mode}"), progress=False)
+    from safetensors.numpy import load_file
+    tensors = {}
+    for shard in sorted(os.listdir(r.out_dir)):
+        if shard.endswith(".safetensors"):
+            tensors.update({k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in load_file(os.path.join(r.out_dir, shard)).items()})
+    out["07"] = {"step": r.step, "merged": r.merged_tensors, "copied": r.copied_tensors, "tensors": tensors}
+
+    # 08 serving: the TPU command and the per-chip HBM arithmetic
+    serve = fix("08", "serve")
+    target = serve.ServeTarget(name="v6e-8", platform="tpu", chips=8, hbm_gib_per_chip=32.0,
+                               spec=serve.ServeSpec(tensor_parallel=8, max_model_len=4096, max_num_batched_tokens=2048,
+                                                    gpu_memory_utilization=0.9))
+    out["08"] = {"argv": serve.command(target, tiny),
+                 "hbm": serve.hbm_per_chip(target, fix("08", "gemma4").read_text_config(tiny))}
+
+    # 09 evaluation: pass@k of the reference design on a shipped problem
+    ev = fix("09", "evaluate")
+    problems = ev.load_problems(work["problems"])
+    rows = [{"task_id": p.task_id, "completion": ev.reference_code(p)} for p in problems]
+    results, scores = ev.score_completions(problems, rows, ks=(1,), progress=False)
+    out["09"] = {"categories": sorted(results["category"]), "pass@1": scores[1]}
+
+    print("RESULT " + json.dumps(out, default=str))
+''')
+
+
+def run(mode: str, work: dict, cwd: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, json.dumps(work)], capture_output=True, text=True,
+                       cwd=cwd, env=env, timeout=900)
+    assert r.returncode == 0, f"{mode}: {r.stderr[-4000:]}"
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def results(tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("copy_fix")
+    copies = root / "copies"
+    lines = {name[:2]: files for name, files in copy_lines().items()}
+    for nb in NOTEBOOKS:
+        module, listed = lines[nb]
+        pkg = copies / f"fix{nb}"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        for m in listed | {module}:
+            shutil.copy(path_of(m), pkg / path_of(m).name)
+    text = gemma4.read_text_config(tiny_dir)
+    checkpoint = root / "checkpoints"
+    meta = {"targets": list(layout.TARGETS), "rank": 4, "alpha": 8.0, "num_layers": text["num_hidden_layers"]}
+    lora_checkpoint.write_lora_checkpoint(checkpoint, layout.synthetic_lora(text, layout.TARGETS, 4, std=0.05), meta)
+    problems = root / "problems"
+    problems.mkdir()
+    for suffix in evaluate.FILE_SUFFIXES.values():
+        shutil.copy(evaluate.SHIPPED_EVAL / f"Prob001_majority3{suffix}", problems)
+    work = {"tiny": str(tiny_dir), "checkpoint": str(checkpoint), "problems": str(problems), "out": str(root),
+            "copies": str(copies), "xla_flags": multihost.cpu_xla_flags(2)}
+    empty = root / "elsewhere"
+    empty.mkdir()
+    return run("package", work, empty), run("copies", work, empty)
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_the_copied_fix_gives_what_the_package_gives(results, nb):
+    package, copies = results
+    assert package[nb], f"notebook {nb}: no result"
+    assert same(package[nb], copies[nb]), (nb, package[nb], copies[nb])
+
+
+def test_the_calls_did_real_work(results):
+    """The compared results are the fixes working, not empty agreement."""
+    package, _ = results
+    assert package["01"]["auto"] and "needs 4 devices but 2 are visible" in package["01"]["error"]
+    assert package["02"]["lora_params"] > 0 and "k_einsum" in package["02"]["regex"]
+    assert package["04"]["remat"] == "block" and package["04"]["lora_params"] > 0
+    assert 0 in package["05"]["mask"] and 1 in package["05"]["mask"]
+    first, second = package["06"]["losses"]
+    assert math.isfinite(first) and second < first  # the step trains
+    assert package["07"]["merged"] > 0 and package["07"]["tensors"]
+    assert package["08"]["argv"][:2] == ["docker", "run"] and package["08"]["hbm"]["fits"]
+    assert package["09"]["categories"] == ["pass"] and package["09"]["pass@1"] == 1.0
+
+
+def test_a_copy_without_one_of_its_files_fails(tmp_path):
+    """The copy run can fail: notebook 02's package without layout.py does not import."""
+    module, listed = {n[:2]: f for n, f in copy_lines().items()}["02"]
+    pkg = tmp_path / "fix02"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for m in (listed | {module}) - {"fixes.layout"}:
+        shutil.copy(path_of(m), pkg / path_of(m).name)
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['gemma_tpu_helpers'] = None; "
+                        f"sys.path.insert(0, {str(tmp_path)!r}); import fix02.lora"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0 and "layout" in r.stderr
