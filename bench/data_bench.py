@@ -54,17 +54,22 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
 
 
 def data_module_at(rev: str):
-    """``gemma_tpu_helpers.fixes.data`` as it was at git revision ``rev`` (None when git or the revision is missing)."""
-    try:
-        source = subprocess.run(["git", "show", f"{rev}:gemma_tpu_helpers/fixes/data.py"], cwd=REPO, check=True,
-                                capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+    """``gemma_tpu_helpers.fixes.data`` as it was at git revision ``rev`` (``gemma_tpu_helpers/data.py`` before the two
+    tiers), its relative imports resolved in ``fixes/``; None when git or the revision is missing."""
+    for path in ("gemma_tpu_helpers/fixes/data.py", "gemma_tpu_helpers/data.py"):
+        try:
+            source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True,
+                                    text=True).stdout
+            break
+        except (OSError, subprocess.CalledProcessError):
+            source = None
+    if source is None:
         return None
-    name = "gemma_tpu_helpers._data_before"
+    name = "gemma_tpu_helpers.fixes._data_before"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__, module.__file__ = "gemma_tpu_helpers", str(REPO / "gemma_tpu_helpers" / "data.py")
+    module.__package__, module.__file__ = "gemma_tpu_helpers.fixes", str(REPO / path)
     sys.modules[name] = module
-    exec(compile(source, f"{rev[:7]}:gemma_tpu_helpers/fixes/data.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev[:7]}:{path}", "exec"), module.__dict__)
     return module
 
 

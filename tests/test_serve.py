@@ -18,7 +18,7 @@ import pytest
 
 from gemma_tpu_helpers.fixes import adapters as lora_adapters
 from gemma_tpu_helpers.fixes import greedy, infra, serve
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.course import commands, profiles
 
 REPO = Path(__file__).resolve().parent.parent
 SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
@@ -238,15 +238,15 @@ def test_greedy_parity_with_jax(server, tunix_model, mesh, tiny_dir):
 
 
 def test_lora_adapter_changes_the_answer(server, tiny_dir):
-    ids = serve.prompt_ids(tiny_dir, serve.SMOKE_QUESTION)
+    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     base = server.complete_ids(ids, 8)["token_ids"]
     tuned = server.complete_ids(ids, 8, model="verilog")["token_ids"]
     assert base != tuned
-    assert server.chat(serve.SMOKE_QUESTION, model="verilog", max_tokens=16)["text"]
+    assert server.chat(commands.SMOKE_QUESTION, model="verilog", max_tokens=16)["text"]
 
 
 def test_lora_adapter_matches_peft_without_global_k(server, tiny_dir, adapters):
-    ids = serve.prompt_ids(tiny_dir, serve.SMOKE_QUESTION)
+    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog-local-k", tiny_dir, adapters["verilog-local-k"], ids)
     assert gap < 1e-3, gap
 
@@ -256,7 +256,7 @@ def test_known_vllm_gap_lora_on_global_k_eq_v_layers(server, tiny_dir, adapters)
 
     When this fails, upstream has fixed it: drop the caveat in notebook 08 and adapters.targets_without_global_k.
     """
-    ids = serve.prompt_ids(tiny_dir, serve.SMOKE_QUESTION)
+    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)
     assert gap > 1e-3, f"vLLM now serves global-layer k_proj LoRA like PEFT (gap {gap:.1e}): upstream fixed it"
 

@@ -1,4 +1,4 @@
-"""Checks on the shipped Verilog data (gemma_tpu_helpers/fixes/data).
+"""Checks on the shipped Verilog data (gemma_tpu_helpers/data).
 
 - the SFT rows follow the CodeV-R1 schema and every Verilog answer compiles;
 - every eval problem's reference passes its own testbench with the official

@@ -4,7 +4,7 @@
 Everything here is produced from hand-written, parameterised templates (no
 third-party dataset is copied). The output is byte-for-byte deterministic.
 
-Writes, under --out (default: gemma_tpu_helpers/fixes/data next to this repo):
+Writes, under --out (default: gemma_tpu_helpers/data next to this repo):
 
   verilog_sft.jsonl     instruction/response pairs in the CodeV-R1 SFT schema
                         ("system", "prompt", "response") plus "id" and "family"
@@ -2061,7 +2061,7 @@ prints `Mismatches: 0 in M samples` with M > 0.
 
 ## Regenerating
 
-    python tools/make_verilog_data.py            # writes gemma_tpu_helpers/fixes/data
+    python tools/make_verilog_data.py            # writes gemma_tpu_helpers/data
     python tools/make_verilog_data.py --out DIR  # writes somewhere else
 
 The generator uses a fixed seed, so its output is reproducible: byte for byte
@@ -2153,7 +2153,7 @@ def write_replica(replica_dir, sft_rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT),
-                        help="output directory (default: gemma_tpu_helpers/fixes/data)")
+                        help="output directory (default: gemma_tpu_helpers/data)")
     args = parser.parse_args()
     rows, problems = write_all(args.out)
     print(f"wrote {rows} SFT rows and {problems} eval problems to {args.out}")
