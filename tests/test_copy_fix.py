@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(r'''
     import hashlib, importlib, json, os, sys
     mode, work = sys.argv[1], json.loads(sys.argv[2])
     os.environ["XLA_FLAGS"] = work["xla_flags"]  # 2 virtual CPU devices, patient collectives
+    os.environ["JAX_PLATFORMS"] = "cpu"  # not libtpu (installed for the AOT plans), which looks for a TPU first
     if mode == "copies":
         sys.modules["gemma_tpu_helpers"] = None  # any import of the course's package fails here
         sys.path.insert(0, work["copies"])
@@ -40,6 +41,13 @@ SCRIPT = textwrap.dedent(r'''
     from transformers import AutoTokenizer
 
     tiny, out = work["tiny"], {}
+    import time
+    clock = [time.perf_counter()]
+
+    def done(nb):  # each notebook's seconds on stderr: a slow or stuck call shows where
+        now = time.perf_counter()
+        print(f"{mode} {nb}: {now - clock[0]:.1f} s", file=sys.stderr, flush=True)
+        clock[0] = now
     auto_mesh = jax.make_mesh((2, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
     def model(nb):
@@ -58,6 +66,7 @@ SCRIPT = textwrap.dedent(r'''
     out["01"] = {"ids": [[d.id for d in row] for row in mesh.devices],
                  "axes": list(mesh.axis_names), "auto": all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types),
                  "error": error, "table": table(mesh_lib.describe(mesh))}
+    done("01")
 
     # 02 LoRA naming: apply_lora with HF names and its coverage report, on the replica's model
     lora = fix("02", "lora")
@@ -66,17 +75,20 @@ SCRIPT = textwrap.dedent(r'''
                                 dropout=spec.dropout, abstract=True)
     out["02"] = {"summary": table(lora.summary(report)), "lora_params": int(report.attrs["lora_params"]),
                  "regex": report.attrs["regex"]}
+    done("02")
 
     # 03 sharding: the LoRA sharding plan for the replica's config on a (4, 2) mesh
     text = fix("03", "gemma4").read_text_config(tiny)
     summary, _, changes = fix("03", "sharding").plan_lora_sharding(text, (4, 2), ("fsdp", "tp"), rank=4, alpha=8.0,
                                                                    dtype="float32")
     out["03"] = {"summary": table(summary), "changes": len(changes)}
+    done("03")
 
     # 04 remat: LoRA first, then the policy
     remat = fix("04", "remat")
     m = remat.lora_then_remat(model("04"), 4, 8.0, "block")
     out["04"] = {"remat": remat.remat_config_of(m), "lora_params": int(remat.count_lora_params(m))}
+    done("04")
 
     # 05 data: the assistant-only mask on the replica's tokenizer, and packing
     data = fix("05", "data")
@@ -86,6 +98,7 @@ SCRIPT = textwrap.dedent(r'''
     packed = data.pack([(ids, mask)] * 3, 64)
     out["05"] = {"ids": np.asarray(ids).tolist(), "mask": np.asarray(mask).tolist(),
                  "packed": packed.stats, "segments": packed.segment_ids.tolist()}
+    done("05")
 
     # 06 the train step: two updates of a LoRA model on a fixed packed batch
     step, lora6 = fix("06", "step"), fix("06", "lora")
@@ -98,8 +111,10 @@ SCRIPT = textwrap.dedent(r'''
     batch = {"tokens": rng.integers(2, 500, (2, 16)).astype(np.int32), "loss_mask": np.ones((2, 16), np.int8),
              "segment_ids": np.ones((2, 16), np.int32), "positions": np.tile(np.arange(16, dtype=np.int32), (2, 1))}
     with jax.set_mesh(auto_mesh):
-        losses = [float(step.train_step(m, optimizer, batch)[0]) for _ in range(2)]
+        train_step = step.jitted()  # compiled once, as training runs it
+        losses = [float(train_step(m, optimizer, batch)[0]) for _ in range(2)]
     out["06"] = {"losses": losses}
+    done("06")
 
     # 07 merge: the streamed merge of a small LoRA checkpoint
     merge = fix("07", "merge")
@@ -110,6 +125,7 @@ SCRIPT = textwrap.dedent(r'''
         if shard.endswith(".safetensors"):
             tensors.update({k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in load_file(os.path.join(r.out_dir, shard)).items()})
     out["07"] = {"step": r.step, "merged": r.merged_tensors, "copied": r.copied_tensors, "tensors": tensors}
+    done("07")
 
     # 08 serving: the TPU command and the per-chip HBM arithmetic
     serve = fix("08", "serve")
@@ -118,6 +134,7 @@ SCRIPT = textwrap.dedent(r'''
                                                     gpu_memory_utilization=0.9))
     out["08"] = {"argv": serve.command(target, tiny),
                  "hbm": serve.hbm_per_chip(target, fix("08", "gemma4").read_text_config(tiny))}
+    done("08")
 
     # 09 evaluation: pass@k of the reference design on a shipped problem
     ev = fix("09", "evaluate")
@@ -125,15 +142,24 @@ SCRIPT = textwrap.dedent(r'''
     rows = [{"task_id": p.task_id, "completion": ev.reference_code(p)} for p in problems]
     results, scores = ev.score_completions(problems, rows, ks=(1,), progress=False)
     out["09"] = {"categories": sorted(results["category"]), "pass@1": scores[1]}
+    done("09")
 
     print("RESULT " + json.dumps(out, default=str))
 ''')
 
 
+RUN_TIMEOUT_S = 1800  # about 100 s on an idle 2-core machine; several times that beside the other xdist worker
+
+
 def run(mode: str, work: dict, cwd: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, json.dumps(work)], capture_output=True, text=True,
-                       cwd=cwd, env=env, timeout=900)
+    try:
+        r = subprocess.run([sys.executable, "-c", SCRIPT, mode, json.dumps(work)], capture_output=True, text=True,
+                           cwd=cwd, env=env, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        done = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"{mode}: no result in {RUN_TIMEOUT_S} s; finished so far: "
+                    f"{[x for x in done.splitlines() if x.startswith(mode)]}")
     assert r.returncode == 0, f"{mode}: {r.stderr[-4000:]}"
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     return json.loads(line[len("RESULT "):])
