@@ -23,7 +23,7 @@ import numpy as np
 
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
-from .inputs import BATCH_DTYPES, attention_mask_from_segments, causal_inputs  # noqa: F401  (data.causal_inputs)
+from .inputs import BATCH_DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,10 +471,10 @@ def pad_to_max(examples, max_seq_len: int, overlong: str = "drop", pad_id: int =
 
 def _layout(rows, max_seq_len, pad_id, stats) -> Packed:
     shape = (len(rows), max_seq_len)
-    tokens = np.full(shape, pad_id, np.int32)
-    loss_mask = np.zeros(shape, np.int8)
-    segment_ids = np.zeros(shape, np.int32)
-    positions = np.zeros(shape, np.int32)
+    tokens = np.full(shape, pad_id, BATCH_DTYPES["tokens"])
+    loss_mask = np.zeros(shape, BATCH_DTYPES["loss_mask"])
+    segment_ids = np.zeros(shape, BATCH_DTYPES["segment_ids"])
+    positions = np.zeros(shape, BATCH_DTYPES["positions"])
     for r, row in enumerate(rows):
         at = 0
         for s, (ids, mask) in enumerate(row, start=1):

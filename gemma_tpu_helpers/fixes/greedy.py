@@ -17,7 +17,7 @@ PARITY_TEXT = "always @(posedge clk) begin\n  if (rst) q <= 0;"  # 5+ distinct t
 def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
     """``n`` greedy tokens from the tunix model: full recompute each step, argmax of the last position's logits.
 
-    Positions and the causal mask as in :func:`data.causal_inputs`. The sequence is padded to its final length
+    Positions and the causal mask as in :func:`inputs.causal_inputs`. The sequence is padded to its final length
     once, so one jitted forward serves every step (the causal mask keeps the padding after the current position
     out of its logits). With ``return_margins``, also returns the gap between the best and second-best logit at
     each step: a near-tie, well under the fp32 noise between two implementations, can flip an argmax without a bug.

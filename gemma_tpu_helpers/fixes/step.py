@@ -225,7 +225,7 @@ def batch_axis(mesh, batch: int):
 
 
 def abstract_batch(mesh, batch: int, seq_len: int) -> dict:
-    """A packed micro-batch's shapes and dtypes (``data.BATCH_DTYPES``), split over the batch axis."""
+    """A packed micro-batch's shapes and dtypes (``inputs.BATCH_DTYPES``), split over the batch axis."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
