@@ -717,15 +717,46 @@ def test_eval_cli_calibrate_then_score(tmp_path):
 # ---------------------------------------------------------------------------
 
 def test_presets_are_the_official_protocol():
-    assert ev.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01},
-                          "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95}}
-    args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None, **kw})
-    assert ev._sampling(args()) == {"n": 1, "temperature": 0.0, "top_p": None}
+    # top_k 0 is vLLM's "no top-k": unset, vLLM would take the checkpoint's generation_config (Gemma 4: top_k 64)
+    assert ev.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0},
+                          "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}}
+    args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
+                                              "top_k": None, **kw})
+    assert ev._sampling(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
     assert ev._sampling(args(preset="official-sampled")) == ev.PRESETS["official-sampled"]
-    assert ev._sampling(args(preset="official-sampled", n=20)) == ev.PRESETS["official-sampled"]
-    assert ev._sampling(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95}
+    assert ev._sampling(args(preset="official-sampled", n=20, top_k=0)) == ev.PRESETS["official-sampled"]
+    assert ev._sampling(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
+                                                                    "top_k": 0}
+    assert ev._sampling(args(temperature=0.8, top_k=40))["top_k"] == 40
     with pytest.raises(ev.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
         ev._sampling(args(preset="official-greedy", temperature=0.8))
+    with pytest.raises(ev.EvalError, match="--preset official-sampled sets --top-k 0; drop --top-k 64"):
+        ev._sampling(args(preset="official-sampled", top_k=64))
+
+
+@needs_iverilog
+@pytest.mark.parametrize("flags, expected", [
+    ([], {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}),  # greedy; top_p is moot at temperature 0
+    (["--preset", "official-greedy"], {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0}),
+    (["--preset", "official-sampled"], {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}),
+    (["--temperature", "0.8", "--top-k", "40"], {"n": 1, "temperature": 0.8, "top_p": None, "top_k": 40}),
+])
+def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, expected):
+    """What reaches the server: every sampling field the protocol fixes is in the payload (None: left out)."""
+    srv = fake_server()
+    rc = ev.main(["--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id, "--run-dir", str(tmp_path),
+                  *flags])
+    assert rc == 0
+    assert [{key: req.get(key) for key in expected} for req in srv.requests] == [expected]
+
+
+@needs_iverilog
+def test_eval_cli_top_k_may_not_contradict_a_preset(fake_server, tmp_path, capsys):
+    srv = fake_server()
+    rc = ev.main(["--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled", "--top-k", "64",
+                  "--tasks", MAJ.task_id, "--run-dir", str(tmp_path)])
+    assert rc == 2 and "--preset official-sampled sets --top-k 0; drop --top-k 64 or the preset" in capsys.readouterr().err
+    assert srv.requests == []
 
 
 @needs_iverilog
@@ -735,7 +766,7 @@ def test_eval_cli_preset_sends_the_official_sampling(fake_server, tmp_path):
                 "--tasks", MAJ.task_id, "--run-dir", tmp_path)
     assert r.returncode == 0, r.stderr
     req = srv.requests[0]
-    assert (req["n"], req["temperature"], req["top_p"]) == (20, 0.85, 0.95)
+    assert (req["n"], req["temperature"], req["top_p"], req["top_k"]) == (20, 0.85, 0.95, 0)
     assert "scored 20 samples" in r.stdout and "pass@1: 1.0000" in r.stdout and "pass@5" not in r.stdout
     r = run_cli("eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-greedy", "--n", "5",
                 "--tasks", MAJ.task_id, "--run-dir", tmp_path)

@@ -619,10 +619,13 @@ def failure_chart(results, ax=None, title: str | None = None):
 # ---------------------------------------------------------------------------
 
 # The official protocol (VerilogEval v2's README): pass@1 from n=1 at temperature 0 (top_p 0.01), and from n=20 at
-# temperature 0.85 (top_p 0.95). Its own generator defaults to max_tokens 1024; a reasoning model needs more.
+# temperature 0.85 (top_p 0.95), with no top-k. Its own generator defaults to max_tokens 1024; a reasoning model needs
+# more. top_k is sent because vLLM fills a request's unset sampling fields from the served checkpoint's
+# generation_config.json (Gemma 4: top_k 64, top_p 0.95); 0 is vLLM's "no top-k" (SamplingParams.top_k).
+NO_TOP_K = 0
 PRESETS = {
-    "official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01},
-    "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95},
+    "official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": NO_TOP_K},
+    "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": NO_TOP_K},
 }
 CALIBRATION_GLOB = "calibration-*-iverilog-{version}.json"
 
@@ -827,8 +830,11 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
                        max_tokens: int = 2048, api_key: str | None = None, timeout: float = 600.0,
                        connect_timeout: float = 10.0, top_p: float | None = None, concurrency: int = 8,
                        system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True,
-                       stop_token_ids: Sequence[int] | None = None) -> list[dict]:
+                       stop_token_ids: Sequence[int] | None = None, top_k: int | None = None) -> list[dict]:
     """Ask ``/v1/chat/completions`` for ``n`` answers per problem (one request per problem, ``n`` choices).
+
+    ``top_p``/``top_k``: sent when not None (``top_k`` 0: no top-k); vLLM fills unset ones from the served
+    checkpoint's ``generation_config.json`` (Gemma 4: top_k 64, top_p 0.95).
 
     ``stop_token_ids``: the model's stop ids (``data.stop_token_ids(tokenizer)``: its ``generation_config.json``
     eos ids, ``<eos> <turn|> <|tool_response>`` on Gemma 4); vLLM also reads them from the served checkpoint.
@@ -858,6 +864,8 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
             payload["stop_token_ids"] = [int(i) for i in stop_token_ids]
         if top_p is not None:
             payload["top_p"] = top_p
+        if top_k is not None:
+            payload["top_k"] = top_k
         try:
             resp = infra.post_json(endpoint, payload, api_key, timeout)
         except infra.RequestError as e:
@@ -947,10 +955,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name on the server (with --url)")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="VerilogEval v2's protocol: official-greedy = n 1, temperature 0, top-p 0.01; "
-                        "official-sampled = n 20, temperature 0.85, top-p 0.95 (with --url; --k defaults to 1)")
+                        "official-sampled = n 20, temperature 0.85, top-p 0.95; both top-k 0 = none "
+                        "(with --url; --k defaults to 1)")
     p.add_argument("--n", type=int, default=None, help="samples per problem (with --url; default 1)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (with --url; default 0)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (with --url)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="top-k sampling, 0 = none (with --url; default 0, not the checkpoint's generation_config)")
     p.add_argument("--max-tokens", type=int, default=2048, help="max new tokens per answer (with --url)")
     p.add_argument("--api-key", default=None, help="bearer token (default: $VLLM_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per generation request")
@@ -968,10 +979,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _sampling(args) -> dict:
-    """n, temperature and top_p from --preset and the explicit flags (a flag may not contradict the preset)."""
+    """n, temperature, top_p and top_k from --preset and the explicit flags (a flag may not contradict the
+    preset). Without a preset: greedy, n 1, no top-k, top_p unset."""
     chosen = dict(PRESETS[args.preset]) if getattr(args, "preset", None) else {"n": 1, "temperature": 0.0,
-                                                                                "top_p": None}
-    for key in ("n", "temperature", "top_p"):
+                                                                                "top_p": None, "top_k": NO_TOP_K}
+    for key in ("n", "temperature", "top_p", "top_k"):
         given = getattr(args, key, None)
         if given is None:
             continue
@@ -1018,7 +1030,7 @@ def main_eval(args) -> int:
         completions = sample_completions(args.url, args.model, problems, n=sampling["n"],
                                          temperature=sampling["temperature"], max_tokens=args.max_tokens,
                                          api_key=args.api_key, timeout=args.request_timeout,
-                                         top_p=sampling["top_p"])
+                                         top_p=sampling["top_p"], top_k=sampling["top_k"])
     else:
         completions = read_completions(args.completions)
     results, _ = score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers)
