@@ -1,6 +1,9 @@
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import nbformat
 from conftest import run_cli
@@ -54,6 +57,55 @@ def test_run_notebooks_keeps_going_in_order_and_stops_on_error(tmp_path):
     assert results[0]["error"] is None and "boom" in (results[1]["error"] + json.dumps(
         nbformat.read(run_dir / "executed" / "01_fail.ipynb", 4).cells[0].outputs))
     assert (run_dir / "executed" / "00_ok.ipynb").is_file()
+
+
+# ipykernel 7's warning when a kernel listens on TCP without CurveZMQ keys: once per notebook, on stderr
+TCP_WARNING = "Kernel is running over TCP without encryption"
+# the kernel checks its own transport: a notebook that starts over TCP fails, warning or not
+IPC_CELL = ("from ipykernel.kernelapp import IPKernelApp\n"
+            "assert IPKernelApp.instance().transport == 'ipc', IPKernelApp.instance().transport")
+
+
+def _transport_notebook(path):
+    nb = new_notebook(cells=[new_code_cell(IPC_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_make_demo_starts_kernels_over_ipc_without_the_tcp_warning(tmp_path, monkeypatch, capfd):
+    """`make demo` (``logbook.run_notebooks``): the kernel, a child process writing to this process's stderr, runs
+    over ipc and does not warn. Its sockets live in Jupyter's runtime dir and are gone after the run."""
+    for name in ("GEMMA_TPU_PROFILE", "GEMMA_TPU_RUNS"):  # run_notebooks sets them
+        monkeypatch.setenv(name, "")
+    path = _transport_notebook(tmp_path / "00_ipc.ipynb")
+    with tempfile.TemporaryDirectory(prefix="rt") as runtime:  # short: tmp_path is too long for a socket's path
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", runtime)
+        results = logbook.run_notebooks("smoke", tmp_path / "runs" / "smoke", notebooks=[path], timeout=120)
+        assert results[0]["error"] is None, results
+        assert not [p for p in Path(runtime).iterdir() if "-ipc-" in p.name]
+    err = capfd.readouterr().err
+    assert TCP_WARNING not in err, err[-2000:]
+
+
+def test_nbmake_starts_kernels_over_ipc_without_the_tcp_warning(tmp_path):
+    """`make test`'s nbmake runs: notebooks/conftest.py, beside a notebook, gives nbmake's kernels the same start."""
+    shutil.copy(logbook.NOTEBOOKS_DIR / "conftest.py", tmp_path / "conftest.py")
+    _transport_notebook(tmp_path / "ipc.ipynb")
+    r = subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "-q", "-p", "no:cacheprovider", "ipc.ipynb"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert TCP_WARNING not in r.stdout + r.stderr
+
+
+def test_kernel_config_falls_back_to_tcp_when_the_socket_path_is_too_long(tmp_path, monkeypatch):
+    with tempfile.TemporaryDirectory(prefix="rt") as runtime:
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", runtime)
+        km = logbook.kernel_config().KernelManager
+        assert km.transport == "ipc" and km.ip.startswith(runtime + "/kernel-")
+        assert logbook.kernel_config().KernelManager.ip != km.ip  # one socket path per kernel
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / ("x" * 100)))
+    assert "transport" not in logbook.kernel_config().KernelManager
 
 
 def test_cli_help_lists_steps():

@@ -352,3 +352,50 @@ def test_a_peak_between_usable_and_nominal_hbm_does_not_fit():
     under = plan.assemble_plan(v5e, "block", 2048, [point(15.5)], 35, 35)
     assert under["fits"] and plan.plan_row(under)["spare GiB"] == 0.25
     assert "FITS, 0.25 GiB spare" in plan.format_plan(under)
+
+
+def _policy_table(tpu_temp_mib=None, **attrs):
+    """compare_policies' table as cached_compare reads it back: TPU columns only when the step was compiled for one."""
+    import pandas as pd
+
+    rows = [{"policy": p, "step ms": 1000.0, "CPU temp MiB": 30.0} for p in ("none", "block", "decoder")]
+    for row, mib in zip(rows, tpu_temp_mib or ()):
+        row.update({"TPU temp MiB": mib, "TPU peak MiB": mib + 100})
+    df = pd.DataFrame(rows)
+    df.attrs.update({"tpu_profile": "v5p-8" if tpu_temp_mib else None, **attrs})
+    return df
+
+
+def test_tiny_tpu_temp_mib_is_a_figure_or_why_not_never_nan(tmp_path):
+    """Notebook 04's report figure: each policy's TPU temp MiB when the step was compiled for a TPU, else a sentence
+    saying why there is none (smoke runs without GEMMA_TPU_AOT=1 have no TPU columns): never NaN, which report.md
+    showed as `{'block': nan, ...}` and figures.json wrote as non-JSON `NaN`."""
+    import json
+
+    from gemma_tpu_helpers.course import logbook
+
+    assert plan.tpu_temp_mib(_policy_table([900.04, 400.06, 300.0])) == {"none": 900.0, "block": 400.1, "decoder": 300.0}
+    tables = {"not asked": _policy_table(tpu_skipped="the step was not compiled for a TPU (tpu_profile=None)"),
+              "no libtpu": _policy_table(tpu_skipped="libtpu is not installed (pip install libtpu; no TPU needed)"),
+              "cached before the reason was kept": _policy_table(),
+              "a NaN among the figures": _policy_table([900.0, math.nan, 300.0])}
+    for case, df in tables.items():
+        figure = plan.tpu_temp_mib(df)
+        assert isinstance(figure, str) and figure.startswith("not measured: ") and "GEMMA_TPU_AOT=1" in figure, case
+        assert "nan" not in figure.lower() and "|" not in figure, (case, figure)  # one cell of report.md's table
+        assert df.attrs.get("tpu_skipped", "not compiled for a TPU") in figure, case
+    logbook.record(tmp_path, "04_gradient_checkpointing", tiny_tpu_temp_mib=plan.tpu_temp_mib(tables["not asked"]))
+    json.loads((tmp_path / "figures.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in figures.json"))
+    report = logbook.write_report(tmp_path).read_text()
+    assert "| tiny_tpu_temp_mib | not measured: the step was not compiled for a TPU" in report and "nan" not in report
+
+
+def test_notebook_04_records_the_tested_figure():
+    import nbformat
+
+    from gemma_tpu_helpers.course import logbook
+
+    nb = nbformat.read(logbook.NOTEBOOKS_DIR / "04_gradient_checkpointing.ipynb", 4)
+    record = [c.source for c in nb.cells if c.cell_type == "code" and "logbook.record(" in c.source]
+    assert len(record) == 1 and "tiny_tpu_temp_mib=plan.tpu_temp_mib(policies)" in record[0], record
+    assert "nan" not in record[0].lower()

@@ -98,6 +98,36 @@ def write_report(run_dir: str | Path) -> Path:
     return out
 
 
+# A Unix socket's path holds at most 107 bytes on Linux, 103 on macOS; a kernel's five are <ip>-1 to <ip>-5.
+_IPC_PATH_MAX = 103
+
+
+def kernel_config():
+    """The config of the kernels that run the notebooks (``make demo``, nbmake through ``notebooks/conftest.py``):
+    the ``ipc`` transport, whose Unix sockets lie in Jupyter's runtime directory (private to the user), instead of
+    TCP on localhost, which ipykernel (7.x) warns about on every start ("Kernel is running over TCP without
+    encryption", once per notebook). The socket path is absolute: jupyter_client's default for ipc is the relative
+    ``kernel-ipc``, which the kernel (in the notebook's folder) and the client (in the caller's) resolve apart.
+    Where there are no Unix sockets (Windows), or the path would be too long for one, jupyter's default (TCP)."""
+    import secrets
+
+    from jupyter_core.paths import jupyter_runtime_dir
+    from traitlets.config import Config
+
+    ip = Path(jupyter_runtime_dir()) / f"kernel-{secrets.token_hex(8)}-ipc"
+    if os.name != "posix" or len(str(ip)) + 2 > _IPC_PATH_MAX:
+        return Config()
+    ip.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return Config({"KernelManager": {"transport": "ipc", "ip": str(ip)}})
+
+
+def notebook_client(nb, **kwargs):
+    """``nbclient.NotebookClient(nb, **kwargs)`` whose kernel starts with :func:`kernel_config`."""
+    from nbclient import NotebookClient
+
+    return NotebookClient(nb, config=kernel_config(), **kwargs)
+
+
 def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] | None = None,
                   timeout: int = 1200) -> list[dict]:
     """Execute the course notebooks in order under ``profile_name``; executed copies go to ``run_dir/executed``.
@@ -105,7 +135,6 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
     Stops at the first failing notebook, keeping its executed copy (with the error) for inspection.
     """
     import nbformat
-    from nbclient import NotebookClient
     from tqdm.auto import tqdm
 
     run_dir = Path(run_dir)
@@ -120,8 +149,8 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
         start = time.perf_counter()
         error = None
         try:
-            NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                           resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+            notebook_client(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(nb_path.parent)}}).execute()
         except Exception as e:  # keep the executed copy, report, stop
             error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         infra.write_atomic(out_dir / nb_path.name, nbformat.writes(nb))

@@ -288,6 +288,9 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
     if tpu is not None and "none" in policies:
         df["TPU temp vs none"] = df["TPU temp MiB"] / float(df.loc[df.policy == "none", "TPU temp MiB"].iloc[0])
     df.attrs["tpu_profile"] = tpu.name if tpu is not None else None
+    if tpu is None:  # why there are no TPU columns (the run report says it: tpu_temp_mib)
+        df.attrs["tpu_skipped"] = ("libtpu is not installed (pip install libtpu; no TPU needed)" if tpu_profile else
+                                   "the step was not compiled for a TPU (tpu_profile=None)")
     df.attrs["shape"] = {"batch": batch, "seq_len": seq_len, "tpu_seq_len": tpu_seq_len or seq_len,
                          "rank": lora.rank}
     return df
@@ -310,6 +313,19 @@ def cached_compare(run_dir, profile: Profile, **kwargs):
     df = pd.DataFrame(value["rows"])
     df.attrs.update(value["attrs"], cached=cached)
     return df
+
+
+def tpu_temp_mib(df) -> dict[str, float] | str:
+    """The run report's figure from :func:`compare_policies`'s table: the ``TPU temp MiB`` of each policy (0.1 MiB),
+    or, where the step was not compiled for a TPU (the table then has no TPU columns), why not, in words: a NaN
+    would not say it, and is not JSON. Notebook 04 compiles the TPU columns with ``GEMMA_TPU_AOT=1`` (smoke) or on a
+    TPU profile; XLA:CPU's temp bytes are no stand-in (its buffer assignment does not reflect remat)."""
+    values = {r["policy"]: float(r.get("TPU temp MiB", math.nan)) for _, r in df.iterrows()}
+    if values and all(math.isfinite(v) for v in values.values()):
+        return {policy: round(v, 1) for policy, v in values.items()}
+    why = df.attrs.get("tpu_skipped") or "the step was not compiled for a TPU"
+    return (f"not measured: {why}; notebook 04 compiles it with GEMMA_TPU_AOT=1 (smoke, about a minute more) or on "
+            "a TPU profile")
 
 
 def plot_policies(df, title: str = "Remat policies: the LoRA train step"):
