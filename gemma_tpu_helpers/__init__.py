@@ -29,7 +29,7 @@ TIERS = (
     ("course", (
         ("config", ("profiles",)),
         ("models", ("hub", "tiny", "base_model")),
-        ("workflows", ("runs", "train", "plan", "overhead", "equivalence", "bench", "cost")),
+        ("workflows", ("runs", "train", "learn", "plan", "overhead", "equivalence", "bench", "cost")),
         ("front", ("logbook", "preflight", "site", "workshop", "exercises", "commands")),
     )),
 )

@@ -331,6 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("learn", help="06/09: the learning check: train on K eval problems, merge, serve, score "
+                       "pass@1 before and after")
+    commands.add_learn_arguments(p)
+    p.set_defaults(func=commands.main_learn)
+
     p = sub.add_parser("cost", help="10: TPU-vs-GPU training cost ratio and $ per million output tokens")
     cost.add_arguments(p)
     p.set_defaults(func=cmd_cost)

@@ -28,6 +28,8 @@ ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "pari
          "solutions", "launch"]
 # Documented commands that are parsed but not run here, and why (each is run elsewhere in the suite).
 NOT_RUN = {
+    "learn": "trains, merges and starts vLLM twice (minutes); test_learn runs it as documented, from a fresh "
+             "directory with relative paths",
     "serve": "starts vLLM (60-100 s); test_serve starts it from relative paths, and test_steps_... runs its pre-check",
     "plan": "an AOT compile; test_plan compiles the train step",
     "setup --check": "the workshop's readiness screen; test_workshop runs it",

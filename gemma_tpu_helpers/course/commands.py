@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..fixes import evaluate, infra, merge, serve, verify, weight_check
 from ..fixes.infra import cli_path
-from . import profiles
+from . import learn, preflight, profiles
 
 # ---------------------------------------------------------------------------------------------------------------
 # merge
@@ -189,3 +189,44 @@ def main_serve(args) -> int:
             return 1
         except KeyboardInterrupt:
             return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# learn
+
+def _task_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [] if text.strip().lower() == "none" else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_learn_arguments(p) -> None:
+    """The ``learn`` sub-command's arguments."""
+    p.add_argument("--profile", default=None, help="smoke or smoke-e (the profiles with a learning check)")
+    p.add_argument("--tasks", default=None, metavar="A,B,...",
+                   help="task ids to train on and score (default: the profile's K problems with the shortest "
+                        "references)")
+    p.add_argument("--held-out", default=None, metavar="A,B,...",
+                   help="task ids to score without training on them (default: the next shortest; 'none': none)")
+    p.add_argument("--broken", choices=sorted(learn.BROKEN), default=None,
+                   help="break one link of the chain, to see the check fail: " + "; ".join(
+                       f"{k}: {v}" for k, v in learn.BROKEN.items()))
+    p.add_argument("--generator", choices=learn.GENERATORS, default="vllm",
+                   help="who answers: vLLM's server (default, as notebook 08 serves) or transformers in-process")
+    p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>); the "
+                   "check works in its learn/ folder")
+
+
+def main_learn(args) -> int:
+    """Train on K eval problems, merge, serve, score: one line ``pass@1 before X after Y``."""
+    prof = profiles.get_profile(args.profile)
+    learn.check_profile(prof)
+    profiles.configure_jax(prof)
+    preflight.require(prof)
+    res = learn.learn(prof, tasks=_task_list(args.tasks), held_out=_task_list(args.held_out), run_dir=args.run_dir,
+                      broken=args.broken, generator=args.generator)
+    print(res.table().to_string(index=False))
+    print("seconds: " + ", ".join(f"{k} {v:g}" for k, v in res.seconds.items()))
+    print("memorisation: the trained problems are the problems scored (the held-out ones show it)")
+    print(res.line())
+    return 0
