@@ -39,11 +39,20 @@ def colab_argv(name):
     return serve.command(profiles.get_profile(name).serving, "/data/merged", port=8123)
 
 
+def smoke_as_serve_argv():
+    """The smoke profile's CPU command (``python -m vllm.entrypoints.openai.api_server --model DIR FLAGS``) as
+    ``vllm serve DIR FLAGS``, the form the parser takes: the same engine flags."""
+    argv = serve.command(profiles.get_profile("smoke").serving, "/data/merged", port=8123)
+    i = argv.index("--model")
+    return ["serve", argv[i + 1], *argv[i + 2:]]
+
+
 @pytest.fixture(scope="module")
 def parsed(tpu_argv):
     """One serving-venv process parses the real commands and broken variants (vLLM's import takes ~20 s)."""
     variants = {
         "real": tpu_argv,
+        "smoke": smoke_as_serve_argv(),
         **{name: serve.tpu_vllm_argv(colab_argv(name)) for name in COLAB},
         "misspelled": _misspell(tpu_argv, "--max-num-batched-tokens", "--max-num-batch-tokens"),
         "extra_s": _misspell(tpu_argv, "--disable-chunked-mm-input", "--disable-chunked-mm-inputs"),
@@ -74,6 +83,15 @@ def test_v6e_command_parses_with_vllm_032s_own_parser(v6e, parsed):
     assert (got["kv_cache_dtype"], got["dtype"]) == (s.kv_cache_dtype, v6e.model.dtype)
     assert got["disable_chunked_mm_input"] is True
     assert (got["host"], got["port"]) == (serve.HOST, 8123)
+
+
+@needs_venv
+def test_smoke_command_serves_eager(parsed):
+    """The CPU build skips torch.compile (53 s of a 90 s start for the replica); vLLM's parser reads the flag."""
+    smoke = parsed["smoke"]
+    assert smoke["ok"] and smoke["inexact"] == [], smoke
+    assert smoke["values"]["enforce_eager"] is True and smoke["values"]["dtype"] == "float32"
+    assert parsed["real"]["values"]["enforce_eager"] is False  # the TPU line compiles, as vllm-tpu must
 
 
 @needs_venv

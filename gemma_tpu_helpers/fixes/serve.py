@@ -67,6 +67,10 @@ class ServeSpec:
     # a plain `vllm serve` process on this machine (Colab, which has no Docker).
     docker: bool = True
     max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
+    # --enforce-eager: no torch.compile of the model at start-up. vLLM's CPU build compiles it with inductor at every
+    # start (53 s of a 90 s start on a 2-core machine for the 6M-parameter replica, measured 2026-12; the start is
+    # 47 s without it), which a small model never wins back.
+    enforce_eager: bool = False
 
 # ---- documented defaults (everything else comes from target.spec / target.model / target.lora) ----------------
 HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
@@ -242,6 +246,8 @@ def _engine_args(target: ServeTarget, port: int, host: str, served_name: str, te
         args += ["--kv-cache-dtype", s.kv_cache_dtype]
     if s.disable_chunked_mm_input:
         args += ["--disable-chunked-mm-input"]
+    if s.enforce_eager:
+        args += ["--enforce-eager"]
     if text_only:
         args += ["--hf-overrides", json.dumps(TEXT_ONLY_OVERRIDES)]
     return args
@@ -461,7 +467,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 
 FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
           "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype",
-          "disable_chunked_mm_input")
+          "disable_chunked_mm_input", "enforce_eager")
 results = []
 for argv in json.load(sys.stdin):
     parser = FlexibleArgumentParser(prog="vllm")
