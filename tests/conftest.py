@@ -65,12 +65,16 @@ def run_cli(*args, env=None, timeout=600, cwd=REPO):
 
 
 # `make test` runs the suite on two pytest-xdist workers. Each module stays on one worker, so a module fixture (a
-# training run, a vLLM server) runs once. The modules that start other big processes (vLLM servers, multi-process
-# and CLI trainings) form one group: they run one after another on one worker, so two of them never hold memory at
-# once on a 24 GiB machine, while the other worker runs the in-process tests. (xdist's own `--dist loadgroup`
-# cannot do this under pytest 9: it renames node ids through an attribute pytest 9 no longer reads.)
+# training run, a vLLM server) runs once. The modules that start the most processes (vLLM servers, two-process
+# training, the documented CLI commands one after another) form one group: they run one after another on one
+# worker, while the other runs everything else. test_learn, test_train and test_tiny_e (a vLLM server or CLI
+# trainings each) run beside that group: in a clean-clone `make test` (2026-12, pytest 52 min) the group ran to the
+# end while the other worker had nothing left to do for about its last 20 min; a vLLM server and two trainings at
+# once stay well under 24 GiB (test_learn's server ran beside the group there), and with
+# eager smoke serving no two vLLM starts share a torch.compile cache. (xdist's own `--dist loadgroup` cannot do this
+# under pytest 9: it renames node ids through an attribute pytest 9 no longer reads.)
 SERIAL_GROUP = "processes"
-STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_tiny_e", "test_train", "test_user_paths"}
+STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_user_paths"}
 
 
 def work_unit(nodeid: str) -> str:
