@@ -173,11 +173,14 @@ class LearnResult:
     settings: dict
     seconds: dict  # per stage
 
-    def pass_at_1(self, which: str, held_out: bool = False) -> float:
+    def rows(self, which: str, held_out: bool = False):
+        """The ``before`` or ``after`` results of the trained problems, or of the held-out ones."""
         res = getattr(self, which)
-        ids = self.held_out if held_out else self.tasks
-        sel = res[res["task_id"].isin(ids)]
-        return float(sel["passed"].mean()) if len(sel) else float("nan")
+        return res[res["task_id"].isin(self.held_out if held_out else self.tasks)]
+
+    def pass_at_1(self, which: str, held_out: bool = False) -> float:
+        sel = self.rows(which, held_out)
+        return evaluate.pass_at_k_table(sel, (1,))[1] if len(sel) else float("nan")
 
     def line(self) -> str:
         """``pass@1 before X after Y``, then the held-out problems' figures."""
@@ -291,7 +294,7 @@ def train_check(profile, tasks=None, run_dir=None, broken: str | None = None, pr
     if broken not in ("lora-dropped", "base-served"):
         from transformers import AutoTokenizer
 
-        fsdp = dict(zip(profile.mesh_axes, profile.mesh_shape)).get("fsdp", 1)
+        fsdp = dict(profile.hardware.mesh).get("fsdp", 1)
         prepared, rows, seq = training_rows(AutoTokenizer.from_pretrained(base), trained, fsdp, broken)
         log(f"training the LoRA (r{spec.rank}) on {len(trained)} problems: {spec.steps} steps of {rows} rows x "
             f"{seq} tokens at lr {spec.learning_rate:g}" + (f"; broken: {BROKEN[broken]}" if broken else ""))
@@ -389,12 +392,8 @@ def chart(result: LearnResult, ax=None):
         xs = [i + (j - 0.5) * width for i in range(len(groups))]
         vals = [result.pass_at_1(which, held) for _, held in groups]
         bars = ax.bar(xs, vals, width, color=color, label=f"{which} training")
-        labels = []
-        for _, held in groups:
-            res = getattr(result, which)
-            sel = res[res["task_id"].isin(result.held_out if held else result.tasks)]
-            counts = evaluate.category_counts(sel)
-            labels.append(", ".join(f"{n} {c}" for c, n in counts.items() if n))
+        labels = [", ".join(f"{n} {c}" for c, n in evaluate.category_counts(result.rows(which, held)).items() if n)
+                  for _, held in groups]
         ax.bar_label(bars, labels=[f"{v:.2f}\n{lab}" for v, lab in zip(vals, labels)], fontsize=8)
     ax.set_xticks(range(len(groups)), [f"{g} ({len(result.held_out if h else result.tasks)})" for g, h in groups])
     ax.set_ylim(0, 1.35)
