@@ -6,8 +6,9 @@ the meta device, so no RAM is spent on it), bf16 like the 31B, in several shards
 (rank 64, every target, tunix's paths and shapes) is saved with Orbax in the layout tunix's PeftTrainer writes.
 
 Each way runs in its own subprocess; wall time and peak RSS (GNU time's %e and %M) are printed side by side.
-The streamed merge (XLA kernel) and `cp -r` alternate `--repeat` times and their medians give the line
-`merge/cp: X.Xx`; the numpy reference kernel (the merge before XLA) and the paper's merge run once.
+The streamed merge (XLA kernel), `cp -r` and the weight check of that merge alternate `--repeat` times and their
+medians give the lines `merge/cp: X.Xx` and `weight check/merge: X.XXx`; the numpy reference kernel (the merge
+before XLA) and the paper's merge run once.
 Nothing asserts on time. Goals: streamed peak RSS <= 1.3x the largest shard, wall <= 3x the copy.
 The page cache is warmed first, and nothing is fsynced, so all ways measure the same thing (memory-speed I/O).
 
@@ -187,33 +188,30 @@ def main(argv=None) -> int:
     subprocess.run(f"cat {base}/*.safetensors > /dev/null", shell=True, check=True)  # warm the page cache
 
     py = sys.executable
-    merge_cmd = lambda kernel, out: [py, "-c", "import sys; from gemma_tpu_helpers import merge; "  # noqa: E731
+    merge_cmd = lambda kernel, out: [py, "-c", "import sys; from gemma_tpu_helpers.fixes import merge; "  # noqa: E731
                                       "merge.merge_lora(*sys.argv[1:4], progress=False, kernel=sys.argv[4])",
                                       str(base), str(ckpt), str(out), kernel]
     cpu_only = {"JAX_PLATFORMS": "cpu"}  # a host-side step: no accelerator (and no libtpu start-up)
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min average, {os.cpu_count()} cores)")
     runs: dict[str, list[tuple[float, float]]] = {}
+    check = "weight check of the merge (weight_check.verify_weights)"
+    # the streamed weight check of this round's streamed merge (verify --weights): reads base and merged, no writes
     ways = {"streamed merge, XLA kernel (merge.merge_lora)": (merge_cmd("xla", work / "out_streamed"), cpu_only),
-            "cp -r base": (["cp", "-r", str(base), str(work / "out_cp")], None)}
+            "cp -r base": (["cp", "-r", str(base), str(work / "out_cp")], None),
+            check: ([py, "-c", "import sys; from gemma_tpu_helpers.fixes import weight_check; "
+                     "r = weight_check.verify_weights(*sys.argv[1:4], progress=False); sys.exit(0 if r['ok'] else 1)",
+                     str(base), str(ckpt), str(work / "out_streamed")], cpu_only)}
     for i in range(args.repeat):
         for name, (cmd, env) in ways.items():
-            shutil.rmtree(cmd[-2] if name.startswith("streamed") else cmd[-1], ignore_errors=True)
+            if name != check:
+                shutil.rmtree(cmd[-2] if name.startswith("streamed") else cmd[-1], ignore_errors=True)
             runs.setdefault(name, []).append(timed(cmd, env))
             print(f"  run {i + 1}: {name}: {runs[name][-1][0]:.1f} s, peak RSS {runs[name][-1][1]:.0f} MiB", flush=True)
     once = {"streamed merge, numpy kernel (before)": (merge_cmd("numpy", work / "out_numpy"), cpu_only)}
     if not args.skip_paper:
         once["load-everything merge (paper)"] = ([py, str(Path(__file__).resolve()), "--paper-merge", str(base),
                                                   str(ckpt), str(work / "out_paper")], None)
-    # the streamed weight check of the last streamed merge (verify --weights): reads base and merged, no writes
-    once["weight check of the merge (weight_check.verify_weights)"] = (
-        [py, "-c", "import sys; from gemma_tpu_helpers import weight_check; "
-         "r = weight_check.verify_weights(*sys.argv[1:4], progress=False); sys.exit(0 if r['ok'] else 1)",
-         str(base), str(ckpt), str(work / "out_streamed")], cpu_only)
     for name, (cmd, env) in once.items():
-        if name.startswith("weight check"):
-            runs[name] = [timed(cmd, env)]
-            print(f"  {name}: {runs[name][0][0]:.1f} s, peak RSS {runs[name][0][1]:.0f} MiB", flush=True)
-            continue
         shutil.rmtree(cmd[-2] if "merge_lora" in cmd[2] else cmd[-1], ignore_errors=True)
         runs[name] = [timed(cmd, env)]
         print(f"  {name}: {runs[name][0][0]:.1f} s, peak RSS {runs[name][0][1]:.0f} MiB", flush=True)
@@ -230,8 +228,9 @@ def main(argv=None) -> int:
           f"{', '.join(f'{w:.1f}' for w, _ in runs['streamed merge, XLA kernel (merge.merge_lora)'])} s vs "
           f"{', '.join(f'{w:.1f}' for w, _ in runs['cp -r base'])} s)")
     print(f"peak RSS / largest shard: {streamed[1] / largest:.2f}x (goal <= 1.3x)")
-    checked = med["weight check of the merge (weight_check.verify_weights)"]
-    print(f"weight check/merge: {checked[0] / streamed[0]:.1f}x (goal: about 1x or less), peak RSS "
+    checked = med[check]
+    print(f"weight check/merge: {checked[0] / streamed[0]:.2f}x (goal: about 1x or less; runs: "
+          f"{', '.join(f'{w:.1f}' for w, _ in runs[check])} s), peak RSS "
           f"{checked[1] / largest:.2f}x the largest shard")
     print(kernel_differences(work / "out_streamed", work / "out_numpy"))
     if not args.skip_paper:
