@@ -337,11 +337,18 @@ def checkpoint_layout(model_dir: str | Path) -> tuple[dict, dict[str, list[str]]
 def check_checkpoint(model_dir: str | Path) -> dict:
     """Validate a checkpoint's files (every shard's header, against the index) and key layout; return its text
     config. Raises CheckpointError."""
+    return checked_layout(model_dir)[0]
+
+
+def checked_layout(model_dir: str | Path) -> tuple[dict, tuple[dict, dict[str, list[str]], dict[str, dict]]]:
+    """:func:`check_checkpoint`'s checks, returning ``(text config, checkpoint_layout(model_dir))``: for a caller
+    that needs the layout too (the weight check), so every shard header is read once, not twice."""
     model_dir = Path(model_dir)
     text = read_text_config(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         raise CheckpointError(f"{model_dir} has config.json but no *.safetensors weights.")
-    keys = list(checkpoint_layout(model_dir)[0]["weight_map"])
+    layout = checkpoint_layout(model_dir)
+    keys = list(layout[0]["weight_map"])
     layer_keys = [k for k in keys if re.search(r"layers\.\d+\.", k) and not k.startswith(MULTIMODAL_PREFIXES)]
     wrong = [k for k in layer_keys if not k.startswith(KEY_PREFIX)]
     if wrong or not layer_keys:
@@ -351,7 +358,7 @@ def check_checkpoint(model_dir: str | Path) -> dict:
             f"(keys under {KEY_PREFIX!r}, as google/gemma-4-31B-it saves them). A plain Gemma4ForCausalLM "
             f"saves 'model.layers...'; save with Gemma4ForConditionalGeneration or rename the keys."
         )
-    return text
+    return text, layout
 
 
 def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str = "none"):

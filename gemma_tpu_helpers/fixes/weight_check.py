@@ -147,8 +147,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
             raise WeightCheckError(f"The {what} directory {d} does not exist.")
         if not d.is_dir():
             raise WeightCheckError(f"The {what} directory {d} is a file, not a directory.")
-    text = gemma4.check_checkpoint(base_dir)
-    index, shards, entries = gemma4.checkpoint_layout(base_dir)
+    text, (index, shards, entries) = gemma4.checked_layout(base_dir)  # every base shard header, read once
     info = json.loads((merged_dir / MERGE_INFO).read_text()) if (merged_dir / MERGE_INFO).is_file() else None
     if info is None:
         raise WeightCheckError(f"{merged_dir} has no {MERGE_INFO}: it was not written by "
@@ -175,10 +174,10 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
 
     # the merged checkpoint's files: index, shards, every other file of the base
     try:
-        m_index, m_shards, m_entries = gemma4.checkpoint_layout(merged_dir)
+        m_index, m_shards, _ = gemma4.checkpoint_layout(merged_dir)
     except gemma4.CheckpointError as e:
         problems.append(str(e))
-        m_index, m_shards, m_entries = None, {}, {}
+        m_index, m_shards = None, {}
     if m_index is not None and m_index["weight_map"] != index["weight_map"]:
         moved = sorted(k for k in set(index["weight_map"]) | set(m_index["weight_map"])
                        if index["weight_map"].get(k) != m_index["weight_map"].get(k))
