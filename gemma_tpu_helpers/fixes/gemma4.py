@@ -379,7 +379,11 @@ def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str =
         )
     cfg = to_tunix_config(text, dtype=dtype, remat=remat)
     with _towers_skipped_quietly():
-        return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh)
+        # dtype= too: tunix's loader keeps each tensor's file dtype otherwise, whatever the config's param_dtype says
+        # (the real checkpoints are bf16: an fp32 load for verify or parity got bf16 weights, and qwix then gave the
+        # LoRA bf16 factors, 2% off the fp32 reference on a strong LoRA)
+        return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh,
+                                                                 dtype=cfg.param_dtype)
 
 
 class _TowerSkipFilter:
