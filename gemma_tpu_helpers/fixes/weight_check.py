@@ -37,6 +37,9 @@ from .infra import absolute_path, config_hash
 MERGE_INFO = "merge_info.json"  # = merge.MERGE_INFO (not imported: merge pulls in training)
 IGNORED = {MERGE_INFO, "tiny_model.json"}  # written by the merge / the replica builder, not copied
 CHUNK = 16 << 20
+# Elements per row block of the check (1 MB of fp32): the block's passes (dot, add, compare) stay in a core's
+# L2 cache (4 MB here); 1M-element blocks, the merge's, spilled it: each elementwise pass was up to 3x slower.
+CHECK_BLOCK_ELEMENTS = 1 << 18
 MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in another order: one rounding apart
 
 
@@ -53,11 +56,6 @@ def _same_bytes(fa, fb, offset_a: int, offset_b: int, length: int) -> bool:
             return False
         length -= n
     return True
-
-
-def _read(f, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
-    f.seek(offset)
-    return np.frombuffer(f.read(count * dtype.itemsize), dtype=dtype, count=count)
 
 
 def _ordered(x: np.ndarray) -> np.ndarray:
@@ -86,50 +84,95 @@ def check_tensor(base_path: Path, merged_path: Path, b_off: int, m_off: int, ent
     """One targeted tensor, in row blocks: the merged value against round(base + ΔW) (ΔW in fp32 with numpy, one
     rounding to the stored dtype). Where the bits differ, the error may be ``max_ulps`` ulps of the stored dtype plus
     what the rank-r dot's summation order can change (2·r·2⁻²⁴·Σ|a_i·b_i|·scale): near zero, where W and ΔW cancel,
-    that is many ulps of a tiny value (seen on a full-size 31B down_proj: 24,321 ulps, |error| 4.7e-10). Returns the
-    most ulps, the worst ``excess`` (error / allowed; over 1 fails), the error there, the largest |ΔW| and how many
-    elements the merge changed. Opens its own file handles: tensors are checked on several threads."""
+    that is many ulps of a tiny value (seen on a full-size 31B down_proj: 24,321 ulps, |error| 4.7e-10). A NaN where
+    base + ΔW is a number (or the reverse) fails. Returns the most ulps, the worst ``excess`` (error / allowed; over
+    1 fails), the error there, ΔW's root mean square (``delta_rms``, from the factors) and how many elements the
+    merge changed. Opens its own file handles: tensors are checked on several threads."""
     with open(base_path, "rb") as fb, open(merged_path, "rb") as fm:
         return _check_blocks(fb, fm, b_off, m_off, entry, d, max_ulps)
+
+
+def _delta_rms(at: np.ndarray, bt: np.ndarray, scale: float) -> float:
+    """RMS of ΔW = scale·bt·at from the factors, in O(r²·(out + in)) instead of a pass over ΔW:
+    ‖bt·at‖_F² = trace(atᵀ·btᵀ·bt·at) = Σ (at·atᵀ) ∘ (btᵀ·bt), both r×r (fp64: no cancellation to speak of)."""
+    a64, b64 = at.astype(np.float64), bt.astype(np.float64)
+    sq = float(np.sum((a64 @ a64.T) * (b64.T @ b64)))
+    return abs(float(scale)) * np.sqrt(max(sq, 0.0) / (bt.shape[0] * at.shape[1]))
+
+
+def _readinto(f, offset: int, buf: np.ndarray) -> np.ndarray:
+    f.seek(offset)
+    if f.readinto(memoryview(buf).cast("B")) != buf.nbytes:
+        raise WeightCheckError(f"{f.name} ended early (at byte {offset:,} + {buf.nbytes:,}).")
+    return buf
 
 
 def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int) -> dict:
     dtype = safetensors_io.np_dtype(entry["dtype"])
     out_dim, in_dim = entry["shape"]
-    rows = safetensors_io.block_rows(in_dim)
+    rows = 1 << (max(1, CHECK_BLOCK_ELEMENTS // in_dim).bit_length() - 1)
     at = np.ascontiguousarray(d.a.astype(np.float32).T)  # (r, in)
     bt = np.ascontiguousarray(d.b.astype(np.float32).T)  # (out, r): row blocks are contiguous
     scale = np.float32(d.scale)
-    bits = f"u{dtype.itemsize}"
+    # A power-of-two scale folded into bᵀ once is exact (scaling by 2^k commutes with every rounding of the dot):
+    # one pass less per block. Any other scale multiplies ΔW after the dot, as the merge rounds it.
+    folded = bool(np.frexp(scale)[0] == 0.5)
+    bts = bt * scale if folded else bt
+    bits = np.dtype(f"u{dtype.itemsize}")
+    bf16 = dtype.name == "bfloat16"
     rank = at.shape[0]
-    worst, worst_at, err, excess, dw_max, changed = 0, None, 0.0, 0.0, 0.0, 0
+    worst, worst_at, err, excess, changed = 0, None, 0.0, 0.0, 0
+    # one set of buffers per tensor, reused by every block (no allocation, no page faults per block)
+    n_max = min(rows, out_dim) * in_dim
+    wbuf, mbuf = np.empty(n_max, bits), np.empty(n_max, bits)
+    xbuf, ubuf = np.empty(n_max, np.float32), np.empty(n_max, np.uint32)
     for r0 in range(0, out_dim, rows):
         r1 = min(out_dim, r0 + rows)
         n = (r1 - r0) * in_dim
-        w = _read(fb, b_off + r0 * in_dim * dtype.itemsize, n, dtype).reshape(r1 - r0, in_dim)
-        m = _read(fm, m_off + r0 * in_dim * dtype.itemsize, n, dtype).reshape(r1 - r0, in_dim)
-        dw = bt[r0:r1] @ at  # ΔW rows r0:r1, HF layout [out, in]
-        dw *= scale
-        dw_max = max(dw_max, float(np.abs(dw).max()))
-        want = np.add(_to_float32(w), dw, out=dw).astype(dtype)
-        off = np.flatnonzero(m.view(bits) != want.view(bits))  # usually none: ulps only where the bits differ
-        if off.size:
-            mv, wv = m.reshape(-1)[off], want.reshape(-1)[off]
+        w = _readinto(fb, b_off + r0 * in_dim * dtype.itemsize, wbuf[:n])  # the bits
+        m = _readinto(fm, m_off + r0 * in_dim * dtype.itemsize, mbuf[:n])
+        x = np.matmul(bts[r0:r1], at, out=xbuf[:n].reshape(r1 - r0, in_dim)).reshape(-1)  # ΔW rows r0:r1
+        if not folded:
+            x *= scale
+        if bf16:
+            np.add(x, np.left_shift(w, 16, out=ubuf[:n], dtype=np.uint32).view(np.float32), out=x)  # W + ΔW, fp32
+            # round(x) to bf16 is m where x lies less than half a bf16 ulp from m: on the bits (the floats' order
+            # for one sign) |x_bits - m_bits·2¹⁶| < 2¹⁵, three in-place passes instead of rounding every element
+            # (ml_dtypes' cast: about twice the cost). Ties (rounded to even), a sign change and a NaN against a
+            # number land outside and go, with every real difference, through the exact cast below.
+            u = np.left_shift(m, 16, out=ubuf[:n], dtype=np.uint32)
+            np.subtract(x.view(np.uint32), u, out=u)
+            u += 0x7FFF
+            off = np.flatnonzero(u > 0xFFFE)
+            want = x[off].astype(dtype)  # ml_dtypes' round-to-nearest-even, as the merge rounds
+            keep = m[off] != want.view(bits)
+            off, want = off[keep], want[keep]
+        else:
+            want = np.add(_to_float32(w.view(dtype)), x, out=x).astype(dtype)
+            off = np.flatnonzero(m != want.view(bits))
+            want = want[off]
+        if off.size:  # usually none: ulps only where the bits differ
+            mv, wv = m[off].view(dtype), want
             ulps = np.abs(_ordered(mv) - _ordered(wv))
-            e = np.abs(_to_float32(mv) - _to_float32(wv))
+            m32, w32 = _to_float32(mv), _to_float32(wv)
+            e = np.abs(m32 - w32)
             rr, cc = off // in_dim, off % in_dim
             dot = abs(float(scale)) * np.einsum("ir,ir->i", np.abs(bt[r0 + rr]), np.abs(at[:, cc].T))
-            allowed = max_ulps * np.abs(np.spacing(_to_float32(wv))) * ULP_SCALE.get(dtype.name, 1.0) \
+            allowed = max_ulps * np.abs(np.spacing(w32)) * ULP_SCALE.get(dtype.name, 1.0) \
                 + 2 * rank * 2.0 ** -24 * dot
-            x = e / np.maximum(allowed, np.finfo(np.float32).tiny)
-            j = int(x.argmax())
-            if x[j] > excess:
+            x_err = e / np.maximum(allowed, np.finfo(np.float32).tiny)
+            nan_m, nan_w = np.isnan(m32), np.isnan(w32)
+            x_err[nan_m != nan_w] = np.inf  # a NaN where base + ΔW is a number, or the reverse: fails
+            x_err[nan_m & nan_w] = 0.0  # NaN both (a NaN in the base): another payload is no error
+            x_err[np.isnan(x_err)] = np.inf  # inf against inf of the other sign
+            j = int(x_err.argmax())
+            if x_err[j] > excess:
                 i = int(off[j])
-                excess, worst_at, err = float(x[j]), (r0 + i // in_dim, i % in_dim), float(e[j])
+                excess, worst_at, err = float(x_err[j]), (r0 + i // in_dim, i % in_dim), float(e[j])
             worst = max(worst, int(ulps.max()))
-        changed += int(np.count_nonzero(m.view(bits) != w.view(bits)))
-    return {"max_ulps": worst, "excess": excess, "worst_at": worst_at, "error_there": err, "max_abs_delta": dw_max,
-            "changed": changed}
+        changed += int(np.count_nonzero(m != w))
+    return {"max_ulps": worst, "excess": excess, "worst_at": worst_at, "error_there": err,
+            "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
 
 
 @contextlib.contextmanager
@@ -244,7 +287,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                     b0, b1 = e["data_offsets"]
                     kind = "merged" if name in deltas else "copied"
                     row = {"tensor": name, "kind": kind, "dtype": e["dtype"], "shape": tuple(e["shape"]),
-                           "max_ulps": 0, "excess": 0.0, "error_there": 0.0, "max_abs_delta": 0.0, "changed": 0,
+                           "max_ulps": 0, "excess": 0.0, "error_there": 0.0, "delta_rms": 0.0, "changed": 0,
                            "ok": True}
                     rows.append(row)
                     if me is None or me["dtype"] != e["dtype"] or me["shape"] != e["shape"]:
