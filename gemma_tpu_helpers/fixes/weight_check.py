@@ -18,8 +18,6 @@ A problem is a row of ``problems``, naming the tensor or file; ``ok`` is True wh
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import filecmp
 import json
 import os
@@ -28,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
@@ -175,39 +174,6 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
 
 
-@contextlib.contextmanager
-def _one_blas_thread():
-    """numpy's OpenBLAS on one thread while the pool's workers run their dots, restored after. Each worker's sgemm
-    would otherwise start OpenBLAS's own threads (cores² threads in all), which wait on each other and on a busy
-    core: measured on 2 cores, one of them busy, 16-64 ms per 1M elements of ΔW (rank 64) vs 1.5 ms on one thread;
-    the whole check of the bench checkpoint went from 34.9 s to 19.8 s on this alone. threadpoolctl does this, but is no
-    dependency here: the OpenBLAS numpy loaded is found in /proc/self/maps and its set_num_threads called (numpy's
-    wheels prefix and suffix the name). Anywhere else (no /proc, MKL, Accelerate) nothing changes."""
-    setter = getter = None
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
-        for path in sorted(libs):
-            lib = ctypes.CDLL(path)
-            for name in ("scipy_openblas{}64_", "openblas{}64_", "scipy_openblas{}", "openblas{}"):
-                if hasattr(lib, name.format("_set_num_threads")):
-                    setter, getter = getattr(lib, name.format("_set_num_threads")), \
-                        getattr(lib, name.format("_get_num_threads"))
-                    break
-            if setter:
-                break
-    except OSError:
-        pass
-    before = getter() if getter else None
-    if setter:
-        setter(1)
-    try:
-        yield
-    finally:
-        if setter and before:
-            setter(before)
-
-
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
                    progress: bool = True, arrays: dict | None = None) -> dict:
     """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, or its latest: a
@@ -273,7 +239,10 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     rows = []
     total = sum((base_dir / s).stat().st_size for s in shards)
     bar = tqdm(total=total, desc="checking weights", unit="B", unit_scale=True, disable=not progress)
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool, _one_blas_thread():
+    # numpy's BLAS on one thread while the pool runs one tensor per core: each worker's sgemm otherwise starts BLAS's
+    # own threads (cores² in all), which wait on each other and on a busy core (measured on 2 cores, one busy:
+    # 16-64 ms per 1M elements of a rank-64 ΔW vs 1.5 ms; the bench checkpoint's check 34.9 s -> 19.8 s)
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool, threadpool_limits(1, user_api="blas"):
         for shard in sorted(shards):
             if shard not in m_shards:
                 bar.update((base_dir / shard).stat().st_size)
