@@ -78,6 +78,8 @@ def main_verify(args) -> int:
         b = f"(bound {r['bound']:.1e}: {res['bound_rule']})" if r["bound"] else ""
         print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
               f"relative {r['rel']:.3e} {b}")
+    for note in res["notes"]:
+        print(f"note: {note}")
     print("verify: OK" if res["ok"] else "verify: FAILED")
     return 0 if res["ok"] else 1
 
@@ -86,7 +88,8 @@ def main_verify_weights(args) -> int:
     profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
     res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
     print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
-          f"{res['max_excess']:.2f} of the allowed rounding), {res['copied_tensors']} copied; "
+          f"{res['max_excess']:.2f} of the allowed rounding; {res['changed_share']:.0%} of their elements changed), "
+          f"{res['copied_tensors']} copied; "
           f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
     table = weight_check.worst_tensors(res, 5)
     if len(table):

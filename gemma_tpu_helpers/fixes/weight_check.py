@@ -39,6 +39,7 @@ CHUNK = 16 << 20
 # Elements per row block of the check (1 MB of fp32): the block's passes (dot, add, compare) stay in a core's
 # L2 cache (4 MB here); 1M-element blocks, the merge's, spilled it: each elementwise pass was up to 3x slower.
 CHECK_BLOCK_ELEMENTS = 1 << 18
+KEPT_SHARE = 0.5  # under this share of targeted elements changed by the merge, a note says ΔW was mostly rounded away
 MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in another order: one rounding apart
 
 
@@ -289,7 +290,15 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     if unchanged:
         notes.append(f"{len(unchanged)} targeted tensor(s) came out bit-equal to the base: their ΔW is below the "
                      f"rounding of {entries[unchanged[0]]['dtype']} (e.g. {unchanged[0]})")
+    # how much of ΔW the stored dtype kept: an element whose ΔW is under half an ulp of W comes out as the base's
+    elements = sum(int(np.prod(r["shape"])) for r in merged_rows if r["ok"])
+    share = sum(r["changed"] for r in merged_rows if r["ok"]) / elements if elements else 1.0
+    if share < KEPT_SHARE:
+        notes.append(f"the merge changed {share:.0%} of the targeted elements: for the rest ΔW is under the rounding "
+                     f"of {merged_rows[0]['dtype']}, so the merged model is partly the base (the unmerged LoRA, e.g. "
+                     f"the PEFT adapter, keeps all of it)")
     return {"ok": not problems, "step": step, "problems": problems, "notes": notes, "tensors": rows,
+            "changed_share": share,
             "merged_tensors": len(merged_rows), "copied_tensors": len(rows) - len(merged_rows),
             "max_ulps": max((r["max_ulps"] or 0 for r in merged_rows), default=0),
             "max_excess": max((r["excess"] for r in merged_rows), default=0.0), "bytes": total,
