@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,15 @@ from .fixes.gemma4 import load_model
 def _profile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help=f"one of {', '.join(profiles.PROFILES)} "
                    f"(default: ${profiles.ENV_VAR}, else smoke when no TPU is visible)")
+
+
+def _data_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", default=None,
+                   help="another copy of the profile's data: a local copy of the dataset's repository, a dataset id or "
+                        "a .jsonl/.json/.parquet file (default: the profile's source)")
+    p.add_argument("--config", default=None,
+                   help=f"the dataset's config (default: the profile's, e.g. sft for CodeV-R1, which a copy of the "
+                        f"repository needs too; a single file has none; '{data.NO_CONFIG}' for a source without configs)")
 
 
 def cmd_setup(args) -> int:
@@ -140,14 +150,14 @@ def cmd_data_stats(args) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    spec = data.with_source(prof.data, args.source, args.config)
     if args.show_example is not None:  # one example as it is trained: the loss span inside ⟦ ⟧
-        view = data.show_row(prof.data, tokenizer, args.show_example, source=args.source)
+        view = data.show_row(spec, tokenizer, args.show_example)
         print(view["text"])
         print(f"\n{view['tokens']} tokens: {view['prompt_tokens']} of prompt (no loss), "
               f"{view['trained_tokens']} trained (inside {''.join(data.TRAINED_MARKS)})")
         return 0
-    prepared = data.prepare(prof.data, tokenizer, prof.train.max_seq_len, prof.train.seed, source=args.source,
-                            progress=False)
+    prepared = data.prepare(spec, tokenizer, prof.train.max_seq_len, prof.train.seed, progress=False)
     padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
                              prof.train.max_seq_len, prof.data.overlong)
     s = prepared.train.stats
@@ -175,6 +185,7 @@ def cmd_train(args) -> int:
         multihost.initialize(args.coordinator, args.num_processes, args.process_id, local_devices=local,
                              timeout_s=args.join_timeout)
 
+    prof = dataclasses.replace(prof, data=data.with_source(prof.data, args.source, args.config))
     result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
                          checkpoint_every=args.checkpoint_every)
     if not multihost.is_main():
@@ -275,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data-stats", help="05: packed vs pad-to-max token use for the profile's data")
     _profile_arg(p)
-    p.add_argument("--source", default=None, help="data source (default: the profile's)")
+    _data_source_args(p)
     p.add_argument("--base", type=cli_path, default=None, help="checkpoint dir whose tokenizer to use (default: the profile's base)")
     p.add_argument("--show-example", type=int, default=None, metavar="N",
                    help="print example N as it is trained (the loss span marked) instead of the statistics")
@@ -287,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", type=cli_path, default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's max_steps")
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")
+    _data_source_args(p)
     g = p.add_argument_group("multi-host (every worker runs the same command; see `launch`)")
     g.add_argument("--coordinator", default=None,
                    help="process 0's HOST:PORT (PORT+1 is used too), or 'auto' on a TPU pod (JAX detects the workers)")

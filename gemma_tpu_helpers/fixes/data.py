@@ -111,8 +111,10 @@ def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, 
                         f"builder for a whole repository from its file types, so a config whose files are of another "
                         f"type fails this way; read those files directly, e.g. load_rows('path/to/file.parquet').") from e
     except ValueError as e:  # datasets: "Config name is missing", "BuilderConfig ... not found", "Unknown split"
-        raise DataError(f"Could not load {where}: {e}\nUse a config and split that exist, as listed "
-                        f"(DataSpec.config / DataSpec.split, or load_rows(..., config=..., split=...)).") from e
+        said = " ".join(str(e).split())
+        raise DataError(f"Could not load {where}: {said} Use a config and split that exist, as listed "
+                        f"(DataSpec.config / DataSpec.split, or load_rows(..., config=..., split=...); on the "
+                        f"command line --config NAME, or --config {NO_CONFIG}).") from e
     if columns:
         absent = [c for c in columns if c not in ds.column_names]
         if absent:
@@ -525,10 +527,30 @@ class Prepared:
     empty_targets: int = 0  # rows dropped before the split: no answer left (e.g. reasoning cut off)
 
 
+NO_CONFIG = "none"  # with_source's config for a source without configs
+
+
+def with_source(spec: DataSpec, source: str | None = None, config: str | None = None) -> DataSpec:
+    """``spec`` reading its data from ``source`` (a local copy of the dataset's repository, another dataset id, or a
+    file) and/or with another ``config`` (``"none"``: the source has no configs). A copy of the same repository keeps
+    the spec's config, as the original needs it (CodeV-R1 declares ``sft`` and ``rl`` and has no default); a single
+    file has no configs, so it drops it."""
+    if source is None and config is None:
+        return spec
+    if config is None:
+        local = source is not None and source != "shipped" and os.path.isfile(os.path.expanduser(source))
+        config = None if local else spec.config
+    elif config == NO_CONFIG:
+        config = None
+    return dataclasses.replace(spec, source=source or spec.source, config=config)
+
+
 def load_profile_rows(spec, source: str | None = None):
-    """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit."""
-    return load_rows(source or spec.source, split=spec.split, columns=dict(spec.columns) or None,
-                     config=spec.config if source is None else None, max_rows=spec.max_rows)
+    """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit (``source``:
+    another copy of the data, see :func:`with_source`)."""
+    spec = with_source(spec, source)
+    return load_rows(spec.source, split=spec.split, columns=dict(spec.columns) or None, config=spec.config,
+                     max_rows=spec.max_rows)
 
 
 def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, source: str | None = None,
