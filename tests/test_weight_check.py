@@ -92,7 +92,7 @@ def test_each_damage_fails_naming_the_tensor_or_file(case, tmp_path):
         "one element of a targeted tensor": (lambda d: _corrupt_element(_shard_of(d, targeted), targeted),
                                              [targeted, "ulps from base"]),
         "a NaN in a targeted tensor": (lambda d: _corrupt_element(_shard_of(d, targeted), targeted, float("nan")),
-                                       [targeted, "ulps"]),
+                                       [targeted, "a NaN or inf at (0, 7)"]),
         "an untargeted tensor": (lambda d: _corrupt_element(_shard_of(d, untargeted), untargeted, 3.0),
                                  [untargeted, "byte-identical"]),
         "a LoRA dropped (the base's tensor)": (

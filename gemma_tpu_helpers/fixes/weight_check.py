@@ -279,7 +279,11 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
             for row, future in pending:
                 row.update(future.result())
                 bar.update(row["shape"][0] * row["shape"][1] * safetensors_io.np_dtype(row["dtype"]).itemsize)
-                if row["excess"] > 1:
+                if row["excess"] > 1 and not np.isfinite(row["error_there"]):  # NaN or inf against a number
+                    row["ok"] = False
+                    problems.append(f"{row['tensor']} in {merged_dir / shard}: a NaN or inf at {row['worst_at']} "
+                                    f"where base + ΔW of step {step} is a number (or the reverse)")
+                elif row["excess"] > 1:
                     row["ok"] = False
                     problems.append(f"{row['tensor']} in {merged_dir / shard}: {row['max_ulps']:,} ulps from base + "
                                     f"ΔW of step {step}, |error| {row['error_there']:.3g} at {row['worst_at']}, "
