@@ -227,6 +227,50 @@ def test_joined_processes_see_global_devices_and_refuse_an_odd_batch():
         assert "Global batch 3 does not divide across 2 processes" in out and "multiple of 2" in out
 
 
+MAIN_FIRST = """
+import sys, time
+from pathlib import Path
+from gemma_tpu_helpers.fixes import multihost
+coordinator, pid, shared, fail = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "fail"
+multihost.initialize(coordinator, 2, pid, local_devices=4, timeout_s=60)
+
+def fetch():  # what train runs as ensure_base: a download into a directory the hosts share
+    with open(shared / "log", "a") as f:
+        f.write(f"start {pid}\\n")
+    if pid == 0:
+        time.sleep(2)
+        if fail:
+            raise OSError("No space left on device")
+        (shared / "base").mkdir()
+    elif not (shared / "base").is_dir():
+        raise SystemExit("process 1 found no base")
+    with open(shared / "log", "a") as f:
+        f.write(f"end {pid}\\n")
+    return "base"
+
+print("got", multihost.main_first(fetch, "fetch the base"), flush=True)
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_one_download_per_pod(fail, tmp_path):
+    """Every worker runs train, which fetches the base into the directory they share: process 0 downloads while the
+    others wait on the distributed runtime (not on file locks: gcsfuse has none), then they find it there. If the
+    download fails, the others say so instead of waiting for a day."""
+    port = _free_port_pair()
+    procs = [_start("-c", MAIN_FIRST, f"127.0.0.1:{port}", i, tmp_path, "fail" if fail else "ok", module=False)
+             for i in (0, 1)]
+    (rc0, out0), (rc1, out1) = _finish(procs, timeout=180)
+    log = (tmp_path / "log").read_text().split()
+    if not fail:
+        assert rc0 == rc1 == 0 and "got base" in out0 and "got base" in out1, (out0[-2000:], out1[-2000:])
+        assert log == ["start", "0", "end", "0", "start", "1", "end", "1"], log  # one after the other
+    else:
+        assert rc0 != 0 and "No space left on device" in out0, out0[-2000:]
+        assert rc1 != 0 and log == ["start", "0"], (log, out1[-2000:])  # process 1 never fetched
+        assert "process 0 could not fetch the base (failed: OSError: No space left on device)" in out1, out1[-2000:]
+
+
 def test_launch_prints_pod_and_local_commands():
     r = run_cli("launch", "--workers", 4, "--tpu", "my-v5p-32", "--zone", "us-east5-a", "--env",
                 "GEMMA_TPU_PROFILE=v5p-8", "--", "train", "--max-steps", 10)

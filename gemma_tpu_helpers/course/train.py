@@ -22,7 +22,7 @@ from ..fixes import mesh as mesh_lib
 from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.infra import absolute_path, config_hash, write_atomic
-from ..fixes.multihost import is_main, process_rows
+from ..fixes.multihost import is_main, main_first, process_rows
 from .profiles import Profile
 
 METADATA = "lora_config.json"
@@ -225,7 +225,8 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
                             f"go under it).")
     base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
-    base = base_model.ensure_base(profile, run_dir, base=base_dir)  # --base DIR: used as it is, or downloaded there
+    # --base DIR: used as it is, or downloaded there; on a pod, by process 0 while the others wait (one download)
+    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base")
     mesh = profile.make_mesh()
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:

@@ -200,6 +200,41 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+MAIN_FIRST_TIMEOUT_S = 24 * 3600  # how long the others wait for process 0 (a 62 GB download on a slow link: hours)
+
+
+def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S):
+    """``fn()`` in process 0 first, then in the others, which find its work done (a download into a directory all
+    hosts share, e.g. the base checkpoint: one download per pod, not one per host racing into the same files).
+
+    The others wait on the distributed runtime's key-value store (what ``jax.distributed`` joined), not on the
+    filesystem: a bucket mounted with gcsfuse has no locks. If ``fn`` fails in process 0, the others raise
+    MultihostError naming its error instead of waiting. One process (or none joined): just ``fn()``."""
+    import jax
+
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+        return fn()
+    from jax._src.distributed import global_state
+
+    client, key = global_state.client, "gemma_tpu/main_first/" + name.replace(" ", "_")
+    if jax.process_index() == 0:
+        try:
+            out = fn()
+        except BaseException as e:
+            client.key_value_set(key, f"failed: {type(e).__name__}: {e}", allow_overwrite=True)
+            raise
+        client.key_value_set(key, "done", allow_overwrite=True)  # a second call in the same job: done again
+        return out
+    try:
+        said = client.blocking_key_value_get(key, int(timeout_s * 1000))
+    except Exception as e:  # the runtime's timeout (or process 0 gone): one line, not a C++ status dump
+        raise MultihostError(f"waited {timeout_s:.0f} s for process 0 to {name} ({type(e).__name__}); check "
+                             f"process 0's output.") from None
+    if said != "done":
+        raise MultihostError(f"process 0 could not {name} ({said}); fix that and run again on every worker.")
+    return fn()
+
+
 def process_rows(mesh, global_batch: int, axis: str = "fsdp") -> slice:
     """The rows of a global batch that this process's devices hold when the batch is sharded over ``axis``.
 
