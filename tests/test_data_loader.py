@@ -211,7 +211,7 @@ def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):
     real = profiles.get_profile("v5p-8").data
     spec = data.with_source(real, str(copy))
     assert (spec.source, spec.config, spec.max_rows) == (str(copy), "sft", real.max_rows)
-    assert data.load_profile_rows(real, str(copy))["prompt"] == data.load_rows("shipped")["prompt"]
+    assert data.load_profile_rows(spec)["prompt"] == data.load_rows("shipped")["prompt"]
     assert data.with_source(real, str(copy), "rl").config == "rl"
     with pytest.raises(data.DataError, match=r"Config name is missing.* --config NAME"):
         data.load_profile_rows(data.with_source(real, str(copy), data.NO_CONFIG))

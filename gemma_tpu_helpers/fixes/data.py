@@ -331,9 +331,9 @@ def show_example(tokenizer, messages: list[dict], chat_template: str | None = No
             "prompt_tokens": int(len(ids) - mask.sum())}
 
 
-def show_row(spec: DataSpec, tokenizer, index: int, source: str | None = None) -> dict:
+def show_row(spec: DataSpec, tokenizer, index: int) -> dict:
     """Row ``index`` of the data ``spec`` names (in source order) as :func:`show_example` shows it: what is trained."""
-    rows = load_profile_rows(spec, source)
+    rows = load_profile_rows(spec)
     if not 0 <= index < len(rows):
         raise DataError(f"--show-example {index}: the data has rows 0 to {len(rows) - 1}.")
     return show_example(tokenizer, spec_messages(rows[index], spec))
@@ -545,19 +545,17 @@ def with_source(spec: DataSpec, source: str | None = None, config: str | None = 
     return dataclasses.replace(spec, source=source or spec.source, config=config)
 
 
-def load_profile_rows(spec, source: str | None = None):
-    """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit (``source``:
-    another copy of the data, see :func:`with_source`)."""
-    spec = with_source(spec, source)
+def load_profile_rows(spec):
+    """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit (another copy of
+    the data: :func:`with_source`)."""
     return load_rows(spec.source, split=spec.split, columns=dict(spec.columns) or None, config=spec.config,
                      max_rows=spec.max_rows)
 
 
-def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, source: str | None = None,
-            progress: bool = True) -> Prepared:
+def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, progress: bool = True) -> Prepared:
     """Load, split (``seed``), normalise, tokenise and pack to ``max_seq_len`` the data ``spec`` names (the whole
     notebook-05 pipeline)."""
-    rows = load_profile_rows(spec, source)
+    rows = load_profile_rows(spec)
     kept = rows.filter(lambda r: bool(training_target(r["response"], spec.target).strip()))
     train_rows, eval_rows = split_rows(kept, spec.eval_fraction, seed)
     layout = pack if spec.pack else pad_to_max
