@@ -21,7 +21,7 @@ imported from another module.
 TIERS = (
     ("fixes", (
         ("core", ("errors", "infra", "compat", "chat_format", "inputs")),
-        ("models", ("gemma4", "layout", "data", "mesh", "multihost")),
+        ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
         ("step", ("lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
                        "peft_export", "serve", "greedy", "adapters", "evaluate")),

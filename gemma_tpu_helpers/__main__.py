@@ -16,6 +16,7 @@ from .fixes import data, gemma4, multihost, parity, peft_export
 from .fixes import mesh as mesh_lib
 from .fixes.errors import run_cli
 from .fixes.infra import cli_path
+from .fixes.preemption import PREEMPTED_EXIT
 from .fixes.gemma4 import load_model
 
 
@@ -205,7 +206,7 @@ def cmd_launch(args) -> int:
                                          python=args.python or (sys.executable if not args.tpu else ".venv/bin/python"),
                                          env=env)
     print(multihost.format_commands(commands), flush=True)
-    return multihost.run_commands(commands, timeout_s=args.timeout) if args.run else 0
+    return multihost.run_commands(commands, timeout_s=args.timeout, wait_on=(PREEMPTED_EXIT,)) if args.run else 0
 
 
 def cmd_eval(args) -> int:
@@ -292,7 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print example N as it is trained (the loss span marked) instead of the statistics")
     p.set_defaults(func=cmd_data_stats)
 
-    p = sub.add_parser("train", help="06: LoRA training with Orbax checkpoints; resumes automatically")
+    p = sub.add_parser("train", help="06: LoRA training with Orbax checkpoints; resumes automatically",
+                       epilog=f"Spot TPUs: on SIGTERM (the preemption notice) training ends the step it is in, "
+                              f"every worker saves a checkpoint of that same step, and the command exits "
+                              f"{PREEMPTED_EXIT}; run it again to resume from that step.")
     _profile_arg(p)
     p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>)")
     p.add_argument("--base", type=cli_path, default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")

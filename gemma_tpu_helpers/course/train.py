@@ -23,6 +23,7 @@ from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.infra import absolute_path, config_hash, write_atomic
 from ..fixes.multihost import is_main, main_first, process_rows
+from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 from .profiles import Profile
 
 METADATA = "lora_config.json"
@@ -35,6 +36,17 @@ class TrainingError(GemmaTpuError, RuntimeError):
 
 class NonFiniteLossError(TrainingError):
     pass
+
+
+class Preempted(TrainingError):
+    """SIGTERM (a spot TPU's preemption notice) stopped training after a step that every process saved. The CLI
+    prints the message after ``preempted:`` and exits with :data:`PREEMPTED_EXIT` (75); the same command resumes."""
+
+    label, exit_code = "preempted", PREEMPTED_EXIT
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 class GlobalBatches:
@@ -103,15 +115,23 @@ class TrainResult:
     seconds: float
 
 
-def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True):
+class _PreemptionStop(Exception):
+    """Raised by the recorder's hook to leave tunix's loop at once; ``train`` saves the step and raises
+    :class:`Preempted`."""
+
+
+def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True,
+              watch: PreemptionWatch | None = None, accum: int = 1):
     from tunix.sft import hooks
 
     class Recorder(hooks.TrainingHooks):
-        """Writes one metrics line per optimizer step; stops on a non-finite loss."""
+        """Writes one metrics line per optimizer step; stops on a non-finite loss, and before the optimizer step
+        that follows the one where ``watch`` sees the preemption."""
 
         def __init__(self):
             self.last = time.perf_counter()
             self.rows = []
+            self.preempted_at: int | None = None
 
         def on_train_start(self, trainer):
             self.last = time.perf_counter()
@@ -120,7 +140,14 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             pass
 
         def on_train_step_start(self, trainer):
-            pass
+            """Before each micro-batch; at an optimizer step's first, ``trainer.train_steps`` steps are done and
+            saved if due (tunix calls ``on_train_step_end`` a step late, so the check cannot go there)."""
+            if watch is None or trainer.iter_steps % accum:
+                return
+            done = int(trainer.train_steps)
+            if watch.reached(done):
+                self.preempted_at = done
+                raise _PreemptionStop
 
         def on_eval_step_start(self, trainer):
             pass
@@ -204,6 +231,9 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
 
     ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests).
 
+    On SIGTERM (a spot TPU's preemption notice) the step in progress ends, every process saves a checkpoint of the
+    same step (``fixes/preemption.py``), and :class:`Preempted` is raised; calling this again resumes from there.
+
     Multi-host (after ``multihost.initialize``): every process calls this with the same arguments and ``run_dir``
     (a directory all hosts share; ``gs://`` paths are not supported yet). The mesh spans all processes' devices;
     each process feeds its rows of each global batch; Orbax writes and restores the checkpoints from all processes;
@@ -273,19 +303,39 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         start_step = trainer.train_steps
         if main:
             _trim_metrics(metrics_path, start_step)
-        recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix, write=main)
-        trainer.with_training_hooks(recorder)
-        try:
-            trainer.train(train_ds, eval_ds)
-        except BaseException:
-            trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
-            raise
+        with PreemptionWatch() as watch:
+            # the step we start from, reported at once: JAX's sync drops a notice that comes before any report
+            watch.reached(start_step)
+            recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix,
+                                 write=main, watch=watch, accum=t.grad_accum)
+            trainer.with_training_hooks(recorder)
+            try:
+                trainer.train(train_ds, eval_ds)  # ends with trainer.close(): saves the last step if not saved yet
+            except _PreemptionStop:
+                trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed
+            except BaseException:
+                trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
+                raise
     jax.effects_barrier()
     seconds = time.perf_counter() - started
+    if recorder.preempted_at is not None:
+        _preempted(recorder.preempted_at, steps, ckpt_dir, watch.signal_at)
     if main:
         write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1)}))
     _sync("train done")  # the others read process 0's metrics file only once it is complete
     return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds)
+
+
+def _preempted(step: int, steps: int, ckpt_dir: Path, signal_at: float | None) -> None:
+    _sync("train preempted")  # every process has saved: none exits while another still writes
+    saved = latest_step(ckpt_dir)
+    if saved != step:
+        raise TrainingError(f"training stopped for a preemption at step {step}, but the latest checkpoint in "
+                            f"{ckpt_dir} is {saved}: the save did not complete. Run the same command to resume "
+                            f"from step {saved}.")
+    after = f", {time.monotonic() - signal_at:.1f} s after the signal" if signal_at is not None else ""
+    raise Preempted(f"SIGTERM: stopped after step {step} of {steps} and saved it in {ckpt_dir / str(step)}{after}. "
+                    f"Run the same command again to resume from step {step} (exit code {PREEMPTED_EXIT}).", step)
 
 
 def _sync(name: str) -> None:

@@ -14,11 +14,12 @@ class GemmaTpuError(Exception):
 
 def run_cli(command, args) -> int:
     """Run a CLI command ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no
-    traceback) and exits 2. Every command of ``python -m gemma_tpu_helpers`` goes through here, once."""
+    traceback) and exits 2. Every command of ``python -m gemma_tpu_helpers`` goes through here, once. An error
+    class may set its own ``label`` and ``exit_code`` (a preempted training: ``preempted: ...``, 75)."""
     import sys
 
     try:
         return command(args)
     except (GemmaTpuError, ValueError, FileExistsError) as e:  # bad input or set-up (ValueError: argparse values)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        print(f"{getattr(e, 'label', 'error')}: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", 2)

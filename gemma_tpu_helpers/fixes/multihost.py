@@ -305,9 +305,11 @@ def format_commands(commands: list[list[str]]) -> str:
     return "\n".join(" ".join(map(_quote, cmd)) for cmd in commands)
 
 
-def run_commands(commands: list[list[str]], timeout_s: float | None = None) -> int:
+def run_commands(commands: list[list[str]], timeout_s: float | None = None, wait_on: tuple[int, ...] = ()) -> int:
     """Run the commands at once on this machine (local workers, or the one gcloud line); the first failure (or the
-    timeout) ends the others. Returns the first non-zero exit code, else 0."""
+    timeout) ends the others. Returns the first non-zero exit code, else 0. An exit code in ``wait_on`` ends nothing
+    (a preempted worker, ``preemption.PREEMPTED_EXIT``: the others are saving the same step and stop by
+    themselves); it is returned once all have stopped."""
     import subprocess
 
     procs = []
@@ -321,11 +323,11 @@ def run_commands(commands: list[list[str]], timeout_s: float | None = None) -> i
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
+            failed = [c for c in codes if c not in (None, 0, *wait_on)]
             if failed:
                 return failed[0]
-            if all(c == 0 for c in codes):
-                return 0
+            if None not in codes:
+                return next((c for c in codes if c != 0), 0)
             if deadline is not None and time.monotonic() > deadline:
                 print(f"launch: workers still running after {timeout_s:g} s; stopping them", file=sys.stderr)
                 return 124

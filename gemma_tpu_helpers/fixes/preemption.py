@@ -1,0 +1,73 @@
+"""Spot and preemptible TPUs: on the preemption notice (SIGTERM, then about 30 s), stop at a step boundary that every
+process agrees on, with a checkpoint of that step, instead of losing everything since the last periodic checkpoint.
+
+How to use it in a training loop (``course/train.py`` does this through a tunix hook)::
+
+    with PreemptionWatch() as watch:
+        watch.reached(start)                 # at once: JAX's sync drops a notice that comes before any report
+        for step in range(start + 1, end + 1):
+            train_step(...)
+            if watch.reached(step):          # every process, every step, the same step numbers
+                save_checkpoint(step)        # all save this same step (Orbax's CheckpointManager does it itself)
+                sys.exit(PREEMPTED_EXIT)     # 75: "try again"; a restart resumes from the saved step
+
+- **Several processes** (after ``jax.distributed.initialize``): JAX's distributed runtime catches SIGTERM itself (its
+  preemption notifier; ``jax_enable_preemption_service``, on by default) and tells every process. Each then calls
+  ``multihost_utils.reached_preemption_sync_point(step)`` at every step; it turns True on all of them at the same
+  step: one past the furthest step any process had reported. A home-made flag would not do: a SIGTERM that reaches
+  one host only would stop that host and leave the others waiting in the next collective. Orbax's
+  ``CheckpointManager.should_save`` asks the same question, so it saves that step even between periodic saves.
+- **One process**: JAX has no preemption service, so a Python SIGTERM handler sets a flag; the step in progress ends,
+  then ``reached`` says True. A second SIGTERM ends the process at once (the default action is restored).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again to resume
+
+
+class PreemptionWatch:
+    """Watches for the preemption notice while training runs; a context manager (the SIGTERM handler of one
+    process is installed on entry and the previous one put back on exit)."""
+
+    def __init__(self):
+        self.signal_at: float | None = None  # this process's SIGTERM, time.monotonic() (one process only)
+        self._previous = None
+        self._installed = False
+
+    @staticmethod
+    def _distributed() -> bool:
+        """JAX's preemption service runs (it starts with ``jax.distributed.initialize`` unless switched off)."""
+        import jax
+
+        return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
+
+    def __enter__(self) -> "PreemptionWatch":
+        if not self._distributed():
+            try:
+                self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+                self._installed = True
+            except ValueError:  # not the main thread: no handler, the default action stays
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.signal_at = time.monotonic()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process
+
+    def reached(self, step: int) -> bool:
+        """True at the step where this process (and, with several, every process) should save and stop. Call it
+        once per step, with the same increasing step numbers in every process."""
+        if self._distributed():
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(int(step))
+        return self.signal_at is not None
