@@ -44,10 +44,6 @@ class Preempted(TrainingError):
 
     label, exit_code = "preempted", PREEMPTED_EXIT
 
-    def __init__(self, message: str, step: int):
-        super().__init__(message)
-        self.step = step
-
 
 class GlobalBatches:
     """This process's rows of each global batch (numpy, from :func:`data.batches`) as global ``jax.Array`` s sharded
@@ -335,7 +331,7 @@ def _preempted(step: int, steps: int, ckpt_dir: Path, signal_at: float | None) -
                             f"from step {saved}.")
     after = f", {time.monotonic() - signal_at:.1f} s after the signal" if signal_at is not None else ""
     raise Preempted(f"SIGTERM: stopped after step {step} of {steps} and saved it in {ckpt_dir / str(step)}{after}. "
-                    f"Run the same command again to resume from step {step} (exit code {PREEMPTED_EXIT}).", step)
+                    f"Run the same command again to resume from step {step} (exit code {PREEMPTED_EXIT}).")
 
 
 def _sync(name: str) -> None:
