@@ -192,8 +192,11 @@ def cmd_train(args) -> int:
     if not multihost.is_main():
         return 0
     m = result.metrics.dropna(subset=["loss"])
+    plot = result.checkpoint_dir.parent / "train" / "loss.png"
+    train.plot_loss(result.metrics, plot)
     print(f"trained steps {result.start_step}..{result.total_steps} in {result.seconds:.1f} s; "
-          f"loss {m['loss'].iloc[0]:.4f} -> {m['loss'].iloc[-1]:.4f}; checkpoints in {result.checkpoint_dir}")
+          f"loss {m['loss'].iloc[0]:.4f} -> {m['loss'].iloc[-1]:.4f}; checkpoints in {result.checkpoint_dir}; "
+          f"loss curve {plot}")
     return 0
 
 

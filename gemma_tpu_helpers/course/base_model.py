@@ -37,7 +37,7 @@ def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | N
     if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
         gemma4.check_checkpoint(base)
         return base
-    base = base or absolute_path(run_dir or profile.run_dir(), "run directory") / "base"
+    base = base or profile.local_dir(run_dir) / "base"  # local, also for a gs:// run directory
     if profile.model.source == "tiny":
         return tiny.ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
                                       variant=profile.model.tiny_variant)
@@ -55,7 +55,7 @@ def ensure_check_model(profile, run_dir: str | Path | None = None) -> Path:
     """
     if profile.model.source == "tiny":
         return ensure_base(profile, run_dir)
-    return tiny.ensure_tiny_model(Path(run_dir or profile.run_dir()) / "tiny",
+    return tiny.ensure_tiny_model(profile.local_dir(run_dir) / "tiny",
                                   variant=HUB_IDS.get(profile.model.source, "31b"))
 
 
@@ -70,7 +70,7 @@ def ensure_tokenizer(profile, run_dir: str | os.PathLike | None = None, base: st
             raise hub.HubError(f"{base} holds no tokenizer ({' or '.join(hub.TOKENIZER_FILES)}): pass a checkpoint "
                                f"directory with --base, or leave it out to fetch the profile's tokenizer.")
         return Path(base)
-    run_dir = Path(run_dir or profile.run_dir())
+    run_dir = profile.local_dir(run_dir)
     if profile.model.source == "tiny":
         return ensure_base(profile, run_dir)
     if hub.has_tokenizer(run_dir / "base"):

@@ -491,7 +491,7 @@ def main_bench(args) -> int:
     signal.signal(signal.SIGHUP, _exit)
     try:
         prof = profiles.get_profile(args.profile)
-        out = Path(args.out) if args.out else prof.run_dir() / "bench"
+        out = Path(args.out) if args.out else prof.local_dir() / "bench"
         input_lens = parse_list(args.input_lens, int, "--input-lens")
         qps = parse_list(args.qps, float, "--qps")
         url, model = args.url, args.model

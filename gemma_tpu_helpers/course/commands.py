@@ -32,9 +32,9 @@ def merge_paths(args) -> tuple[Path, Path, Path]:
     if args.profile is None and None in (args.base, args.checkpoint, args.out):
         raise merge.MergeError("merge needs --base, --checkpoint and --out, or --profile NAME to take them "
                                "from runs/<profile>/ (base, checkpoints, merged).")
-    run_dir = profiles.get_profile(args.profile).run_dir() if args.profile else None
-    pick = lambda given, name: Path(given) if given is not None else run_dir / name  # noqa: E731
-    return pick(args.base, "base"), pick(args.checkpoint, "checkpoints"), pick(args.out, "merged")
+    prof = profiles.get_profile(args.profile) if args.profile else None
+    run_dir, local = (prof.run_dir(), prof.local_dir()) if prof else (None, None)  # local: base, merged
+    return (args.base or local / "base", args.checkpoint or run_dir / "checkpoints", args.out or local / "merged")
 
 
 def main_merge(args) -> int:
@@ -118,7 +118,7 @@ def main_eval(args) -> int:
     """``evaluate.main_eval`` with the calibrations kept in the profile's run directory unless --run-dir says."""
     if not args.run_dir:
         try:
-            args.run_dir = profiles.get_profile(args.profile).run_dir()
+            args.run_dir = profiles.get_profile(args.profile).local_dir()
         except ValueError as e:
             raise evaluate.EvalError(f"{e} (or pass --run-dir)") from None
     return evaluate.main_eval(args)

@@ -236,7 +236,7 @@ def checks(profile, run_dir: str | os.PathLike | None = None, base: str | os.Pat
     """Every pre-flight check for a TPU profile (``setup`` prints them); none for a CPU profile."""
     if profile.hardware.platform != "tpu":
         return []
-    run_dir = Path(run_dir or profile.run_dir())
+    run_dir = profile.local_dir(run_dir)
     return [check_versions(profile), check_tpu(profile), check_hbm(profile), check_disk(profile, run_dir, base),
             check_ram(profile)]
 

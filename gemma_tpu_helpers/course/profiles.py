@@ -139,20 +139,32 @@ class Profile:
         hw = self.hardware
         return serve.ServeTarget(name=self.name, platform=hw.platform, chips=hw.num_devices, spec=self.serve,
                                  dtype=self.model.dtype, hosts=hw.hosts, max_lora_rank=self.lora.rank,
-                                 hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.run_dir() / "serve")
+                                 hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.local_dir() / "serve")
 
     def run_dir(self, root: str | os.PathLike | None = None) -> Path:
         """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout),
-        absolute."""
-        root = root or os.environ.get("GEMMA_TPU_RUNS")
-        if root is None:
-            checkout = Path(__file__).resolve().parents[2]
-            root = checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
-        root = infra.absolute_path(root, "runs root")  # relative: to the current directory, once
+        absolute. A ``gs://`` root gives an ``etils.epath.Path``: training keeps its checkpoints, metrics and
+        ``done.json`` there; local files (the base, the merged model) go to :meth:`local_dir`."""
+        root = root or os.environ.get("GEMMA_TPU_RUNS") or _default_root()
+        root = infra.absolute_path(root, "runs root", remote=True)  # relative: to the current directory, once
         if root.exists() and not root.is_dir():
             raise infra.PathArgumentError(f"the runs root {root} is a file; give a directory (--runs, "
                                           f"$GEMMA_TPU_RUNS): run directories go under it as <root>/<profile>.")
         return root / self.name
+
+
+    def local_dir(self, run_dir: str | os.PathLike | None = None) -> Path:
+        """Where this profile's local files go (the base checkpoint, the merged model, logs): the run directory
+        itself, or ``runs/<profile>/`` in the course checkout when the run directory is on ``gs://``."""
+        run_dir = run_dir or self.run_dir()
+        if infra.is_remote(run_dir):
+            return self.run_dir(_default_root())
+        return infra.absolute_path(run_dir, "run directory")
+
+
+def _default_root() -> Path:
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
 
 
 _PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..fixes import gemma4, serve
 from ..fixes.lora import apply_lora, coverage_of_regex, summary
+from ..fixes.infra import path_id
 from ..fixes.merge import merge_lora, read_merge_info
 from ..fixes.sharding import plan_lora_sharding
 from . import base_model, train
@@ -43,14 +44,14 @@ def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = T
     Cached: rebuilt when the latest checkpoint step, the checkpoint directory, or the LoRA arrays' recorded source
     changed. How notebooks 08 (serving) and 09 (evaluation) stay standalone.
     """
-    run_dir = Path(run_dir or profile.run_dir())
+    run_dir = run_dir or profile.run_dir()
     ckpt = train.ensure_trained(profile, run_dir, progress=progress)
     base = base_model.ensure_base(profile, run_dir)
-    out = run_dir / "merged"
+    out = profile.local_dir(run_dir) / "merged"  # local, also for a gs:// run directory
     info = read_merge_info(out)
     step = train.latest_step(ckpt)
-    if info and info.get("step") == step and Path(info.get("checkpoint_dir", "")) == ckpt.resolve() \
-            and Path(info.get("base_dir", "")) == base.resolve():
+    if info and info.get("step") == step and info.get("checkpoint_dir") == path_id(ckpt) \
+            and info.get("base_dir") == path_id(base):
         return out
     merge_lora(base, ckpt, out, overwrite=True, progress=progress)
     return out

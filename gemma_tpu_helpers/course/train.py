@@ -17,11 +17,12 @@ import numpy as np
 
 from . import base_model
 from ..fixes import gemma4, lora, remat
+from ..fixes.lora_checkpoint import list_steps
 from ..fixes import data as data_lib
 from ..fixes import mesh as mesh_lib
 from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
-from ..fixes.infra import absolute_path, config_hash, write_atomic
+from ..fixes.infra import absolute_path, config_hash, is_remote, to_path, write_atomic
 from ..fixes.multihost import is_main, main_first, process_rows
 from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 from .profiles import Profile
@@ -82,6 +83,7 @@ def lora_metadata(profile: Profile, text_config: dict) -> dict:
 
 def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
     """Refuse to resume from checkpoints of another LoRA configuration; write the metadata for a fresh run."""
+    ckpt_dir = to_path(ckpt_dir)
     path = ckpt_dir / METADATA
     steps = [p for p in ckpt_dir.iterdir() if p.name.isdigit()] if ckpt_dir.is_dir() else []
     if path.is_file():
@@ -128,6 +130,14 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             self.last = time.perf_counter()
             self.rows = []
             self.preempted_at: int | None = None
+            # the file is rewritten whole at each line (one upload on gs://, where nothing appends)
+            self.lines = path.read_text().splitlines(keepends=True) if write and path.is_file() else []
+
+        def record(self, row: dict) -> None:
+            self.rows.append(row)
+            if write:  # process 0 only; every process sees the same (global) loss
+                self.lines.append(json.dumps(row) + "\n")
+                write_atomic(path, "".join(self.lines))
 
         def on_train_start(self, trainer):
             self.last = time.perf_counter()
@@ -157,10 +167,7 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             row = {"step": step, "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(grad),
                    "step_s": now - self.last, "tokens": tokens, "tokens_per_s": tokens / max(now - self.last, 1e-9)}
             self.last = now
-            self.rows.append(row)
-            if write:  # process 0 only; every process sees the same (global) loss
-                with path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            self.record(row)
             if not math.isfinite(loss):
                 raise NonFiniteLossError(
                     f"Loss is {loss} at step {step}. Training stopped; the update was skipped, so the latest "
@@ -168,11 +175,7 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
 
         def on_eval_step_end(self, trainer, eval_loss):
             loss = float(trainer.metrics_logger.get_metric_history(prefix, "loss", "eval")[-1])
-            row = {"step": int(trainer.train_steps), "eval_loss": loss}
-            self.rows.append(row)
-            if write:
-                with path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            self.record({"step": int(trainer.train_steps), "eval_loss": loss})
 
     return Recorder()
 
@@ -188,7 +191,7 @@ def read_metrics(run_dir: str | Path):
     """The training metrics as a DataFrame (last value per step wins)."""
     import pandas as pd
 
-    path = Path(run_dir) / "train" / "metrics.jsonl"
+    path = to_path(run_dir) / "train" / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
     if not rows:
         return pd.DataFrame(columns=["step", "loss", "eval_loss"])
@@ -231,7 +234,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     same step (``fixes/preemption.py``), and :class:`Preempted` is raised; calling this again resumes from there.
 
     Multi-host (after ``multihost.initialize``): every process calls this with the same arguments and ``run_dir``
-    (a directory all hosts share; ``gs://`` paths are not supported yet). The mesh spans all processes' devices;
+    (a directory all hosts share, or ``gs://BUCKET/PATH``). The mesh spans all processes' devices;
     each process feeds its rows of each global batch; Orbax writes and restores the checkpoints from all processes;
     process 0 alone writes the metrics, ``done.json`` and the LoRA metadata. The returned metrics are process 0's
     file, read by every process.
@@ -246,7 +249,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     if overrides:
         t = dataclasses.replace(t, **overrides)
         profile = dataclasses.replace(profile, train=t)
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory")  # Orbax needs absolute paths
+    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)  # Orbax: absolute paths
     if run_dir.exists() and not run_dir.is_dir():
         raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
                             f"go under it).")
@@ -291,7 +294,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         checkpoint_root_directory=str(ckpt_dir), checkpointing_options=options,
         pbar_description="training" if progress and main else None)
     metrics_path = run_dir / "train" / "metrics.jsonl"
-    if main:
+    if main and not is_remote(metrics_path):
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with mesh_lib.trainer_context(mesh):
@@ -344,7 +347,7 @@ def _sync(name: str) -> None:
 
 
 def latest_step(checkpoint_dir: str | Path) -> int | None:
-    steps = [int(p.name) for p in Path(checkpoint_dir).iterdir() if p.name.isdigit()] if Path(checkpoint_dir).is_dir() else []
+    steps = list_steps(checkpoint_dir)
     return max(steps) if steps else None
 
 
@@ -363,8 +366,11 @@ def plot_loss(metrics, path: str | Path | None = None):
     ax.legend()
     fig.tight_layout()
     if path and is_main():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
+        path = to_path(path)
+        if not is_remote(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:  # also on gs://
+            fig.savefig(f, dpi=100, format=path.suffix.lstrip(".") or "png")
     return fig
 
 
@@ -373,7 +379,7 @@ def ensure_trained(profile: Profile, run_dir: str | Path | None = None, progress
 
     How later notebooks (merge, serve, evaluate) stay standalone: the first one to need a trained LoRA trains it.
     """
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory")
+    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
     ckpt_dir = run_dir / "checkpoints"
     done = run_dir / "train" / DONE
     if not (done.is_file() and latest_step(ckpt_dir) == json.loads(done.read_text())["steps"]):

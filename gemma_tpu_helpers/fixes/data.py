@@ -23,6 +23,7 @@ import numpy as np
 
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
+from .infra import is_remote, local_copy
 from .inputs import BATCH_DTYPES
 
 
@@ -55,6 +56,7 @@ SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-
 SHIPPED_CONFIG = "sft"
 SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
 REQUIRED = ("prompt", "response")
+CACHE_ENV = "GEMMA_TPU_CACHE"  # where a gs:// data source's local copy goes (default ~/.cache/gemma-tpu), under gs/
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -66,6 +68,8 @@ def _load_dataset_args(source: str, config: str | None = None) -> tuple[tuple, d
     """``datasets.load_dataset`` arguments for a source: ``(path[, config]), kwargs``."""
     if source == "shipped":
         return (str(SHIPPED_REPLICA), config or SHIPPED_CONFIG), {}
+    if is_remote(source):  # datasets reads a repository's configs from local files only: a synced local copy
+        source = str(local_copy(source, Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gemma-tpu") / "gs"))
     path = Path(os.path.abspath(os.path.expanduser(source)))  # a local file or folder, relative to the current dir
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix)
@@ -538,7 +542,8 @@ def with_source(spec: DataSpec, source: str | None = None, config: str | None = 
     if source is None and config is None:
         return spec
     if config is None:
-        local = source is not None and source != "shipped" and os.path.isfile(os.path.expanduser(source))
+        local = source is not None and source != "shipped" and (
+            Path(source).suffix in _FILE_BUILDERS if is_remote(source) else os.path.isfile(os.path.expanduser(source)))
         config = None if local else spec.config
     elif config == NO_CONFIG:
         config = None

@@ -34,42 +34,84 @@ class PathArgumentError(GemmaTpuError, ValueError):
     """A path argument that names nothing (an empty string)."""
 
 
-def absolute_path(path: str | os.PathLike, what: str = "path") -> Path | str:
+def is_remote(path) -> bool:
+    """A ``gs://`` path (a string or an ``etils.epath.Path``)."""
+    return os.fspath(path).startswith(REMOTE_SCHEMES)
+
+
+def to_path(path: str | os.PathLike):
+    """``pathlib.Path`` for a local path; ``etils.epath.Path`` (the same API: ``/``, ``exists``, ``iterdir``,
+    ``read_text``, ``open``, ...; gcsfs underneath) for ``gs://...``, the path type Orbax itself uses."""
+    if is_remote(path):
+        _fresh_gcs_listings()
+        from etils import epath
+
+        return epath.Path(os.fspath(path))
+    return Path(path)
+
+
+def _fresh_gcs_listings() -> None:
+    """gcsfs caches folder listings for the life of a process, and ``exists``/``is_file`` answer from them: a step
+    another process saved, or ``done.json`` written since, stays invisible. Off for every gs:// filesystem made
+    after this (fsspec's per-protocol defaults; epath and :func:`local_copy` make theirs through fsspec)."""
+    import fsspec
+
+    fsspec.config.conf.setdefault("gs", {})["use_listings_cache"] = False
+
+
+def absolute_path(path: str | os.PathLike, what: str = "path", remote: bool = False):
     """``path`` made absolute against the current directory (``~`` expanded, ``..`` folded), once, where it comes
     in: later code may change directory or hand it to a library that needs an absolute path (Orbax, tensorstore,
-    a server started in its log folder). ``gs://...`` comes back unchanged, as a string. An empty path raises
-    :class:`PathArgumentError` (it would otherwise mean the current directory)."""
+    a server started in its log folder). An empty path raises :class:`PathArgumentError` (it would otherwise mean
+    the current directory).
+
+    ``gs://...``: an ``etils.epath.Path`` where the caller reads and writes it through that API (``remote=True``),
+    else :class:`PathArgumentError` saying so in one line, with the fix (copy it to a local directory)."""
     text = os.fspath(path)
     if not str(text).strip():
         raise PathArgumentError(f"the {what} is empty; give a directory or file name (relative to the current "
                                 f"directory, or absolute).")
-    if str(text).startswith(REMOTE_SCHEMES):
-        return str(text)
+    if is_remote(text):
+        if not remote:
+            raise PathArgumentError(f"the {what} {text} is on Cloud Storage, and this step reads and writes it as "
+                                    f"local files; copy it to a local directory first (gcloud storage cp -r "
+                                    f"{text} DIR) and pass DIR.")
+        return to_path(text)
     return Path(os.path.abspath(os.path.expanduser(text)))
 
 
-def cli_path(text: str) -> Path | str:
+def path_id(path: str | os.PathLike) -> str:
+    """The text that names ``path`` in records (merge_info.json, ...): resolved locally (links followed),
+    the ``gs://`` URL as it is."""
+    return os.fspath(path) if is_remote(path) else str(Path(path).resolve())
+
+
+def cli_path(text: str):
     """An ``argparse`` ``type=`` for path arguments: :func:`absolute_path`, with argparse's own one-line usage
-    error (exit 2) for an empty one."""
+    error (exit 2) for an empty one. ``gs://`` paths pass here; the step that gets one says if it cannot use it."""
     import argparse
 
     try:
-        return absolute_path(text)
+        return absolute_path(text, remote=True)
     except PathArgumentError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
+def write_atomic(path: str | os.PathLike, text: str):
     """Write ``text`` to a temp file beside ``path``, then rename it over ``path``: a reader sees the old file or
-    the new one, never half of one (also when the writer is killed)."""
+    the new one, never half of one (also when the writer is killed). On ``gs://`` one upload does the same (an
+    object appears whole or not at all)."""
     return write_lines_atomic(path, [text])
 
 
-def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite: bool = True) -> Path:
+def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite: bool = True):
     """:func:`write_atomic` for text produced piece by piece; ``overwrite=False`` refuses to replace a file."""
-    path = Path(path)
+    path = to_path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+    if is_remote(path):  # no rename on Cloud Storage (a copy); a single upload is atomic already
+        path.write_text("".join(chunks), encoding="utf-8")
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -82,6 +124,51 @@ def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite
             os.unlink(tmp)
         raise
     return path
+
+
+def local_copy(url: str, cache_dir: str | os.PathLike) -> Path:
+    """A local copy of ``gs://BUCKET/PATH`` (an object, or every object under a folder) in
+    ``cache_dir/BUCKET/PATH``, for readers that take local files only (``datasets``' repository loader). Kept in
+    step with the bucket: an object is fetched again when its generation differs from the copy's, and files gone
+    from the bucket are deleted from the copy. Each file lands whole (temp file, rename)."""
+    import fsspec
+
+    _fresh_gcs_listings()
+    fs = fsspec.filesystem("gs")
+    key = os.fspath(url)[len("gs://"):].rstrip("/")
+    dest = Path(cache_dir) / key
+    if fs.isfile(key):
+        found = {"": fs.info(key)}
+    else:
+        found = {path[len(key) + 1:]: info for path, info in fs.find(key, detail=True).items()
+                 if not path.endswith("/")}
+    if not found:
+        raise PathArgumentError(f"{url} holds nothing: no object of that name and none under it. Check the bucket "
+                                f"and path (gcloud storage ls {url}).")
+    manifest = dest.parent / f".{dest.name}.generations.json"
+    known = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    have = {}
+    for rel, info in sorted(found.items()):
+        target = dest / rel if rel else dest
+        version = str(info.get("generation") or info.get("md5Hash") or info.get("etag"))
+        if known.get(rel) != version or not target.is_file() or target.stat().st_size != info.get("size"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            os.close(fd)
+            try:
+                fs.get_file(info["name"], tmp)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        have[rel] = version
+    if dest.is_dir():  # files deleted from the bucket since the last copy
+        for f in dest.rglob("*"):
+            if f.is_file() and not f.name.startswith(".") and str(f.relative_to(dest)) not in have:
+                f.unlink()
+    write_atomic(manifest, json.dumps(have, indent=1))
+    return dest
 
 
 def temp_dir_beside(path: str | os.PathLike, tag: str = "tmp") -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GemmaTpuError
-from .infra import absolute_path
+from .infra import absolute_path, is_remote, to_path
 
 METADATA = "lora_config.json"  # = train.METADATA (not imported: train pulls in more than reading a LoRA needs)
 PARAMS_ITEM = "model_params"
@@ -29,15 +29,25 @@ class LoraCheckpointError(GemmaTpuError, ValueError):
     """A checkpoint directory, step or LoRA config that cannot be read (the message says which and why)."""
 
 
+COMMIT_SUCCESS = "commit_success.txt"  # on gs://, Orbax writes <step>/ in place and this file last
+
+
 def list_steps(checkpoint_dir: str | Path) -> list[int]:
-    d = Path(checkpoint_dir)
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) if d.is_dir() else []
+    """The finished steps: ``<step>/`` folders (Orbax renames a finished step into place), and on ``gs://``, where
+    nothing renames, those that hold Orbax's ``commit_success.txt``."""
+    d = to_path(checkpoint_dir)
+    if not d.is_dir():
+        return []
+    steps = [p for p in d.iterdir() if p.name.isdigit() and p.is_dir()]
+    if is_remote(d):
+        steps = [p for p in steps if (p / COMMIT_SUCCESS).exists()]
+    return sorted(int(p.name) for p in steps)
 
 
 def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[int, Path]:
     """``(step, <checkpoint_dir>/<step>/model_params)``, absolute (Orbax needs it: a relative path fails inside it);
     the latest step by default. Raises LoraCheckpointError."""
-    d = absolute_path(checkpoint_dir, "checkpoint directory")
+    d = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     if d.exists() and not d.is_dir():
         raise LoraCheckpointError(f"{d} is a file; pass the run's `checkpoints` directory (it holds one folder per "
                                   f"saved step and lora_config.json).")
@@ -60,9 +70,9 @@ def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[i
 
 def read_lora_config(checkpoint_dir: str | Path) -> dict:
     """``lora_config.json`` written by training: targets, rank, alpha, ... (the only source of rank and alpha)."""
-    if not Path(checkpoint_dir).is_dir():
+    if not to_path(checkpoint_dir).is_dir():
         resolve_step(checkpoint_dir)  # raises the "does not exist" / "is a file" error
-    path = Path(checkpoint_dir) / METADATA
+    path = to_path(checkpoint_dir) / METADATA
     if not path.is_file():
         raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds (rank, alpha, targets). "
                          f"Checkpoints written by `gemma_tpu_helpers train` have it.")

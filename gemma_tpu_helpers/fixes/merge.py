@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
-from .infra import absolute_path, config_hash, install_dir, temp_dir_beside
+from .infra import absolute_path, config_hash, install_dir, path_id, temp_dir_beside
 from .multihost import is_main
 
 MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
@@ -118,7 +118,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         raise MergeError(f"kernel must be one of {safetensors_io.MERGE_KERNELS}, got {kernel!r}.")
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
-    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     out_dir = absolute_path(out_dir, "output directory")
     prepare_out_dir(out_dir, overwrite)
     index, shards, entries = safetensors_io.base_layout(base_dir)
@@ -165,7 +165,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         if (base_dir / safetensors_io.INDEX).is_file():
             (tmp / safetensors_io.INDEX).write_text(json.dumps(out_index, indent=2) + "\n")
         copied = _copy_extras(base_dir, tmp, set(shards))
-        info = {"base_dir": str(base_dir.resolve()), "checkpoint_dir": str(checkpoint_dir.resolve()), "step": step,
+        info = {"base_dir": str(base_dir.resolve()), "checkpoint_dir": path_id(checkpoint_dir), "step": step,
                 "lora": {k: meta.get(k) for k in ("targets", "rank", "alpha", "base_model", "base_config_sha256")},
                 "scale": float(meta["alpha"]) / int(meta["rank"]), "lora_sha256": lora_checkpoint.lora_digest(arrays),
                 "base_config_sha256": cfg_hash, "merged_tensors": len(applied),

@@ -7,7 +7,7 @@ runs on all of them at once. What changes for the course's helpers:
 - each process feeds only the rows of a global batch that its own devices hold (:func:`process_rows`), and the
   global arrays are assembled from those pieces (``jax.make_array_from_process_local_data``, in ``train``);
 - Orbax checkpoints are written by all processes together, to one directory every host can read (a shared
-  filesystem on a pod; ``gs://`` run directories are not supported yet);
+  filesystem, or ``gs://BUCKET/PATH``, which Orbax writes to natively);
 - only process 0 writes metrics, plots, ``done.json`` and reports (:func:`is_main`).
 
 ``jax.distributed.initialize`` ends the process with a C++ fatal error (no Python exception) when a process is

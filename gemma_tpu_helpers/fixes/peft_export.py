@@ -14,7 +14,7 @@ import numpy as np
 
 from . import layout
 from .gemma4 import read_text_config
-from .infra import absolute_path, cli_path, install_dir, temp_dir_beside
+from .infra import absolute_path, cli_path, install_dir, path_id, temp_dir_beside
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir
@@ -40,7 +40,7 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
 
     out_dir = absolute_path(out_dir, "output directory")
     base_dir = absolute_path(base_dir, "base directory")
-    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     prepare_out_dir(out_dir, overwrite)
     meta = read_lora_config(checkpoint_dir)
     step, arrays = restore_lora(checkpoint_dir, step)
@@ -60,7 +60,7 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
         cfg.save_pretrained(str(tmp))
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         (tmp / "adapter_source.json").write_text(json.dumps(
-            {"checkpoint_dir": str(Path(checkpoint_dir).resolve()), "step": step, "lora_sha256": lora_digest(arrays),
+            {"checkpoint_dir": path_id(checkpoint_dir), "step": step, "lora_sha256": lora_digest(arrays),
              "tensors": len(tensors)}, indent=1) + "\n")
         install_dir(tmp, out_dir)
     except BaseException:

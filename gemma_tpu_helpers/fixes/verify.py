@@ -122,7 +122,7 @@ def verify(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=N
     import jax
 
     base_dir = absolute_path(base_dir, "base directory")
-    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     merged_dir = absolute_path(merged_dir, "merged directory")
     gemma4.check_checkpoint(base_dir)  # both checkpoints' files, before minutes of loading (a damaged shard: one line)
     gemma4.check_checkpoint(merged_dir)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
-from .infra import absolute_path, config_hash
+from .infra import absolute_path, config_hash, path_id
 
 MERGE_INFO = "merge_info.json"  # = merge.MERGE_INFO (not imported: merge pulls in training)
 IGNORED = {MERGE_INFO, "tiny_model.json"}  # written by the merge / the replica builder, not copied
@@ -185,7 +185,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     already restored by the caller (``verify.verify``), so it is not read from Orbax twice."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
-    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory")
+    checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     merged_dir = absolute_path(merged_dir, "merged directory")
     for d, what in ((base_dir, "base"), (merged_dir, "merged")):
         if not d.exists():
@@ -214,7 +214,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     if info.get("base_config_sha256") not in (None, config_hash(text)):
         problems.append(f"{MERGE_INFO} records another base config ({info['base_config_sha256']}) than "
                         f"{base_dir}/config.json ({config_hash(text)}): merged onto another base")
-    if info.get("checkpoint_dir") not in (None, str(checkpoint_dir.resolve())):
+    if info.get("checkpoint_dir") not in (None, path_id(checkpoint_dir)):
         notes.append(f"merged from {info['checkpoint_dir']} (a copy of this checkpoint, by its LoRA digest)")
 
     # the merged checkpoint's files: index, shards, every other file of the base
