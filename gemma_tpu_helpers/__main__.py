@@ -15,7 +15,7 @@ from .course import (base_model, bench, commands, cost, exercises, logbook, plan
 from .fixes import data, gemma4, multihost, parity, peft_export
 from .fixes import mesh as mesh_lib
 from .fixes.errors import run_cli
-from .fixes.infra import cli_path
+from .fixes.infra import cli_path, cli_path_or_gs
 from .fixes.preemption import PREEMPTED_EXIT
 from .fixes.gemma4 import load_model
 
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                               f"every worker saves a checkpoint of that same step, and the command exits "
                               f"{PREEMPTED_EXIT}; run it again to resume from that step.")
     _profile_arg(p)
-    p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>)")
+    p.add_argument("--run-dir", type=cli_path_or_gs, default=None, help="run directory (default runs/<profile>), or gs://BUCKET/PATH")
     p.add_argument("--base", type=cli_path, default=None, help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's max_steps")
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the profile's checkpoint interval")

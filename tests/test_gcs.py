@@ -146,14 +146,18 @@ def test_what_each_storage_call_costs(gcs, tmp_path):
 
 
 def test_cli_steps_that_need_local_paths_say_so(gcs, tmp_path):
-    """A gs:// path where a step reads or writes local files: one line naming it and the fix, exit 2."""
-    for args in (["merge", "--base", f"{gcs}/base", "--checkpoint", tmp_path, "--out", tmp_path / "m"],
-                 ["merge", "--base", tmp_path, "--checkpoint", tmp_path, "--out", f"{gcs}/merged"],
-                 ["train", "--profile", "smoke", "--base", f"{gcs}/base", "--run-dir", tmp_path / "r"]):
+    """A gs:// path where a step reads or writes local files: one line naming the argument, the path and the fix,
+    exit 2, before anything runs."""
+    for args in (["merge", "--base", f"{gcs}/base", "--checkpoint", f"{gcs}/run/checkpoints", "--out", tmp_path],
+                 ["merge", "--base", tmp_path, "--checkpoint", f"{gcs}/run/checkpoints", "--out", f"{gcs}/merged"],
+                 ["train", "--profile", "smoke", "--base", f"{gcs}/base", "--run-dir", f"{gcs}/run"],
+                 ["tiny-model", f"{gcs}/tiny"], ["report", "--runs", f"{gcs}/runs"]):
         r = run_cli(*args, timeout=300)
         assert r.returncode == 2, r.stdout + r.stderr
         lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and "is on Cloud Storage" in lines[0] and "gcloud storage cp -r" in lines[0], lines
+        assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+        assert "is on Cloud Storage" in lines[0] and "gcloud storage cp -r" in lines[0], lines[0]
+        assert "--checkpoint" not in lines[0] and "--run-dir" not in lines[0]  # those take gs://
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..fixes import evaluate, infra, merge, serve, verify, weight_check
-from ..fixes.infra import cli_path
+from ..fixes.infra import cli_path, cli_path_or_gs
 from . import learn, preflight, profiles
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -21,7 +21,7 @@ def add_merge_arguments(p) -> None:
                         "checkpoints, merged) where they are not given")
     p.add_argument("--base", type=cli_path, default=None,
                    help="base HF checkpoint directory (config, shards, index, tokenizer)")
-    p.add_argument("--checkpoint", type=cli_path, default=None, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--checkpoint", type=cli_path_or_gs, default=None, help="the run's Orbax `checkpoints` directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--out", type=cli_path, default=None, help="output directory (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -50,7 +50,7 @@ def main_merge(args) -> int:
 
 def add_verify_arguments(p) -> None:
     p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
-    p.add_argument("--checkpoint", type=cli_path, required=True, help="the run's Orbax `checkpoints` directory")
+    p.add_argument("--checkpoint", type=cli_path_or_gs, required=True, help="the run's Orbax `checkpoints` directory")
     p.add_argument("--merged", type=cli_path, required=True, help="the merged checkpoint directory")
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=40)

@@ -86,15 +86,20 @@ def path_id(path: str | os.PathLike) -> str:
     return os.fspath(path) if is_remote(path) else str(Path(path).resolve())
 
 
-def cli_path(text: str):
+def cli_path(text: str, remote: bool = False):
     """An ``argparse`` ``type=`` for path arguments: :func:`absolute_path`, with argparse's own one-line usage
-    error (exit 2) for an empty one. ``gs://`` paths pass here; the step that gets one says if it cannot use it."""
+    error (exit 2) for an empty one, or for a ``gs://`` path where the step takes local files only."""
     import argparse
 
     try:
-        return absolute_path(text, remote=True)
+        return absolute_path(text, remote=remote)
     except PathArgumentError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cli_path_or_gs(text: str):
+    """:func:`cli_path` for arguments that may name Cloud Storage (a run directory, a checkpoint directory)."""
+    return cli_path(text, remote=True)
 
 
 def write_atomic(path: str | os.PathLike, text: str):
