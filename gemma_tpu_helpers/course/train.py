@@ -28,6 +28,10 @@ from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 from .profiles import Profile
 
 METADATA = "lora_config.json"
+# Cloud Storage takes about one write per second to the same object name (more fail with 429 and retries); fast
+# steps, or an eval line right after a step's line, would exceed it: on gs:// metrics.jsonl is uploaded at most this
+# often, and once more when training stops however it stops
+GCS_REWRITE_S = 2.0
 DONE = "done.json"  # in <run>/train/: written when a run reaches its last step
 
 
@@ -130,14 +134,25 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             self.last = time.perf_counter()
             self.rows = []
             self.preempted_at: int | None = None
-            # the file is rewritten whole at each line (one upload on gs://, where nothing appends)
             self.lines = path.read_text().splitlines(keepends=True) if write and path.is_file() else []
+            self.written, self.uploaded = len(self.lines), -math.inf
 
         def record(self, row: dict) -> None:
             self.rows.append(row)
             if write:  # process 0 only; every process sees the same (global) loss
                 self.lines.append(json.dumps(row) + "\n")
-                write_atomic(path, "".join(self.lines))
+                if not is_remote(path) or time.monotonic() - self.uploaded >= GCS_REWRITE_S:
+                    self.flush()
+
+        def flush(self) -> None:
+            """Write the lines not written yet (on gs://, those held back by :data:`GCS_REWRITE_S`)."""
+            if write and len(self.lines) > self.written:
+                if is_remote(path):  # nothing appends to an object: the whole file, once
+                    write_atomic(path, "".join(self.lines))
+                else:
+                    with path.open("a") as f:
+                        f.write("".join(self.lines[self.written:]))
+                self.written, self.uploaded = len(self.lines), time.monotonic()
 
         def on_train_start(self, trainer):
             self.last = time.perf_counter()
@@ -315,6 +330,8 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
             except BaseException:
                 trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
                 raise
+            finally:
+                recorder.flush()  # metrics lines held back on gs://
     jax.effects_barrier()
     seconds = time.perf_counter() - started
     if recorder.preempted_at is not None:
