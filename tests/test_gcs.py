@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, SMOKE_RUN_STEPS, run_cli
-from test_multihost import _finish, _free_port_pair, _kill, _start, _train_args
-from test_preemption import NO_PERIODIC, _stopped_step, _wait_for_step
+from test_multihost import _finish, _free_port_pair, _start, _train_args
+from test_preemption import NO_PERIODIC, sigterm_one_process
 
 from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import infra, lora_checkpoint
-from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
 
 STEPS = SMOKE_RUN_STEPS
 TOL = 1e-5
@@ -181,17 +180,7 @@ def spot(gcs, smoke_run, tiny_dir):
     bucket, exits 75; the same command resumes from the bucket and finishes."""
     run = f"{gcs}/spot"
     args = [*_train_args(run, tiny_dir), *NO_PERIODIC]
-    proc = _start(*args)
-    try:
-        _wait_for_step(infra.to_path(run), [proc])  # the metrics of step 1, read from the bucket
-        sent = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-        exit_s = time.monotonic() - sent
-    finally:
-        _kill([proc])
-    assert proc.returncode == PREEMPTED_EXIT, out[-4000:]
-    stopped = _stopped_step(out)
+    out, exit_s, stopped = sigterm_one_process(infra.to_path(run), args)  # step 1 seen in the bucket's metrics
     saved = lora_checkpoint.list_steps(f"{run}/checkpoints")
     resumed = _start(*args)
     (rc, resume_out), = _finish([resumed], timeout=900)

@@ -63,9 +63,9 @@ def _stopped_step(out: str) -> int:
     return int(line.split("stopped after step ")[1].split()[0])
 
 
-def test_sigterm_saves_the_step_in_progress_and_resume_matches(smoke_run, tiny_dir, tmp_path):
-    run_dir = tmp_path / "spot"
-    args = _args(run_dir, tiny_dir)
+def sigterm_one_process(run_dir, args) -> tuple[str, float, int]:
+    """``train ARGS`` in one process, a SIGTERM once step 1 is recorded in ``run_dir``; it must exit 75.
+    ``(output, seconds from the signal to the exit, the step it stopped after)``."""
     proc = _start(*args)
     try:
         _wait_for_step(run_dir, [proc])
@@ -76,7 +76,13 @@ def test_sigterm_saves_the_step_in_progress_and_resume_matches(smoke_run, tiny_d
     finally:
         _kill([proc])
     assert proc.returncode == PREEMPTED_EXIT, out[-4000:]
-    stopped = _stopped_step(out)
+    return out, exit_s, _stopped_step(out)
+
+
+def test_sigterm_saves_the_step_in_progress_and_resume_matches(smoke_run, tiny_dir, tmp_path):
+    run_dir = tmp_path / "spot"
+    args = _args(run_dir, tiny_dir)
+    out, exit_s, stopped = sigterm_one_process(run_dir, args)
     assert 2 <= stopped < STEPS, f"the SIGTERM came too late to test a resume:\n{out[-3000:]}"
     # nothing lost: the last step the metrics recorded is saved, by the preemption (no periodic save)
     assert _saved(run_dir) == [1, stopped]

@@ -152,7 +152,6 @@ class Profile:
                                           f"$GEMMA_TPU_RUNS): run directories go under it as <root>/<profile>.")
         return root / self.name
 
-
     def local_dir(self, run_dir: str | os.PathLike | None = None) -> Path:
         """Where this profile's local files go (the base checkpoint, the merged model, logs): the run directory
         itself, or ``runs/<profile>/`` in the course checkout when the run directory is on ``gs://``."""

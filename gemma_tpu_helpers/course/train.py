@@ -89,7 +89,7 @@ def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
     """Refuse to resume from checkpoints of another LoRA configuration; write the metadata for a fresh run."""
     ckpt_dir = to_path(ckpt_dir)
     path = ckpt_dir / METADATA
-    steps = [p for p in ckpt_dir.iterdir() if p.name.isdigit()] if ckpt_dir.is_dir() else []
+    steps = list_steps(ckpt_dir)
     if path.is_file():
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), v) for k, v in meta.items() if k != "dropout" and old.get(k) != v}

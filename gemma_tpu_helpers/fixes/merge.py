@@ -165,7 +165,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         if (base_dir / safetensors_io.INDEX).is_file():
             (tmp / safetensors_io.INDEX).write_text(json.dumps(out_index, indent=2) + "\n")
         copied = _copy_extras(base_dir, tmp, set(shards))
-        info = {"base_dir": str(base_dir.resolve()), "checkpoint_dir": path_id(checkpoint_dir), "step": step,
+        info = {"base_dir": path_id(base_dir), "checkpoint_dir": path_id(checkpoint_dir), "step": step,
                 "lora": {k: meta.get(k) for k in ("targets", "rank", "alpha", "base_model", "base_config_sha256")},
                 "scale": float(meta["alpha"]) / int(meta["rank"]), "lora_sha256": lora_checkpoint.lora_digest(arrays),
                 "base_config_sha256": cfg_hash, "merged_tensors": len(applied),
