@@ -390,23 +390,33 @@ def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = Tr
                   system_prompt: str | None = None, spec=None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(ids, mask) per row, exactly as :func:`tokenize_example` gives them; ``spec`` (a profile's DataSpec) sets the
     system turn and the target when given. The prompts and answers are tokenised in batches of ``TOKENIZE_BATCH``
-    rows (one call of the Rust tokenizer each, :func:`_encode_texts`) instead of two calls per row."""
+    rows (one call of the Rust tokenizer each, :func:`_encode_texts`) instead of two calls per row. A batch is
+    tokenised on a second thread while the chat template renders the next one: the Rust tokenizer lets go of the
+    GIL, the template (Python) holds it, so the two overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm.auto import tqdm
 
     def messages(r):
         return spec_messages(r, spec) if spec is not None else to_messages(r, strip_think, system_prompt)
 
+    def encode(batch):
+        ids = _encode_texts(tokenizer, [p for p, _, _ in batch] + [a for _, a, _ in batch])
+        return [_join_example(tokenizer, p, a, eot) for p, a, (_, _, eot) in zip(ids[:len(batch)], ids[len(batch):], batch)]
+
     out = []
-    with tqdm(total=len(rows), desc="tokenizing", disable=not progress) as bar:
-        batch = []
-        for i, r in enumerate(rows):
+    with tqdm(total=len(rows), desc="tokenizing", disable=not progress) as bar, ThreadPoolExecutor(1) as pool:
+        pending, batch = None, []
+        for i, r in enumerate(rows):  # any sequence of rows (a list, a datasets.Dataset)
             batch.append(split_answer(tokenizer, messages(r)))
             if len(batch) == TOKENIZE_BATCH or i == len(rows) - 1:
-                ids = _encode_texts(tokenizer, [p for p, _, _ in batch] + [a for _, a, _ in batch])
-                out += [_join_example(tokenizer, p, a, eot)
-                        for p, a, (_, _, eot) in zip(ids[:len(batch)], ids[len(batch):], batch)]
-                bar.update(len(batch))
-                batch = []
+                if pending is not None:
+                    out += pending.result()
+                    bar.update(len(out) - bar.n)
+                pending, batch = pool.submit(encode, batch), []
+        if pending is not None:
+            out += pending.result()
+            bar.update(len(out) - bar.n)
     return out
 
 
