@@ -22,6 +22,7 @@ per shape (q, o, gate, down) at rank 64, from which the whole 62 GB checkpoint's
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -228,6 +229,10 @@ def main(argv=None) -> int:
     print(f"\nmerge/cp: {streamed[0] / copy_wall:.1f}x (goal <= 3x; runs: "
           f"{', '.join(f'{w:.1f}' for w, _ in runs['streamed merge, XLA kernel (merge.merge_lora)'])} s vs "
           f"{', '.join(f'{w:.1f}' for w, _ in runs['cp -r base'])} s)")
+    dots = dots_alone(base, ckpt)
+    floor = max(copy_wall, dots)
+    print(f"merge/floor: {streamed[0] / floor:.1f}x (goal <= 1.5x; floor = max(cp -r {copy_wall:.1f} s, the ΔW "
+          f"matmuls alone {dots:.1f} s), load {os.getloadavg()[0]:.2f})")
     print(f"peak RSS / largest shard: {streamed[1] / largest:.2f}x (goal <= 1.3x)")
     checked = med[check]
     print(f"weight check/merge: {checked[0] / streamed[0]:.2f}x (goal: about 1x or less; runs: "
@@ -243,6 +248,42 @@ def main(argv=None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def dot_seconds(a: np.ndarray, b: np.ndarray, scale: float, out_dim: int, in_dim: int, repeat: int = 3) -> float:
+    """The floor of one tensor's merge: its ΔW matmuls alone, the merge's own XLA dot over the merge's row blocks
+    (same shapes, same precision; no read, no add, no rounding, no write); median of ``repeat``."""
+    import jax
+
+    from gemma_tpu_helpers.fixes import safetensors_io
+
+    cpu = jax.devices("cpu")[0]
+    dot = _dot_kernel()
+    rows = safetensors_io.block_rows(in_dim)
+    at = jax.device_put(np.ascontiguousarray(a.astype(np.float32).T), cpu)
+    bt = np.ascontiguousarray(b.astype(np.float32).T)
+    blocks = [jax.device_put(bt[r:r + rows], cpu) for r in range(0, out_dim, rows)]
+    s = jax.device_put(np.float32(scale), cpu)
+    dot(blocks[0], at, s).block_until_ready()  # compiled outside the timing
+    return _time(lambda: [dot(x, at, s) for x in blocks][-1].block_until_ready(), repeat)[0]
+
+
+@functools.cache
+def _dot_kernel():
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    return jax.jit(lambda bt, at, s: s * jnp.dot(bt, at, precision=lax.Precision.HIGHEST))
+
+
+def dots_alone(base: Path, ckpt: Path) -> float:
+    """Seconds of every targeted tensor's ΔW matmuls alone (:func:`dot_seconds`), the whole checkpoint."""
+    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan
+
+    _, arrays = lora_checkpoint.restore_lora(ckpt)
+    deltas = merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))
+    return sum(dot_seconds(d.a, d.b, d.scale, *d.shape, repeat=1) for d in deltas)
 
 
 def _shard_tensors(path: Path) -> dict[str, np.ndarray]:
@@ -412,9 +453,9 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
     rng = np.random.default_rng(0)
     lines = [f"\none full-size 31B weight at rank {rank} (bf16, through merge.write_merged_shard, then "
              f"weight_check.check_tensor; load {os.getloadavg()[0]:.2f})",
-             "| tensor [out, in] | MB | XLA kernel s | GB/s | numpy kernel s | weight check s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    rate, check_rate = {}, {}
+             "| tensor [out, in] | MB | XLA kernel s | GB/s | ΔW matmuls alone s | numpy kernel s | weight check s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rate, check_rate, dot_rate = {}, {}, {}
     for label, shape in SHAPES_31B.items():
         out_dim, in_dim = shape(c)
         path = work / "w31b.safetensors"
@@ -428,6 +469,7 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         run = lambda kernel: safetensors_io.write_merged_shard(path, work / "w31b_out.safetensors", {"w": delta}, kernel)  # noqa: E731
         run("xla")  # compile once, outside the timing
         xla_s, _ = _time(lambda: run("xla"))
+        dot_s = dot_seconds(delta.a, delta.b, delta.scale, out_dim, in_dim)
         numpy_s = _time(lambda: run("numpy"), repeat=1)[0] if label == "gate_proj" else None
         header, start = safetensors_io.read_header(path)
         check = lambda: weight_check.check_tensor(path, work / "w31b_out.safetensors", start, start,  # noqa: E731
@@ -437,25 +479,30 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         assert res["excess"] <= 1, res
         mb = out_dim * in_dim * 2 / 1e6
         rate[(out_dim, in_dim)] = mb * 1e6 / xla_s
+        dot_rate[(out_dim, in_dim)] = mb * 1e6 / dot_s
         check_rate[(out_dim, in_dim)] = mb * 1e6 / check_s
-        lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | "
+        lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | {dot_s:.2f} | "
                      + (f"{numpy_s:.2f} |" if numpy_s else "- |") + f" {check_s:.2f} |")
     path.unlink()
     (work / "w31b_out.safetensors").unlink()
     shapes, params = targeted_31b(c)
     gb = 2 * params  # the language model's weights in bf16 (the vision tower, ~1 GB, is copied too)
-    seconds = check_seconds = targeted_bytes = 0.0
+    seconds = check_seconds = dot_total = targeted_bytes = 0.0
     fallback, check_fallback = min(rate.values()), min(check_rate.values())
     for (out_dim, in_dim), count in shapes.items():
         nbytes = 2 * out_dim * in_dim * count
         targeted_bytes += nbytes
         seconds += nbytes / rate.get((out_dim, in_dim), rate.get((in_dim, out_dim), fallback))
+        dot_total += nbytes / dot_rate.get((out_dim, in_dim), dot_rate.get((in_dim, out_dim), min(dot_rate.values())))
         check_seconds += nbytes / check_rate.get((out_dim, in_dim), check_rate.get((in_dim, out_dim), check_fallback))
     seconds += (gb - targeted_bytes) / copy_bytes_per_s
     check_seconds += (gb - targeted_bytes) / copy_bytes_per_s  # two files read and compared ~ one read, one written
     lines.append(f"projected merge of the 31B ({gb / 1e9:.0f} GB, {targeted_bytes / 1e9:.1f} GB of it in targeted "
                  f"tensors; shapes not timed above at the slowest rate): {seconds:.0f} s = {seconds / 60:.1f} min, vs "
                  f"cp at this machine's rate {gb / copy_bytes_per_s:.0f} s (plus restoring the LoRA)")
+    floor = max(gb / copy_bytes_per_s, dot_total)
+    lines.append(f"31B projection merge/floor: {seconds / floor:.1f}x (floor = max(cp {gb / copy_bytes_per_s:.0f} s, "
+                 f"the ΔW matmuls alone {dot_total:.0f} s))")
     lines.append(f"projected weight check of that merge (one thread; verify_weights runs tensors on every core): "
                  f"{check_seconds:.0f} s = {check_seconds / 60:.1f} min, {check_seconds / seconds:.1f}x the merge")
     return "\n".join(lines)
