@@ -165,11 +165,26 @@ def floor_ratios(rows: list[dict], tokenizer, prof, repeat: int) -> str:
     return "\n".join(lines)
 
 
+def scaling(rows: list[dict], tokenizer, prof, repeat: int, sizes=(1_000, 3_000, 10_000)) -> str:
+    """tokenize_rows's rows/s at three row counts (the first rows of the same list; medians of ``repeat``): a cost
+    that grows linearly keeps rows/s flat."""
+    lines = [f"data rows/s against row count (load {os.getloadavg()[0]:.2f}):"]
+    for n in sizes:
+        ts = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            _pipeline(rows[:n], tokenizer, prof.data)
+            ts.append(time.perf_counter() - t)
+        lines.append(f"  {n:>6,} rows: {n / statistics.median(ts):,.0f} rows/s")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--before", default=BEFORE, help="git revision whose tokenize_rows is the 'before' column")
+    p.add_argument("--scaling", action="store_true", help="only: rows/s of tokenize_rows at 1,000, 3,000 and 10,000 rows")
     args = p.parse_args(argv)
 
     from gemma_tpu_helpers.fixes import data
@@ -177,7 +192,10 @@ def main(argv=None) -> int:
 
     prof = profiles.get_profile("v5p-8")
     tokenizer = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"])
-    rows = codev_like_rows(tokenizer, args.rows)
+    rows = codev_like_rows(tokenizer, max(args.rows, 10_000) if args.scaling else args.rows)
+    if args.scaling:
+        print(scaling(rows, tokenizer, prof, args.repeat))
+        return 0
     print(f"{len(rows):,} rows, load {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     ways = {"per row (tokenize_example: 3 renders, 2 tokenizer calls a row)":
             lambda: [data.tokenize_example(tokenizer, data.spec_messages(r, prof.data)) for r in rows]}
