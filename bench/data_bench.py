@@ -184,7 +184,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--before", default=BEFORE, help="git revision whose tokenize_rows is the 'before' column")
-    p.add_argument("--scaling", action="store_true", help="only: rows/s of tokenize_rows at 1,000, 3,000 and 10,000 rows")
+    p.add_argument("--scaling", action="store_true",
+                   help="only: rows/s of tokenize_rows at 1,000, 3,000 and 10,000 rows")
     args = p.parse_args(argv)
 
     from gemma_tpu_helpers.fixes import data

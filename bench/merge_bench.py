@@ -305,7 +305,8 @@ def scaling(work: Path, shard_mb: int, layers=(6, 12, 18)) -> str:
     GB: a cost that grows linearly keeps s/GB flat. Each size's synthetic base is written, then removed."""
     py = sys.executable
     lines = [f"merge wall against checkpoint size (load {os.getloadavg()[0]:.2f})",
-             "| layers | GB | merge s | cp s | merge s/GB | cp s/GB | merge/cp |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| layers | GB | merge s | cp s | merge s/GB | cp s/GB | merge/cp |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n in layers:
         shutil.rmtree(work, ignore_errors=True)
         base, ckpt = write_base(work / "base", n, shard_mb), work / "checkpoints"
@@ -517,7 +518,8 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         rate[(out_dim, in_dim)] = mb * 1e6 / xla_s
         dot_rate[(out_dim, in_dim)] = mb * 1e6 / dot_s
         check_rate[(out_dim, in_dim)] = mb * 1e6 / check_s
-        lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | {dot_s:.2f} | "
+        lines.append(f"| {label} [{out_dim}, {in_dim}] | {mb:.0f} | {xla_s:.2f} | {mb / 1e3 / xla_s:.2f} | "
+                     f"{dot_s:.2f} | "
                      + (f"{numpy_s:.2f} |" if numpy_s else "- |") + f" {check_s:.2f} |")
     path.unlink()
     (work / "w31b_out.safetensors").unlink()

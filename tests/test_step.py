@@ -128,7 +128,8 @@ def test_one_process_saves_each_replicated_array_once(tmp_path, mesh, monkeypatc
             manager.save(1, args=ocp.args.Composite(model_params=ocp.args.PyTreeSave(tree)))
             saved_with = len(slices)
             back = manager.restore(1, args=ocp.args.Composite(model_params=ocp.args.PyTreeRestore()))["model_params"]
-        assert {k: np.asarray(v).tolist() for k, v in back.items()} == {k: np.asarray(v).tolist() for k, v in tree.items()}
+        assert {k: np.asarray(v).tolist() for k, v in back.items()} == \
+            {k: np.asarray(v).tolist() for k, v in tree.items()}
         return saved_with
 
     try:  # Orbax's default handler (an earlier test in this process may have run make_trainer)

@@ -402,7 +402,8 @@ def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = Tr
 
     def encode(batch):
         ids = _encode_texts(tokenizer, [p for p, _, _ in batch] + [a for _, a, _ in batch])
-        return [_join_example(tokenizer, p, a, eot) for p, a, (_, _, eot) in zip(ids[:len(batch)], ids[len(batch):], batch)]
+        return [_join_example(tokenizer, p, a, eot)
+                for p, a, (_, _, eot) in zip(ids[:len(batch)], ids[len(batch):], batch)]
 
     out = []
     with tqdm(total=len(rows), desc="tokenizing", disable=not progress) as bar, ThreadPoolExecutor(1) as pool:

@@ -203,7 +203,8 @@ def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
 
     XLA:CPU flushes subnormal floats to zero (FTZ/DAZ). The max comes back NaN for a block where that could change
     the result (a subnormal base element, or a nonzero base element whose fp32 sum came out zero), and for a ΔW
-    with a NaN; the caller then merges that block with numpy. Left uncovered: ΔW elements that are themselves subnormal (|ΔW| < 1.2e-38).
+    with a NaN; the caller then merges that block with numpy. Left uncovered: ΔW elements that are themselves
+    subnormal (|ΔW| < 1.2e-38).
     """
     import jax
     import jax.numpy as jnp
