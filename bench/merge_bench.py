@@ -391,7 +391,7 @@ def shard_profile(base: Path, ckpt: Path) -> str:
     header, start = safetensors_io.read_header(base / shard)
     bf16 = np.dtype(ml_dtypes.bfloat16)
     cpu = jax.devices("cpu")[0]
-    dot = jax.jit(lambda bt, at, s: s * (bt @ at))
+    dot = _dot_kernel()  # the ΔW matmuls alone, as dot_seconds times them
     t = dict.fromkeys(("read", "before: matmul (A·B)ᵀ·s", "before: cast up + add", "before: cast down",
                        "after: device_put (aliased)", "after: XLA dot alone", "after: XLA kernel (dot + casts + add)",
                        "after: to host", "write"), 0.0)
