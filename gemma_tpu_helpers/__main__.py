@@ -125,7 +125,10 @@ def cmd_lora(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
 
-    print(runs.lora_report(prof, regex=args.regex).to_string(index=False))
+    report = runs.lora_report(prof, regex=args.regex)
+    print(report.to_string(index=False))
+    if report.attrs.get("experts"):  # an MoE: where most of its parameters are, and that LoRA does not reach them
+        print(report.attrs["experts"])
     return 0
 
 
@@ -247,11 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", type=cli_path)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None,
-                   help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global) for 31b and "
-                        "e4b, of 5 (4 + 1) for e2b (default 6 / 10 / 12 for 31b / e2b / e4b)")
-    p.add_argument("--variant", choices=("31b", "e2b", "e4b"), default="31b",
-                   help="which real Gemma 4 -it checkpoint to replicate (e2b/e4b: per-layer embeddings, KV-shared "
-                        "layers, audio tower, the E chat template)")
+                   help="number of decoder layers; must be a multiple of 6 (5 sliding + 1 global) for 31b, "
+                        "26b-a4b and e4b, of 5 (4 + 1) for e2b (default 6 / 6 / 10 / 12 for 31b / 26b-a4b / e2b / "
+                        "e4b)")
+    p.add_argument("--variant", choices=("31b", "26b-a4b", "e2b", "e4b"), default="31b",
+                   help="which real Gemma 4 -it checkpoint to replicate (26b-a4b: the mixture of experts; e2b/e4b: "
+                        "per-layer embeddings, KV-shared layers, audio tower, the E chat template)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint in OUT_DIR")
     p.set_defaults(func=cmd_tiny_model)
 

@@ -79,7 +79,7 @@ class ModelSpec:
     dtype: str  # param and compute dtype in JAX
     tiny_layers: int = 6
     tiny_seed: int = 0
-    tiny_variant: str = "31b"  # which real model the tiny replica copies: "31b", "e2b" or "e4b" (tiny.py)
+    tiny_variant: str = "31b"  # which real model the tiny replica copies: "31b", "26b-a4b", "e2b", "e4b" (tiny.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +304,19 @@ PROFILES: dict[str, Profile] = {
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=10, tiny_seed=0, tiny_variant="e2b"),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
             train=dataclasses.replace(_SMOKE_TRAIN, micro_batch=8, grad_accum=1),  # one row per fsdp shard
+            data=_SMOKE_DATA,
+            serve=_SMOKE_SERVE,
+            learn=_SMOKE_LEARN,
+        ),
+        Profile(
+            name="smoke-moe",
+            description="Tiny random Gemma 4 with the 26B-A4B's structure (router and 8 experts beside the dense MLP, "
+                        "2 global KV heads), 8 virtual CPU devices; the CPU rehearsal of the MoE.",
+            # 2 global KV heads allow tp <= 2, as on the real 26B; fsdp=4 divides the 8 experts
+            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
+            model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0, tiny_variant="26b-a4b"),
+            lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
+            train=_SMOKE_TRAIN,
             data=_SMOKE_DATA,
             serve=_SMOKE_SERVE,
             learn=_SMOKE_LEARN,

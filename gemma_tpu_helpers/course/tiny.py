@@ -46,7 +46,18 @@ TINY_E_OVERRIDES = {
     "hidden_size_per_layer_input": 32,
 }
 TINY_E_KV_HEADS = {"e2b": 1, "e4b": 2}
-TINY_LAYERS = {"31b": 6, "e2b": 10, "e4b": 12}
+# The 26B-A4B replica: the 31B replica's numbers with the real 26B's MoE structure. 2 global KV heads as in the real
+# one (tp <= 2); 8 experts of which 2 run per token (the real 128 / 8: the same 1/16 would leave a tiny model one
+# expert, so the ratio is 1/4); the expert width is a quarter of the dense MLP's (real 704 / 2112 is a third) and
+# divides tp; 8 experts divide the smoke mesh's fsdp=4.
+TINY_MOE_OVERRIDES = {
+    **TINY_OVERRIDES,
+    "num_global_key_value_heads": 2,
+    "num_experts": 8,
+    "top_k_experts": 2,
+    "moe_intermediate_size": 128,
+}
+TINY_LAYERS = {"31b": 6, "e2b": 10, "e4b": 12, "26b-a4b": 6}
 # The tiny audio tower (E2B/E4B-it carry a 12-layer conformer, hidden 1024): present so every step meets
 # `model.audio_tower.*` / `model.embed_audio.*` keys; nothing runs it.
 TINY_AUDIO = {
@@ -93,8 +104,9 @@ def tiny_text_config(layers: int | None = None, variant: str = "31b") -> dict:
     if variant not in TEXT_CONFIGS:
         raise ValueError(f"--variant must be one of {sorted(TEXT_CONFIGS)}, got {variant!r}.")
     layers = TINY_LAYERS[variant] if layers is None else layers
-    period = PATTERN if variant == "31b" else _period(variant)
-    shared_min = 0 if variant == "31b" else 1  # an E replica keeps at least one KV-shared period
+    e_model = variant in TINY_E_KV_HEADS
+    period = _period(variant) if e_model else PATTERN
+    shared_min = 1 if e_model else 0  # an E replica keeps at least one KV-shared period
     n_sliding = len(period) - 1
     if layers <= 0 or layers % len(period) or layers // len(period) <= shared_min:
         least = len(period) * (shared_min + 1)
@@ -104,11 +116,12 @@ def tiny_text_config(layers: int | None = None, variant: str = "31b") -> dict:
             f"Try {max(least, layers - layers % len(period))}."
         )
     real = TEXT_CONFIGS[variant]
-    cfg = dict(real, **(TINY_OVERRIDES if variant == "31b" else TINY_E_OVERRIDES))
+    cfg = dict(real, **(TINY_E_OVERRIDES if e_model else TINY_MOE_OVERRIDES if variant == "26b-a4b"
+                        else TINY_OVERRIDES))
     cfg["num_hidden_layers"] = layers
     cfg["layer_types"] = list(period) * (layers // len(period))
     cfg["vocab_size_per_layer_input"] = cfg["vocab_size"]
-    if variant != "31b":
+    if e_model:
         cfg["num_key_value_heads"] = TINY_E_KV_HEADS[variant]
         periods = layers // len(period)
         real_frac = real["num_kv_shared_layers"] / real["num_hidden_layers"]
@@ -224,12 +237,29 @@ def _with_unused_shared_kv(model, text_cfg: dict) -> dict:
     return sd
 
 
+def _randomize_moe_scales(model, seed: int) -> None:
+    """Give the MoE block's scales and norms random values near 1 (transformers initialises them to exactly 1).
+
+    A trained checkpoint's are not 1, and with all of them 1 an implementation that feeds the router the wrong
+    tensor (the normed one instead of the residual), or applies ``per_expert_scale`` in the wrong place, gives the
+    same logits: parity on the replica would then prove nothing about the real model."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(part in name for part in (".router.scale", ".router.per_expert_scale", "feedforward_layernorm_1.",
+                                              "feedforward_layernorm_2.")):
+                p.copy_(1 + 0.5 * (torch.rand(p.shape, generator=gen) - 0.5))
+
+
 def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = None, overwrite: bool = False,
                      variant: str = "31b") -> Path:
     """Write the tiny Gemma 4 checkpoint + tokenizer to ``out_dir`` (atomically: temp dir, then rename).
 
     ``variant`` "31b" (default) replicates gemma-4-31B-it; "e2b" / "e4b" replicate the E models (per-layer input
-    embeddings, KV-shared last layers, E2B's doubled MLP there, audio tower, the E chat template)."""
+    embeddings, KV-shared last layers, E2B's doubled MLP there, audio tower, the E chat template); "26b-a4b" the
+    mixture of experts (router and 3-D expert tensors beside the dense MLP, the 31B's chat template)."""
     import torch
     from transformers import (
         Gemma4AudioConfig,
@@ -246,16 +276,18 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
     _prepare_out(out_dir, overwrite)
     tmp = infra.temp_dir_beside(out_dir)
     try:
-        tokenizer = build_tokenizer(text_cfg["vocab_size"], "31b" if variant == "31b" else "e")
+        e_model = variant in TINY_E_KV_HEADS
+        tokenizer = build_tokenizer(text_cfg["vocab_size"], "e" if e_model else "31b")
         gen = chat_format.GENERATION_CONFIG
         text_cfg.update(pad_token_id=gen["pad_token_id"], bos_token_id=gen["bos_token_id"],
                         eos_token_id=gen["eos_token_id"][0])
         _, top = special_vocab(text_cfg["vocab_size"])
         mm_ids = {name: top[tok] for name, _, tok in chat_format.MULTIMODAL_TOKENS}
         config = Gemma4Config(text_config=Gemma4TextConfig(**text_cfg), vision_config=Gemma4VisionConfig(**TINY_VISION),
-                              audio_config=None if variant == "31b" else Gemma4AudioConfig(**TINY_AUDIO), **mm_ids)
+                              audio_config=Gemma4AudioConfig(**TINY_AUDIO) if e_model else None, **mm_ids)
         torch.manual_seed(seed)
         model = Gemma4ForConditionalGeneration(config).eval()
+        _randomize_moe_scales(model, seed)
         model.save_pretrained(tmp, max_shard_size=SHARD_SIZE, state_dict=_with_unused_shared_kv(model, text_cfg))
         GenerationConfig(**gen).save_pretrained(tmp)
         write_tokenizer_files(tokenizer, tmp)
@@ -281,7 +313,7 @@ def _cached_or_built(out_dir: Path, seed: int, layers: int | None, variant: str)
     if (out_dir / "model.safetensors.index.json").is_file():
         cfg = json.loads((out_dir / "config.json").read_text())["text_config"]
         wanted = tiny_text_config(layers, variant)
-        stale = {k for k in (*TINY_OVERRIDES, *TINY_E_OVERRIDES, "num_hidden_layers", "num_kv_shared_layers",
+        stale = {k for k in (*TINY_MOE_OVERRIDES, *TINY_E_OVERRIDES, "num_hidden_layers", "num_kv_shared_layers",
                              "hidden_size_per_layer_input") if cfg.get(k) != wanted.get(k)}
         stamp = out_dir / BUILT_BY
         if stamp.is_file():

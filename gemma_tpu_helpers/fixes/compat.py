@@ -16,6 +16,17 @@ Shims
     way out either (qwix 0.1.8 raises ``Unsupported type: QArray``). The shim skips the cast for a quantized weight
     and hands it to ``jnp.einsum`` as it is: qwix intercepts that einsum and does the nf4 matmul (the weight's
     dtype is the model's param dtype already).
+
+``gemma4_moe_router`` (tunix 0.1.7; fixed on tunix main by e31e280, 2026-06-12)
+    The 26B-A4B's router must see the residual stream as it enters the feed-forward part (normed by the router's own
+    scale-less RMS norm), and the experts ``pre_feedforward_layernorm_2`` of it: so transformers, vLLM,
+    tpu-inference and google-deepmind/gemma since ab5a660 ("Avoid double normalisation in MoE router"). tunix 0.1.7
+    hands the router the experts' normed input instead, and picks experts with ``approx_max_k`` (approximate on
+    TPU). With the released checkpoint's learned norm the router then picks other experts: on the tiny replica
+    (its MoE norms and scales random near 1, as trained ones are not 1) logits differ from transformers' by 66% of
+    their scale, and by 2e-5 with the shim. It replaces the MoE decoder layer's ``block`` with the same sequence of
+    modules, the router fed the residual, and uses exact ``top_k``. Applied by ``gemma4.to_tunix_config`` for an
+    MoE config.
 """
 
 from __future__ import annotations
@@ -65,6 +76,67 @@ def unpatch_gemma4_qlora_einsum() -> bool:
     return True
 
 
+def _moe_block(self, x, segment_pos, cache, attn_mask, per_layer_input=None, kv_shared_cache=None):
+    """tunix's ``DecoderLayer.block`` for an MoE layer, with the router fed the residual (``attn``)."""
+    if self.config.per_layer_input_dim:
+        raise NotImplementedError("An MoE Gemma 4 with per-layer inputs does not exist; this shim does not add them.")
+    cache, attn, kv = self.attn(self.pre_attention_norm(x), segment_pos, cache, attn_mask,
+                                kv_shared_cache=kv_shared_cache)
+    attn = self.post_attention_norm(attn) + x
+    dense = self.dense_post_ffw_norm(self.mlp(self.pre_ffw_norm(attn)))
+    experts = self.moe_post_ffw_norm(self.moe(self.moe_pre_ffw_norm(attn), router_input=attn))
+    ffw = self.post_ffw_norm(dense + experts) + attn
+    return cache, ffw * self.skip_scale.value, kv
+
+
+def _moe_call(self, x, router_input=None):
+    """tunix's ``MoERagged.__call__`` with the router's input apart from the experts' (exact top-k)."""
+    import jax
+    import jax.numpy as jnp
+
+    r = x if router_input is None else router_input
+    var = jnp.mean(jnp.square(r.astype(jnp.float32)), axis=-1, keepdims=True)
+    r = r * jax.lax.rsqrt(var + 1e-06).astype(r.dtype)
+    r = r * jax.lax.rsqrt(jnp.array(self.features, dtype=r.dtype)) * self.router_scale.value.astype(r.dtype)
+    logits = jnp.einsum("gsd,de->gse", r, self.router_logits.value.astype(r.dtype)).astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    _, choices = jax.lax.top_k(logits, self.num_experts_per_datapoint)
+    picked = jnp.take_along_axis(probs, choices, axis=-1).sum(axis=-1, keepdims=True)
+    return self._run_ffw_and_routing(x, choices, probs / picked)
+
+
+def patch_gemma4_moe_router() -> bool:
+    """Feed tunix's Gemma 4 MoE router the residual, as the released 26B-A4B expects. Idempotent; True if it
+    changed anything."""
+    if "gemma4_moe_router" in _ORIGINALS:
+        return False
+    from tunix.models.gemma4 import model as gm
+    from tunix.models.gemma4 import moe
+
+    original = (gm.DecoderLayer.block, moe.MoERagged.__call__)
+
+    def block(self, *args, **kwargs):
+        return (_moe_block if self.config.enable_moe else original[0])(self, *args, **kwargs)
+
+    block.__wrapped__ = original[0]
+    gm.DecoderLayer.block = block
+    moe.MoERagged.__call__ = _moe_call
+    _ORIGINALS["gemma4_moe_router"] = original
+    return True
+
+
+def unpatch_gemma4_moe_router() -> bool:
+    """Restore tunix's own MoE layer. True if a patch was removed."""
+    original = _ORIGINALS.pop("gemma4_moe_router", None)
+    if original is None:
+        return False
+    from tunix.models.gemma4 import model as gm
+    from tunix.models.gemma4 import moe
+
+    gm.DecoderLayer.block, moe.MoERagged.__call__ = original
+    return True
+
+
 def applied() -> list[str]:
     """Names of the shims currently in effect."""
     return sorted(_ORIGINALS)
@@ -73,10 +145,13 @@ def applied() -> list[str]:
 @contextlib.contextmanager
 def unpatched():
     """Run a block with tunix as shipped (to check whether upstream still needs the shims)."""
-    was = "gemma4_qlora_einsum" in _ORIGINALS
-    unpatch_gemma4_qlora_einsum()
+    shims = {"gemma4_qlora_einsum": (patch_gemma4_qlora_einsum, unpatch_gemma4_qlora_einsum),
+             "gemma4_moe_router": (patch_gemma4_moe_router, unpatch_gemma4_moe_router)}
+    was = [name for name in shims if name in _ORIGINALS]
+    for name in was:
+        shims[name][1]()
     try:
         yield
     finally:
-        if was:
-            patch_gemma4_qlora_einsum()
+        for name in was:
+            shims[name][0]()

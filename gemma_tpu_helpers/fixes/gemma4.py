@@ -11,6 +11,7 @@ import re
 import struct
 from pathlib import Path
 
+from . import compat
 from .errors import GemmaTpuError
 
 # The text config of google/gemma-4-31B-it (the fields this course reads), as in its config.json "text_config".
@@ -71,7 +72,16 @@ GEMMA4_E4B_TEXT_CONFIG: dict = dict(
     vocab_size_per_layer_input=262144, num_kv_shared_layers=18, use_double_wide_mlp=False,
     max_position_embeddings=131072,
 )
-TEXT_CONFIGS = {"31b": GEMMA4_31B_TEXT_CONFIG, "e2b": GEMMA4_E2B_TEXT_CONFIG, "e4b": GEMMA4_E4B_TEXT_CONFIG}
+# The text config of google/gemma-4-26B-A4B-it: a mixture of experts. Each layer has the dense MLP (2112 wide) and,
+# beside it, a router and 128 experts (704 wide, gate/up packed as `experts.gate_up_proj` [E, 2*704, D] and
+# `experts.down_proj` [E, D, 704]) of which 8 run per token; 2 global KV heads (tp <= 2 on full-attention layers).
+GEMMA4_26B_A4B_TEXT_CONFIG: dict = dict(
+    GEMMA4_31B_TEXT_CONFIG, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
+    num_key_value_heads=8, num_global_key_value_heads=2, layer_types=list(GEMMA4_31B_TEXT_CONFIG["layer_types"][:30]),
+    enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+)
+TEXT_CONFIGS = {"31b": GEMMA4_31B_TEXT_CONFIG, "e2b": GEMMA4_E2B_TEXT_CONFIG, "e4b": GEMMA4_E4B_TEXT_CONFIG,
+                "26b-a4b": GEMMA4_26B_A4B_TEXT_CONFIG}
 
 PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period (31B, E4B)
 KEY_PREFIX = "model.language_model."
@@ -176,7 +186,23 @@ def param_count(c: dict) -> int:
         total += 2 * d * n * h + kv + 3 * d * f + 4 * d + 2 * h + 1  # q, o, k(/v), mlp, norms, scalar
         if pl:
             total += 2 * d * pl + d  # per-layer input gate and projection, post norm
+        if c.get("enable_moe_block"):
+            total += moe_layer_params(c) + 3 * d  # router, experts, and the block's three norms
     return total
+
+
+def moe_layer_params(c: dict, active: bool = False) -> int:
+    """One layer's router (proj, scale, per-expert scale) and experts (gate_up [E, 2F, D], down [E, D, F]); with
+    ``active``, only the ``top_k_experts`` that run for a token (what the FLOPs see)."""
+    d, e, f = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
+    return d * e + d + e + (c["top_k_experts"] if active else e) * 3 * d * f
+
+
+def active_param_count(c: dict) -> int:
+    """Parameters a token runs through: :func:`param_count` less the experts it is not routed to (the "A4B")."""
+    if not c.get("enable_moe_block"):
+        return param_count(c)
+    return param_count(c) - c["num_hidden_layers"] * (moe_layer_params(c) - moe_layer_params(c, active=True))
 
 
 def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "none"):
@@ -185,8 +211,6 @@ def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "non
     from tunix.models.gemma4 import model as gm
 
     c = text_config
-    if c.get("enable_moe_block"):
-        raise CheckpointError("MoE Gemma 4 variants (26B-A4B) are not covered by this course (31B, E2B, E4B are dense).")
     if c.get("use_double_wide_mlp") and not c.get("num_kv_shared_layers"):
         raise CheckpointError("use_double_wide_mlp widens the KV-shared layers' MLP, but num_kv_shared_layers is 0.")
     rope = c["rope_parameters"]
@@ -216,7 +240,17 @@ def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "non
         dtype=jdtype,
         remat_config=getattr(gm.RematConfig, remat.upper()),
         **_tunix_kv_sharing(c, pattern),
+        **_tunix_moe(c),
     )
+
+
+def _tunix_moe(c: dict) -> dict:
+    """ModelConfig fields for the MoE block (26B-A4B): experts beside the dense MLP of ``intermediate_size``."""
+    if not c.get("enable_moe_block"):
+        return {}
+    compat.patch_gemma4_moe_router()  # tunix 0.1.7 feeds the router the wrong tensor (see compat)
+    return {"enable_moe": True, "num_experts": c["num_experts"], "num_experts_per_tok": c["top_k_experts"],
+            "expert_dim": c["moe_intermediate_size"], "moe_dense_hidden_dim": c["intermediate_size"]}
 
 
 def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> list[str]:
@@ -232,6 +266,12 @@ def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> 
         ("mlp (intermediate_size)", c["intermediate_size"], "tp", tp),
         ("hidden_size", c["hidden_size"], "fsdp", fsdp),
     ]
+    if c.get("enable_moe_block"):  # tunix shards experts [E, 2, F, D] as (fsdp, -, -, tp) and [E, F, D] as (fsdp, tp, -)
+        checks += [
+            ("experts (num_experts)", c["num_experts"], "fsdp", fsdp),
+            ("experts (moe_intermediate_size)", c["moe_intermediate_size"], "tp", tp),
+            ("experts.gate_up_proj (hidden_size)", c["hidden_size"], "tp", tp),
+        ]
     return [
         f"{name}: {n} is not divisible by mesh axis {axis!r} of size {size}"
         for name, n, axis, size in checks

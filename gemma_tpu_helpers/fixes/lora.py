@@ -38,6 +38,16 @@ _TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum":
                 "attn_vec_einsum": "o_proj"}
 
 
+# The MoE's (26B-A4B) own weights: HF name -> tunix param (relative to a decoder layer). The experts are 3-D tensors
+# run through jax.lax.ragged_dot, which qwix 0.1.8's LoraProvider does not intercept (it wraps dot_general, einsum
+# and convolutions): a LoRA rule that names them matches the module, and only the router's einsum gets LoRA.
+MOE_WEIGHTS = {"experts.gate_up_proj": "moe/gating_einsum", "experts.down_proj": "moe/linear",
+               "router.proj": "moe/router_logits"}
+EXPERTS_WHY = ("3-D expert tensors run through jax.lax.ragged_dot, which qwix's LoraProvider does not intercept: "
+               "no LoRA reaches them")
+_EXPERT_NAMES = {*MOE_WEIGHTS, "experts", "gate_up_proj", "router", "gating_einsum", "moe"}
+
+
 class LoraConfigError(GemmaTpuError, ValueError):
     """Bad LoRA arguments (target names, rank, QLoRA tile size)."""
 
@@ -62,6 +72,11 @@ def tunix_module(target: str, kind: str, k_eq_v: bool, kv_shared: bool = False) 
 
 
 def _unknown_message(unknown) -> str:
+    experts = [u for u in unknown if u in _EXPERT_NAMES or u.startswith(("experts.", "moe/"))]
+    if experts:
+        return (f"LoRA target(s) {', '.join(map(repr, experts))} name the MoE's experts or router (26B-A4B): "
+                f"their {EXPERTS_WHY}, so the adapter would silently train nothing there. Train attention and the "
+                f"dense MLP ({', '.join(HF_TARGETS)}), which every MoE layer also has.")
     hints = [f"{u!r} is a tunix module name; use {_TUNIX_TO_HF[u]}" for u in unknown if u in _TUNIX_TO_HF]
     return (f"Unknown LoRA target(s) {', '.join(map(repr, unknown))}. Valid targets are the Hugging Face / PEFT "
             f"names: {', '.join(HF_TARGETS)}." + (" " + "; ".join(hints) + "." if hints else "")
@@ -186,6 +201,8 @@ def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
 
     targets = validate_targets(targets)
     sizes = _lora_sizes(lora_model)
+    moe_layers = [i for i, layer in enumerate(lora_model.layers) if hasattr(layer, "moe")]
+    moe_lora = _moe_lora_sizes(lora_model)
     base = base_params if base_params is not None else base_param_count(lora_model)
     rows, counted = [], set()
     for i, (kind, has_k, shared_from) in enumerate(_layer_info(lora_model)):
@@ -205,10 +222,49 @@ def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
             rows.append({"layer": i, "kind": kind, "target": t, "module": rel or "(none)",
                          "has LoRA": bool(n), "LoRA params": n_row,
                          "trainable %": 100.0 * n_row / base if base else 0.0, "note": note})
+        if i in moe_layers:  # listed whatever the targets: where most of an MoE's parameters are
+            counted.add(f"layers/{i}/moe")
+            for name, rel in MOE_WEIGHTS.items():
+                n = moe_lora.get(f"layers/{i}/{rel}", 0)
+                note = EXPERTS_WHY if name.startswith("experts") and not n else (
+                    "the router's einsum: a rule naming the MoE gives LoRA here, not to the experts" if n else "")
+                rows.append({"layer": i, "kind": kind, "target": name, "module": rel, "has LoRA": bool(n),
+                             "LoRA params": n, "trainable %": 100.0 * n / base if base else 0.0, "note": note})
     df = pd.DataFrame(rows)
     df.attrs.update(lora_params=int(sum(sizes.values())), base_params=int(base),
-                    unmatched=[p for p in sizes if p not in counted])
+                    unmatched=[p for p in sizes if p not in counted], experts=expert_line(lora_model))
     return df
+
+
+def _moe_lora_sizes(model) -> dict[str, int]:
+    """LoRA parameter count per MoE weight (``layers/0/moe/router_logits``): qwix names an MoE's LoRA params after
+    the weight (``router_logits_lora_a``) under the one ``moe`` module."""
+    from flax import nnx
+
+    out: dict[str, int] = {}
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.LoRAParam) and len(path) >= 2 and path[-2] == "moe":
+            key = _path_str(path[:-1]) + "/" + str(path[-1]).rsplit("_lora_", 1)[0]
+            out[key] = out.get(key, 0) + int(v.value.size)
+    return out
+
+
+def expert_line(model, sizes=None) -> str:
+    """One sentence on an MoE model's experts and LoRA ("" for a dense model): how many of the parameters they
+    hold, and that no LoRA reaches them (or how many LoRA parameters do, should a provider ever reach them)."""
+    experts = [layer.moe for layer in model.layers if hasattr(layer, "moe")]
+    if not experts:
+        return ""
+    n_exp = sum(int(getattr(m, w.split("/")[1]).value.size) for m in experts
+                for name, w in MOE_WEIGHTS.items() if name.startswith("experts"))
+    base = base_param_count(model)
+    on_experts = sum(v for p, v in _moe_lora_sizes(model).items() if not p.endswith("router_logits"))
+    shape = tuple(experts[0].gating_einsum.value.shape)
+    head = (f"experts: {len(experts)} layers x {shape[0]} experts hold {n_exp:,} of the {base:,} frozen parameters "
+            f"({100 * n_exp / base:.0f}%)")
+    if on_experts:
+        return f"{head}; {on_experts:,} LoRA parameters reach them."
+    return f"{head}; no LoRA reaches them ({EXPERTS_WHY.split(': ')[0]}). LoRA trains attention + the dense MLP."
 
 
 def summary(report):
@@ -222,7 +278,9 @@ def summary(report):
         absent = g[g["module"] == "(none)"]
         why = {"KV-shared" if n.startswith("KV-shared") else "k=v" for n in absent["note"]}
         rows.append({"target": t, "modules": len(exists), "with LoRA": int(exists["has LoRA"].sum()),
-                     "missed": ", ".join(f"layer {r.layer} ({r.module})" for r in missed.itertuples()) or "-",
+                     "missed": (f"all {len(missed)} layers ({missed['module'].iloc[0]})"
+                                if t in MOE_WEIGHTS and len(missed) == len(exists) else
+                                ", ".join(f"layer {r.layer} ({r.module})" for r in missed.itertuples()) or "-"),
                      "no module": f"{len(absent)} ({', '.join(sorted(why))})" if len(absent) else "-",
                      "LoRA params": int(g["LoRA params"].sum())})
     out = pd.DataFrame(rows)
