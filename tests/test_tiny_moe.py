@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from safetensors import safe_open
 
-from gemma_tpu_helpers.course import base_model, profiles, tiny
+from gemma_tpu_helpers.course import base_model, profiles, runs, tiny
 from gemma_tpu_helpers.fixes import chat_format, compat, evaluate, gemma4, greedy, lora, parity, peft_export, serve
 
 MOE = "26b-a4b"
@@ -170,7 +170,9 @@ def test_a_regex_naming_the_moe_reaches_the_router_not_the_experts(base, mesh):
     got = moe_rows.groupby("target")["LoRA params"].sum().to_dict()
     assert got["router.proj"] == 6 * (256 * 4 + 4 * 8) and got["experts.gate_up_proj"] == got["experts.down_proj"] == 0
     assert "ragged_dot" in moe_rows.loc[moe_rows["target"] == "experts.down_proj", "note"].iloc[0]
-    assert report.attrs["experts"].startswith("experts: 6 layers x 8 experts hold 4,718,592 of the 10,577,078")
+    line = report.attrs["experts"]
+    assert line.startswith("experts: 6 layers x 8 experts hold 4,718,592 of the 10,577,078") and "no LoRA" in line
+    assert line.endswith(f"the router's einsum got {got['router.proj']:,} LoRA parameters.")
 
 
 def test_smoke_moe_walks_lora_train_merge_verify(walk):
@@ -256,3 +258,35 @@ def test_profile_is_the_26b_replica_on_a_tp2_mesh():
     assert text["enable_moe_block"] and p.model.tiny_variant == MOE and dict(p.hardware.mesh) == {"fsdp": 4, "tp": 2}
     assert not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
     assert tiny.tiny_text_config(6, MOE)["num_global_key_value_heads"] == 2
+
+
+@pytest.mark.parametrize("name,chip", [("v5p-8-moe", "v5p"), ("v6e-4-moe", "v6e")])
+def test_tpu_profiles_train_the_26b_on_fsdp2_tp2_with_the_papers_batch(name, chip):
+    p = profiles.get_profile(name)
+    text = base_model.profile_text_config(p)
+    assert p.model.source == "google/gemma-4-26B-A4B-it" and text is gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
+    assert dict(p.hardware.mesh) == {"fsdp": 2, "tp": 2} and p.hardware.chip == chip
+    assert not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
+    assert p.train.micro_batch % 2 == 0 and p.train.micro_batch * p.train.grad_accum == 8  # the paper's 8 rows
+    hbm = runs.hbm_per_chip(p)  # the merged model served TP4 on the same 4 chips
+    assert hbm["chips"] == 4 and hbm["fits"] and 11 < hbm["weights_gib"] < 12
+
+
+def test_analytic_flops_count_the_active_experts_only():
+    from gemma_tpu_helpers.course import plan
+
+    c = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
+    dense = dict(c, enable_moe_block=False)
+    args = (1, 1024, 64, lora.HF_TARGETS, "none")
+    moe = plan.analytic_step_flops(c, *args)["model"] - plan.analytic_step_flops(dense, *args)["model"]
+    d, layers = c["hidden_size"], c["num_hidden_layers"]
+    per_token = layers * (d * c["num_experts"] + 8 * 3 * d * c["moe_intermediate_size"])  # router + 8 of 128 experts
+    assert moe == 2 * 2 * 1024 * per_token  # forward and backward through the activations, 2 FLOPs a multiply-add
+
+
+def test_one_v6e_chip_holds_the_26b_only_with_nf4_experts():
+    from gemma_tpu_helpers.course import plan
+
+    table = plan.one_chip_moe(gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, profiles.CHIP_HBM_USABLE_GIB["v6e"])
+    assert table["fits before activations"].tolist() == [False, False, True]
+    assert table["weights GiB"].tolist() == [47.0, 44.7, 13.0]

@@ -76,6 +76,29 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
     }
 
 
+def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
+    """Can an MoE (26B-A4B) train on one chip? Its frozen weights per chip, before activations, three ways (pandas):
+    bf16 (LoRA); QLoRA as qwix does it (nf4 on what LoRA targets: attention and the dense MLP; the experts, which
+    run through ``ragged_dot``, and the embedding stay bf16); and nf4 experts too (what a provider that reaches
+    ``ragged_dot`` would give). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights."""
+    import pandas as pd
+
+    from ..fixes.gemma4 import moe_layer_params
+
+    c = text_config
+    total = param_count(c)
+    embed = c["vocab_size"] * c["hidden_size"]
+    experts = c["num_hidden_layers"] * (moe_layer_params(c) - c["hidden_size"] * c["num_experts"] - c["hidden_size"]
+                                        - c["num_experts"])
+    other = total - embed - experts  # attention, dense MLP, router, norms
+    nf4 = 0.5 + 2 / tile
+    rows = [("LoRA, bf16 weights", total * 2),
+            ("QLoRA nf4 as qwix does it (experts stay bf16)", (embed + experts) * 2 + other * nf4),
+            ("QLoRA with nf4 experts (not reachable today)", embed * 2 + (experts + other) * nf4)]
+    return pd.DataFrame([{"setting": name, "weights GiB": round(b / GIB, 1), "XLA can use GiB": usable_gib,
+                          "fits before activations": b / GIB < usable_gib} for name, b in rows])
+
+
 def memory_table(estimate: dict):
     import pandas as pd
 
@@ -495,6 +518,9 @@ COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v
 COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1", "decoder"), ("colab-v5e-1", "block", "nf4"),
                ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"), ("colab-v6e-1", "block", "nf4"))
 
+# Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2): notebook 04's MoE rows.
+MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"))
+
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
 # `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
 # from them when it does not compile (smoke profile). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
@@ -633,7 +659,8 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
     forward that ``policy`` recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the
     recompute (what the hardware runs). E2B/E4B: a KV-shared layer computes no K/V (and has no k/v LoRA), E2B
     doubles its MLP, and every layer adds its per-layer input's gate and projection (plus one projection of the
-    embeddings into the per-layer inputs; the per-layer table itself is a lookup)."""
+    embeddings into the per-layer inputs; the per-layer table itself is a lookup). An MoE (26B-A4B) adds its router
+    and the ``top_k_experts`` experts each token is routed to: the active parameters, not all experts."""
     t = set(targets)
     c, tokens = text_config, batch * seq_len
     d, n = c["hidden_size"], c["num_attention_heads"]
@@ -650,6 +677,8 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
         if t & {"k_proj", "v_proj"} and kv_out:
             modules.append((d, kv_out, "kv"))  # k and v share one A (kv_einsum); a k=v layer has k only
         lora += sum(2 * tokens * rank * (i + o) for i, o, name in modules if name in t or name == "kv")
+        if c.get("enable_moe_block"):  # the router, and the top-k experts a token runs through (26B-A4B: 8 of 128)
+            frozen += 2 * tokens * (d * c["num_experts"] + c["top_k_experts"] * 3 * d * c["moe_intermediate_size"])
     frozen += 2 * tokens * d * c["num_hidden_layers"] * pl  # embeddings -> per-layer inputs (E2B/E4B)
     logits = 2 * tokens * d * c["vocab_size"]
     forward = frozen + attention + lora + logits

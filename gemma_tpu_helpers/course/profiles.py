@@ -40,7 +40,8 @@ PYTHON_MIN = (3, 11)  # what the pinned stack (requirements*.txt) is built and t
 # The paper's GPU baseline and the TPU list prices it compared against (USD per hour, on-demand, us-central1).
 PRICES_DATE = "2026-05"
 PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
-                       "v5p-16": 33.60}  # v5p-16: 8 chips at the v5p-8's per-chip rate
+                       "v5p-16": 33.60,  # v5p-16: 8 chips at the v5p-8's per-chip rate
+                       "v6e-4": 10.76}  # v6e-4: 4 chips at the v6e-8's per-chip rate
 
 
 # Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
@@ -281,6 +282,26 @@ _SMOKE_LEARN = LearnSpec(tasks=4, held_out=4, steps=20, learning_rate=6e-3, rank
 _SMOKE_SERVE = ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1,
                          enforce_eager=True)
 
+def _moe(name: str, chip: str, chips: int, topology: str, hbm: float, serve_spec: ServeSpec,
+         description: str) -> Profile:
+    """A 26B-A4B training profile on ``chips`` chips of one host: fsdp x tp=2, the paper's recipe (8 rows/update)."""
+    return Profile(
+        name=name,
+        description=description,
+        hardware=Hardware(
+            platform="tpu", num_devices=chips, mesh=(("fsdp", chips // 2), ("tp", 2)), tpu_topology=topology,
+            chip=chip, hbm_gib_per_chip=hbm, price_usd_per_hour=PRICES_USD_PER_HOUR[name.removesuffix("-moe")],
+            peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS[chip], hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S[chip],
+            accelerator_type=name.removesuffix("-moe"),
+        ),
+        model=ModelSpec(source="google/gemma-4-26B-A4B-it", dtype="bfloat16"),
+        lora=_PAPER_LORA,
+        train=dataclasses.replace(_PAPER_TRAIN, micro_batch=chips // 2, grad_accum=8 // (chips // 2)),
+        data=_REAL_DATA,
+        serve=serve_spec,
+    )
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in [
@@ -372,6 +393,15 @@ PROFILES: dict[str, Profile] = {
                "with DECODER remat.", remat="decoder"),
         _colab("v6e", 32.0, "google/gemma-4-E4B-it", 3072,
                "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
+        # Gemma 4 26B-A4B (MoE): 2 global KV heads allow tp <= 2, so 4 chips are fsdp=2 x tp=2, 2 rows per micro-step
+        # (one per fsdp shard) x 4: the paper's 8 rows per update. 50.5 GB of bf16 text weights: a v5p-8 holds them
+        # with room; v6e slices on one host are 1, 4 or 8 chips, and one chip (31.24 GiB) cannot hold them, so a v6e-4
+        # is the smallest. QLoRA cannot take it to one chip: the experts (45.6 GB) stay bf16 (plan.one_chip_moe).
+        _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
+             "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe."),
+        _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, dataclasses.replace(_V5P_SERVE, max_model_len=8192),
+             "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
+             "recipe: the smallest v6e slice that holds the model."),
         Profile(
             name="v6e-8",
             description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, as the Gemma 4 TPU recipe).",

@@ -258,13 +258,16 @@ def expert_line(model, sizes=None) -> str:
     n_exp = sum(int(getattr(m, w.split("/")[1]).value.size) for m in experts
                 for name, w in MOE_WEIGHTS.items() if name.startswith("experts"))
     base = base_param_count(model)
-    on_experts = sum(v for p, v in _moe_lora_sizes(model).items() if not p.endswith("router_logits"))
+    moe_lora = _moe_lora_sizes(model)
+    on_router = sum(v for p, v in moe_lora.items() if p.endswith("router_logits"))
+    on_experts = sum(moe_lora.values()) - on_router
+    router = f"; the router's einsum got {on_router:,} LoRA parameters" if on_router else ""
     shape = tuple(experts[0].gating_einsum.value.shape)
     head = (f"experts: {len(experts)} layers x {shape[0]} experts hold {n_exp:,} of the {base:,} frozen parameters "
             f"({100 * n_exp / base:.0f}%)")
     if on_experts:
-        return f"{head}; {on_experts:,} LoRA parameters reach them."
-    return f"{head}; no LoRA reaches them ({EXPERTS_WHY.split(': ')[0]}). LoRA trains attention + the dense MLP."
+        return f"{head}; {on_experts:,} LoRA parameters reach them{router}."
+    return f"{head}; no LoRA reaches them ({EXPERTS_WHY.split(': ')[0]}){router}."
 
 
 def summary(report):
