@@ -290,3 +290,9 @@ def test_one_v6e_chip_holds_the_26b_only_with_nf4_experts():
     table = plan.one_chip_moe(gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, profiles.CHIP_HBM_USABLE_GIB["v6e"])
     assert table["fits before activations"].tolist() == [False, False, True]
     assert table["weights GiB"].tolist() == [47.0, 44.7, 13.0]
+
+
+def test_moe_replica_layers_come_in_whole_periods():
+    with pytest.raises(ValueError, match="multiple of 6 for 26b-a4b.*Try 6"):
+        tiny.tiny_text_config(8, MOE)
+    assert tiny.tiny_text_config(12, MOE)["layer_types"].count("full_attention") == 2

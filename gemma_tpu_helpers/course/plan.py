@@ -524,9 +524,19 @@ MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"))
 # XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
 # `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
 # from them when it does not compile (smoke profile). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
-REFERENCE_NOTE = "measured 2026-11-29 to 12-01 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
+REFERENCE_NOTE = "measured 2026-11-29 to 12-04 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
 # A setting with a single 6-layer point is shown as compiled (6 layers), not extrapolated.
 REFERENCE_POINTS: dict[str, list[dict]] = {
+    # the 26B-A4B train step (step.train_step, the MoE router shim), compiled 14:31-14:47 UTC 2026-12-04 (#28)
+    'v5p-8-moe_block_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 257.3, "argument_bytes": 2892989440, "output_bytes": 2892943040, "temp_bytes": 8390443008, "alias_bytes": 2892940288, "peak_bytes": 11283435200, "flops": 13222765658112.0, "bytes_accessed": 201900900352.0, "optimal_seconds": 0.10335349291563034, "step": "train"},
+        {"layers": 12, "compile_s": 230.3, "argument_bytes": 5416821760, "output_bytes": 5416777024, "temp_bytes": 12544212992, "alias_bytes": 5416772608, "peak_bytes": 17961039168, "flops": 21974126428160.0, "bytes_accessed": 381238870016.0, "optimal_seconds": 0.18827097117900848, "step": "train"},
+    ],
+    # the 26B-A4B train step (step.train_step, the MoE router shim), compiled 14:47-14:57 UTC 2026-12-04 (#28)
+    'v6e-4-moe_block_seq3072_Lfit': [
+        {"layers": 6, "compile_s": 502.2, "argument_bytes": 2892989440, "output_bytes": 2892943040, "temp_bytes": 8369012736, "alias_bytes": 2892940288, "peak_bytes": 11262004928, "flops": 459178611048448.0, "bytes_accessed": 196260347904.0, "optimal_seconds": None, "step": "train"},
+        {"layers": 12, "compile_s": 537.0, "argument_bytes": 5416821760, "output_bytes": 5416777024, "temp_bytes": 12597919744, "alias_bytes": 5416772608, "peak_bytes": 18014745920, "flops": 913873947328512.0, "bytes_accessed": 370325979136.0, "optimal_seconds": None, "step": "train"},
+    ],
     # the train step (step.train_step), compiled 11:24-11:34 UTC 2026-12-01 (#13)
     'v5p-8_block_seq3072_Lfit': [
         {"layers": 6, "compile_s": 720.3, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 2031353856, "alias_bytes": 2256259072, "peak_bytes": 4443968000, "flops": 18770382815232, "bytes_accessed": 75245109248, "optimal_seconds": 0.0684, "step": "train"},

@@ -32,8 +32,8 @@ ENV_VAR = "GEMMA_TPU_PROFILE"
 HUB_TIMEOUT_S = 30
 # Download sizes to plan disk with when the Hub cannot be asked (pre-flight offline); the Hub's metadata wins when it
 # answers. The 31B-it: 30.7 B text parameters (gemma4.param_count) in bf16 = 61.4 GB, plus the vision tower (27 layers,
-# hidden 1152), rounded up.
-DOWNLOAD_BYTES_FALLBACK = {"google/gemma-4-31B-it": 63 * 10**9}
+# hidden 1152), rounded up; the 26B-A4B-it: 25.2 B text parameters = 50.5 GB, plus the same vision tower.
+DOWNLOAD_BYTES_FALLBACK = {"google/gemma-4-31B-it": 63 * 10**9, "google/gemma-4-26B-A4B-it": 52 * 10**9}
 PREFLIGHT_PROBE_TIMEOUT_S = 20  # the TPU VM's metadata server and `tpu-info`, asked only where a TPU is visible
 PYTHON_MIN = (3, 11)  # what the pinned stack (requirements*.txt) is built and tested for
 
