@@ -106,7 +106,8 @@ def test_shapes_and_count_are_the_lora_params_qwix_creates(abstract):
     got = _lora_params(model)
     assert got == layout.lora_shapes(c, RANK)
     assert sum(math.prod(s) for s in got.values()) == layout.lora_param_count(c, RANK)
-    if c.get("num_kv_shared_layers"):  # E2B/E4B: qwix gave the never-called kv_einsum of the KV-shared layers no LoRA, as the table says
+    if c.get("num_kv_shared_layers"):  # E2B/E4B: qwix gave the never-called kv_einsum of the KV-shared layers
+        # no LoRA, as the table says
         shared = [L.index for L in layout.layers(c) if L.kv_shared]
         assert shared and not [p for p in got if p.split("/")[1] in map(str, shared) and "kv_einsum" in p]
 

@@ -262,7 +262,7 @@ def test_shipped_reference_points_sit_under_their_own_setting():
     arguments under every policy; a full-depth plain-LoRA point's are within 5% of its profile's analytic estimate
     (E2B's and E4B's differ by 60%: a point pasted under the other Colab profile fails here)."""
     shown = {}
-    for name, policy, *quant in plan.COURSE_PLANS + plan.COLAB_PLANS + plan.PREDICTION_SETTINGS:
+    for name, policy, *quant in plan.COURSE_PLANS + plan.COLAB_PLANS + plan.PREDICTION_SETTINGS + plan.MOE_PLANS:
         prof = profiles.get_profile(name)
         q = quant[0] if quant else prof.lora.qlora
         shown[plan.plan_key(name, policy, prof.train.max_seq_len, None, q)] = (prof, q)

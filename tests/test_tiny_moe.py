@@ -296,3 +296,16 @@ def test_moe_replica_layers_come_in_whole_periods():
     with pytest.raises(ValueError, match="multiple of 6 for 26b-a4b.*Try 6"):
         tiny.tiny_text_config(8, MOE)
     assert tiny.tiny_text_config(12, MOE)["layer_types"].count("full_attention") == 2
+
+
+@pytest.mark.parametrize("name", ["v5p-8-moe", "v6e-4-moe"])
+def test_each_moe_profile_trains_a_setting_that_fits(name):
+    """The shipped compiled plan of the profile's own setting (its remat, seq 3072, 2 rows) fits with margin; the
+    v6e-4 under BLOCK would not (4.4 GiB over), which is why it trains under DECODER."""
+    from gemma_tpu_helpers.course import plan
+
+    prof = profiles.get_profile(name)
+    p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat),))[0]
+    assert p["layers"] == 30 and p["fits"] and p["peak_bytes"] <= 0.92 * p["hbm_bytes"], p["peak_bytes"] / plan.GIB
+    if name == "v6e-4-moe":
+        assert not plan.course_plans("/nonexistent", settings=((name, "block"),))[0]["fits"]

@@ -134,8 +134,9 @@ def add_serve_arguments(p) -> None:
     """The ``serve`` sub-command's arguments (``python -m gemma_tpu_helpers serve ...``)."""
     p.add_argument("--model", required=True, help="HF checkpoint directory (config, safetensors, tokenizer)")
     p.add_argument("--profile", default=None,
-                   help="smoke / smoke-e (CPU, runs here) or a TPU profile (prints the command: the docker line on "
-                        "a TPU VM; on Colab, where there is no Docker, the vllm-tpu install and its `vllm serve`)")
+                   help="smoke / smoke-e / smoke-moe (CPU, runs here) or a TPU profile (prints the command: the "
+                        "docker line on a TPU VM; on Colab, where there is no Docker, the vllm-tpu install and its "
+                        "`vllm serve`)")
     p.add_argument("--smoke-test", action="store_true", help="start, send one chat request, print the answer, stop")
     p.add_argument("--port", type=int, default=None, help="default: a free port (CPU), 8000 in a printed command")
     p.add_argument("--api-key", default=None, help=f"require this key (default: ${serve.API_KEY_ENV} if set)")
@@ -205,7 +206,7 @@ def _task_list(text: str | None) -> list[str] | None:
 
 def add_learn_arguments(p) -> None:
     """The ``learn`` sub-command's arguments."""
-    p.add_argument("--profile", default=None, help="smoke or smoke-e (the profiles with a learning check)")
+    p.add_argument("--profile", default=None, help="smoke, smoke-e or smoke-moe (the profiles with a learning check)")
     p.add_argument("--tasks", default=None, metavar="A,B,...",
                    help="task ids to train on and score (default: the profile's K problems with the shortest "
                         "references)")

@@ -266,7 +266,7 @@ def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> 
         ("mlp (intermediate_size)", c["intermediate_size"], "tp", tp),
         ("hidden_size", c["hidden_size"], "fsdp", fsdp),
     ]
-    if c.get("enable_moe_block"):  # tunix shards experts [E, 2, F, D] as (fsdp, -, -, tp) and [E, F, D] as (fsdp, tp, -)
+    if c.get("enable_moe_block"):  # tunix shards experts [E, 2, F, D] (fsdp, -, -, tp) and [E, F, D] (fsdp, tp, -)
         checks += [
             ("experts (num_experts)", c["num_experts"], "fsdp", fsdp),
             ("experts (moe_intermediate_size)", c["moe_intermediate_size"], "tp", tp),
