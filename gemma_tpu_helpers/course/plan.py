@@ -33,6 +33,7 @@ from ..fixes.gemma4 import (
     kv_shared_layers,
     layer_kinds,
     load_model,
+    moe_layer_params,
     param_count,
     read_text_config,
 )
@@ -82,8 +83,6 @@ def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
     run through ``ragged_dot``, and the embedding stay bf16); and nf4 experts too (what a provider that reaches
     ``ragged_dot`` would give). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights."""
     import pandas as pd
-
-    from ..fixes.gemma4 import moe_layer_params
 
     c = text_config
     total = param_count(c)
