@@ -93,3 +93,13 @@ if importlib.util.find_spec("xdist"):  # the hook exists only with xdist; withou
                 return work_unit(nodeid)
 
         return ModulesAndOneSerialGroup(config, log)
+
+
+def have_iverilog() -> bool:
+    """Whether Icarus Verilog 12 is installed (``make iverilog``): the eval tests score by simulating."""
+    from gemma_tpu_helpers.fixes import evaluate
+
+    try:
+        return bool(evaluate.simulator_tools())
+    except evaluate.IverilogNotFoundError:
+        return False

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import have_iverilog, run_cli
 from safetensors import safe_open
 
 from gemma_tpu_helpers.course import base_model, profiles, tiny
-from gemma_tpu_helpers.fixes import chat_format, evaluate, gemma4, greedy, infra, parity, serve
+from gemma_tpu_helpers.fixes import chat_format, gemma4, greedy, infra, parity, serve
 
 E2B = "e2b"
 REPO = Path(__file__).resolve().parent.parent
@@ -246,14 +246,7 @@ def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
     assert len(set(jax_tokens)) > 2, "a degenerate continuation (one token repeated) would be a weak check"
 
 
-def _have_iverilog():
-    try:
-        return bool(evaluate.simulator_tools())
-    except evaluate.IverilogNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
+@pytest.mark.skipif(not have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
 def test_smoke_e_eval_scores_the_served_replica(e_server, tmp_path):
     """`eval --profile smoke-e` through the same HTTP client: sampled from the server, simulated, scored; the
     profile's run directory holds the calibrations."""

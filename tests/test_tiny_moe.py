@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import have_iverilog, run_cli
 from safetensors import safe_open
 
 from gemma_tpu_helpers.course import base_model, profiles, runs, tiny
-from gemma_tpu_helpers.fixes import chat_format, compat, evaluate, gemma4, greedy, lora, parity, peft_export, serve
+from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, serve
 
 MOE = "26b-a4b"
 PROFILE = "smoke-moe"
@@ -234,14 +234,7 @@ def test_vllm_serves_the_merged_moe_token_for_token(walk, server, mesh):
     assert summary["equal_prefix"] >= 16 and gap < 1e-2, table.to_string()
 
 
-def _have_iverilog():
-    try:
-        return bool(evaluate.simulator_tools())
-    except evaluate.IverilogNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
+@pytest.mark.skipif(not have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
 def test_eval_scores_the_served_moe(server, tmp_path):
     out = tmp_path / "moe.jsonl"
     r = run_cli("eval", "--url", server.base_url, "--model", serve.SERVED_NAME, "--profile", PROFILE,

@@ -249,7 +249,7 @@ def _moe_lora_sizes(model) -> dict[str, int]:
     return out
 
 
-def expert_line(model, sizes=None) -> str:
+def expert_line(model) -> str:
     """One sentence on an MoE model's experts and LoRA ("" for a dense model): how many of the parameters they
     hold, and that no LoRA reaches them (or how many LoRA parameters do, should a provider ever reach them)."""
     experts = [layer.moe for layer in model.layers if hasattr(layer, "moe")]
