@@ -83,13 +83,22 @@ def check_tensor(base_path: Path, merged_path: Path, b_off: int, m_off: int, ent
                  max_ulps: int = MAX_ULPS) -> dict:
     """One targeted tensor, in row blocks: the merged value against round(base + ΔW) (ΔW in fp32 with numpy, one
     rounding to the stored dtype). Where the bits differ, the error may be ``max_ulps`` ulps of the stored dtype plus
-    what the rank-r dot's summation order can change (2·r·2⁻²⁴·Σ|a_i·b_i|·scale): near zero, where W and ΔW cancel,
+    what the rank-r dot's summation order can change (:func:`allowed_error`): near zero, where W and ΔW cancel,
     that is many ulps of a tiny value (seen on a full-size 31B down_proj: 24,321 ulps, |error| 4.7e-10). A NaN where
     base + ΔW is a number (or the reverse) fails. Returns the most ulps, the worst ``excess`` (error / allowed; over
     1 fails), the error there, ΔW's root mean square (``delta_rms``, from the factors) and how many elements the
     merge changed. Opens its own file handles: tensors are checked on several threads."""
     with open(base_path, "rb") as fb, open(merged_path, "rb") as fm:
         return _check_blocks(fb, fm, b_off, m_off, entry, d, max_ulps)
+
+
+def allowed_error(value, dot, rank: int, dtype_name: str, max_ulps: int = MAX_ULPS) -> np.ndarray:
+    """How far two merges of one element may lie apart: ``max_ulps`` units in the last place of ``value`` in its
+    stored dtype, plus what two orders of the fp32 rank-r dot and its scaling can change, each within
+    (r+1)·2⁻²⁴·``dot`` of the exact (``dot`` is |scale|·Σ|aᵢ·bᵢ| for that element): on any CPU, whatever order its
+    BLAS or XLA sums in."""
+    return max_ulps * np.abs(np.spacing(np.asarray(value, np.float32))) * ULP_SCALE.get(dtype_name, 1.0) \
+        + 2 * (rank + 1) * 2.0 ** -24 * np.asarray(dot)
 
 
 def _delta_rms(at: np.ndarray, bt: np.ndarray, scale: float) -> float:
@@ -158,8 +167,7 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             e = np.abs(m32 - w32)
             rr, cc = off // in_dim, off % in_dim
             dot = abs(float(scale)) * np.einsum("ir,ir->i", np.abs(bt[r0 + rr]), np.abs(at[:, cc].T))
-            allowed = max_ulps * np.abs(np.spacing(w32)) * ULP_SCALE.get(dtype.name, 1.0) \
-                + 2 * rank * 2.0 ** -24 * dot
+            allowed = allowed_error(w32, dot, rank, dtype.name, max_ulps)
             x_err = e / np.maximum(allowed, np.finfo(np.float32).tiny)
             nan_m, nan_w = np.isnan(m32), np.isnan(w32)
             x_err[nan_m != nan_w] = np.inf  # a NaN where base + ΔW is a number, or the reverse: fails
