@@ -202,7 +202,8 @@ def _check_server(profile, run_dir: Path) -> Item:
         return Item("vLLM server", SKIP, f"{profile.name} serves on a TPU VM (docker)", "")
     t0 = time.perf_counter()
     try:
-        with start(profile, run_dir / "base", progress=False, log_path=run_dir / "serve" / "setup_check.log") as s:
+        log = run_dir / "serve" / "setup_check.log"
+        with start(profile.serving, run_dir / "base", progress=False, log_path=log) as s:
             models = s.models()
     except (ServeError, OSError) as e:
         return Item("vLLM server", FAIL, str(e).splitlines()[0], "read runs/<profile>/serve/setup_check.log; "
