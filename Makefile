@@ -13,7 +13,7 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all setup venv tpu-venv serve-venv iverilog chromium test test-slow demo site bench clean-runs \
+.PHONY: all setup venv tpu-venv serve-venv iverilog chromium check test test-slow demo site bench clean-runs \
 	test-notebooks test-notebooks-pipeline test-notebooks-rest
 
 all: demo
@@ -42,7 +42,7 @@ serve-venv: $(SERVE_VENV)/.installed
 iverilog:
 	@tools/build_iverilog.sh $(IVERILOG_PREFIX)
 
-# Headless Chromium (Debian's package) for tests/test_site.py, which opens the course site in a real browser.
+# Headless Chromium (Debian's package) for tests/fast/test_site.py, which opens the course site in a real browser.
 chromium:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
@@ -54,12 +54,21 @@ setup:
 	@$(MAKE) --no-print-directory chromium
 	@$(MAKE) --no-print-directory -j3 --output-sync=line venv serve-venv iverilog
 
+# The fast tier, after every edit (about 3 minutes): tests/fast holds the tests that need no trained run, no server
+# and no second process (unit tests of the fixes and the course, a step or two of training at most). Its JAX
+# compilation cache lives beside the Icarus build, so a second `make check` reads back what the first compiled.
+check: venv
+	@JAX_COMPILATION_CACHE_DIR=$(GEMMA_TPU_TOOLS)/jax-cache-check \
+	$(PY) -m pytest tests/fast -q -m "not slow" -n 2 -p no:cacheprovider --durations=10
+
 # One JAX compilation cache per `make test`, fresh each time (nothing carries over from an earlier run): the tests
 # and notebooks compile the same smoke train step and model in dozens of processes; the later ones read it back
 # (the learning check's step: 30 s cold, 16 s from the cache).
+# OpenMP threads that wait passively: two workers share the cores, and a spinning thread takes the other's
+# (tests/conftest.py measures it; the notebooks' kernels run two at a time too).
 test: setup
-	@export JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
-	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=20 && \
+	@export OMP_WAIT_POLICY=PASSIVE JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
+	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=25 && \
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-pipeline test-notebooks-rest; \
 	rc=$$?; rm -rf "$$JAX_COMPILATION_CACHE_DIR"; exit $$rc
 

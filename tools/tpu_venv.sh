@@ -2,7 +2,7 @@
 # Build the training venv on a machine whose python3 is too old for the pins (a stock TPU VM image ships Python 3.10;
 # google-tunix 0.1.7 needs >= 3.11). uv fetches a managed CPython (python-build-standalone), so neither root nor
 # deadsnakes is needed. Usage: tools/tpu_venv.sh [VENV] [REQUIREMENTS]   (defaults: .venv requirements-tpu.txt)
-# GEMMA_TPU_PYTHON picks the Python (default 3.12, Colab's version); tests/test_requirements.py checks that the pins
+# GEMMA_TPU_PYTHON picks the Python (default 3.12, Colab's version); tests/fast/test_requirements.py checks that the pins
 # resolve for it.
 set -euo pipefail
 VENV=${1:-.venv}

@@ -7,7 +7,7 @@ and a hint, never the solution. ``answer = None`` (the cell as shipped) gives *n
 notebook still runs under ``make demo`` and nbmake.
 
 Teachers: ``python -m gemma_tpu_helpers solutions 02`` prints notebook 02's tasks with their solutions
-(:func:`solution`, :func:`format_solutions`). ``tests/test_exercises.py`` proves that every exercise accepts its
+(:func:`solution`, :func:`format_solutions`). ``tests/fast/test_exercises.py`` proves that every exercise accepts its
 solution and rejects each of its typical wrong answers.
 
 This module imports nothing heavy at import time; a checker imports what it needs.

@@ -14,7 +14,7 @@ that every link carries the training through to the served answers. It says noth
 problems a model was trained on is contamination in a real eval. The held-out problems, scored beside them, show it:
 they stay where the base model is.
 
-``broken=`` breaks one link, to show that the check can fail (tests/test_learn.py), each scoring lower than the
+``broken=`` breaks one link, to show that the check can fail (tests/e2e/test_learn.py), each scoring lower than the
 working chain (:data:`BROKEN`).
 """
 

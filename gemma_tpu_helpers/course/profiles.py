@@ -48,7 +48,7 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
 CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12, "v5e": 197e12}
 CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
 # What XLA may allocate per chip, GiB: the "available HBM" of libtpu 0.0.52's compile-time OOM (a v5e has 16 GiB and
-# XLA uses 15.75 of it). A plan fits only under this figure; tests/test_plan.py asks libtpu for it again. Google lists
+# XLA uses 15.75 of it). A plan fits only under this figure; tests/fast/test_plan.py asks libtpu for it again. Google lists
 # the v5p at 95 GB (hbm_gib_per_chip below); libtpu gives XLA 95.73 GiB of it, so the chip has 96 GiB.
 CHIP_HBM_USABLE_GIB = {"v5p": 95.73, "v6e": 31.24, "v5e": 15.75}
 

@@ -7,7 +7,7 @@ a link per notebook. It needs no server and no network: pages link each other by
 that nbconvert would load from a CDN (require.js, MathJax, the widget manager) is left out, so a teacher can zip
 the folder and hand it out. Widgets (tqdm bars) show their text form.
 
-Headless Chromium (Debian's ``chromium``) checks it in a real browser (``tests/test_site.py``) and takes the
+Headless Chromium (Debian's ``chromium``) checks it in a real browser (``tests/fast/test_site.py``) and takes the
 screenshot of the index that ``make site`` keeps in the run directory.
 """
 

@@ -1,7 +1,7 @@
 """Compatibility shims for the pinned tunix / qwix, all in this one module.
 
 Nothing here runs at import time: every shim is applied by an explicit call (``lora.apply_lora(qlora=...)`` calls
-:func:`patch_gemma4_qlora_einsum` for you) and can be undone. ``tests/test_lora.py`` runs the unpatched path and
+:func:`patch_gemma4_qlora_einsum` for you) and can be undone. ``tests/fast/test_lora.py`` runs the unpatched path and
 expects it to fail (``xfail(strict=True)``): when upstream fixes the bug that test starts passing, pytest reports
 it as XPASS-strict, and the shim can be deleted.
 

@@ -5,20 +5,19 @@ stopped, the server's group and the benchmark launcher alike, even when a test f
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+import support
+from support import REPO
 
 from gemma_tpu_helpers.course import bench, cost
 from gemma_tpu_helpers.fixes import serve
 
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+SERVE_PY = support.serve_python()
 OUTPUT_LEN = 16
 NUM_PROMPTS = 4
 

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_architecture import copy_lines, path_of
+from support import copy_lines, path_of
 
 from gemma_tpu_helpers.fixes import evaluate, gemma4, layout, lora_checkpoint, multihost
 

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.course import base_model
 from gemma_tpu_helpers.fixes import infra

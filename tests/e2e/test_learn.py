@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.course import learn, profiles
 from gemma_tpu_helpers.fixes import data, evaluate

@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
+from gemma_tpu_helpers.course import profiles
+
 UV = Path(sys.executable).parent / "uv"
 PLATFORM = "x86_64-manylinux_2_35"
 
@@ -59,3 +61,18 @@ def test_tpu_venv_script_builds_a_venv(tmp_path):
     check = subprocess.run([str(tmp_path / "venv/bin/python"), "-c", "import six, gemma_tpu_helpers"],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.skipif(not UV.is_file(), reason="uv is not installed in this venv")
+def test_vllm_tpu_resolves_for_colabs_python_beside_no_tunix():
+    """The wheel the pip route installs (PyPI has cp312 wheels of vllm-tpu 0.32.0) resolves for Python 3.12 on
+    x86_64 glibc 2.35 (Colab), and pins a jax tunix's stack does not: why it gets the serving venv. Needs PyPI."""
+    prof = profiles.get_profile("colab-v5e-1")
+    out = subprocess.run([str(UV), "pip", "compile", "--no-header", "--quiet", "--python-version", "3.12",
+                          "--python-platform", "x86_64-manylinux_2_35", "-"],
+                         input=f"vllm-tpu=={prof.serve.pip_version}\n", capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    pins = {line.split("==")[0]: line.split("==")[1].split()[0] for line in out.stdout.splitlines() if "==" in line}
+    assert pins["vllm-tpu"] == pins["tpu-inference"] == prof.serve.pip_version
+    assert pins["jax"] != "0.10.2" and "libtpu" in pins, pins  # tunix's jax is 0.10.2 (requirements-tpu.txt)
+    assert pins["transformers"].startswith("5.19"), pins  # the CPU build's transformers: the same vLLM

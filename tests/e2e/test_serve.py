@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+import support
+from support import REPO
 
 from gemma_tpu_helpers.fixes import adapters as lora_adapters
 from gemma_tpu_helpers.fixes import greedy, infra, serve
 from gemma_tpu_helpers.course import commands, profiles
 
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
 API_KEY = "test-key-not-secret"
 N_PARITY = 20

@@ -7,35 +7,23 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import have_iverilog, run_cli
-from safetensors import safe_open
+import support
+from support import REPO, have_iverilog, run_cli
 
 from gemma_tpu_helpers.course import base_model, profiles, tiny
 from gemma_tpu_helpers.fixes import chat_format, gemma4, greedy, infra, parity, serve
 
 E2B = "e2b"
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+SERVE_PY = support.serve_python()
 N_PARITY = 20
 
 
 @pytest.fixture(scope="module")
 def e2b_dir(tmp_path_factory):
     return tiny.write_tiny_model(tmp_path_factory.mktemp("e2b") / "base", variant=E2B)
-
-
-def _keys(model_dir):
-    return json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensor(model_dir, key):
-    shard = _keys(model_dir)[key]
-    with safe_open(model_dir / shard, framework="np") as f:
-        return f.get_tensor(key)
 
 
 def test_e2b_replica_has_the_e_structure(e2b_dir):
@@ -49,17 +37,17 @@ def test_e2b_replica_has_the_e_structure(e2b_dir):
     assert text["num_key_value_heads"] == 1 and text["hidden_size_per_layer_input"] == 32
     cfg = json.loads((e2b_dir / "config.json").read_text())
     assert cfg["audio_config"] and cfg["vision_config"]
-    keys = _keys(e2b_dir)
+    keys = support.model_keys(e2b_dir)
     assert any(k.startswith("model.audio_tower.") for k in keys) and any(k.startswith("model.embed_audio.")
                                                                          for k in keys)
     assert any(k.startswith("model.vision_tower.") for k in keys)
     pre = gemma4.KEY_PREFIX
-    assert _tensor(e2b_dir, pre + "embed_tokens_per_layer.weight").shape == (1024, 10 * 32)
+    assert support.model_tensor(e2b_dir, pre + "embed_tokens_per_layer.weight").shape == (1024, 10 * 32)
     # KV-shared layers keep (unused) k/v weights in the file, as the released E checkpoints do; the MLP is doubled
     assert gemma4.kv_shared_layers(text) == {5: 3, 6: 3, 7: 3, 8: 3, 9: 4}
     assert f"{pre}layers.9.self_attn.v_proj.weight" in keys and f"{pre}layers.9.self_attn.k_norm.weight" in keys
-    assert _tensor(e2b_dir, f"{pre}layers.2.mlp.up_proj.weight").shape == (512, 256)
-    assert _tensor(e2b_dir, f"{pre}layers.7.mlp.up_proj.weight").shape == (1024, 256)
+    assert support.model_tensor(e2b_dir, f"{pre}layers.2.mlp.up_proj.weight").shape == (512, 256)
+    assert support.model_tensor(e2b_dir, f"{pre}layers.7.mlp.up_proj.weight").shape == (1024, 256)
     assert (e2b_dir / "chat_template.jinja").read_text() == chat_format.GEMMA4_E_CHAT_TEMPLATE
 
 
@@ -119,9 +107,8 @@ def smoke_e_run(tmp_path_factory):
     parity, 2 training steps, merge, verify. The walk test reads the results, the serve and eval tests use its
     merged replica: CI trains once. A failed step ends the walk (the walk test says which)."""
     root = tmp_path_factory.mktemp("runs")
-    env = {"GEMMA_TPU_RUNS": str(root)}
     run = root / "smoke-e"
-    steps = [
+    return support.walk(root, "smoke-e", [
         ("lora", ("lora", "--profile", "smoke-e"), 600),
         ("parity", ("parity", run / "base", "--profile", "smoke-e", "--seq-len", "24"), 600),
         ("train", ("train", "--profile", "smoke-e", "--max-steps", "2"), 900),
@@ -129,43 +116,30 @@ def smoke_e_run(tmp_path_factory):
         ("merge", ("merge", "--profile", "smoke-e"), 600),
         ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",
                     run / "merged", "--profile", "smoke-e"), 600),
-    ]
-    results = {}
-    for name, args, timeout in steps:
-        results[name] = run_cli(*args, env=env, timeout=timeout)
-        if results[name].returncode != 0:
-            break
-    return {"root": root, "run": run, "env": env, "steps": results}
-
-
-def _step(smoke_e_run, name):
-    r = smoke_e_run["steps"].get(name)
-    assert r is not None, f"the walk stopped before {name}: {sorted(smoke_e_run['steps'])} ran"
-    assert r.returncode == 0, f"{name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    return r
+    ])
 
 
 def test_smoke_e_walks_lora_train_merge_verify(smoke_e_run):
     """The E replica through the CLI steps in the smoke-e profile: LoRA coverage, 2 training steps, merge, verify."""
     run = smoke_e_run["run"]
-    assert "5 (KV-shared)" in _step(smoke_e_run, "lora").stdout  # k_proj / v_proj have no module on the shared layers
-    assert "parity: OK" in _step(smoke_e_run, "parity").stdout
-    _step(smoke_e_run, "train")
-    _step(smoke_e_run, "merge")
+    assert "5 (KV-shared)" in support.walk_step(smoke_e_run, "lora").stdout  # k_proj / v_proj have no module on the shared layers
+    assert "parity: OK" in support.walk_step(smoke_e_run, "parity").stdout
+    support.walk_step(smoke_e_run, "train")
+    support.walk_step(smoke_e_run, "merge")
     # per-layer embedding tables, the shared layers' unused k/v and every untargeted tensor: bit-identical
     pre = gemma4.KEY_PREFIX
     targeted = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.", ".gate_proj.", ".up_proj.", ".down_proj.")
     shared = gemma4.kv_shared_layers(gemma4.read_text_config(run / "base"))
     changed = 0
-    for key in _keys(run / "base"):
-        a, b = _tensor(run / "base", key), _tensor(run / "merged", key)
+    for key in support.model_keys(run / "base"):
+        a, b = support.model_tensor(run / "base", key), support.model_tensor(run / "merged", key)
         unused_kv = any(key.startswith(f"{pre}layers.{i}.self_attn.{p}") for i in shared for p in ("k_", "v_"))
         if key.startswith(pre) and "layers." in key and any(t in key for t in targeted) and not unused_kv:
             changed += not np.array_equal(a, b)
         else:
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
     assert changed == 60  # 5 unshared layers x 7 targets + 5 shared layers x 5 (no k/v there)
-    assert "verify: OK" in _step(smoke_e_run, "verify").stdout
+    assert "verify: OK" in support.walk_step(smoke_e_run, "verify").stdout
 
 
 def _tree(pid):
@@ -186,7 +160,7 @@ def e_server(smoke_e_run):
     stopped with SIGTERM (its handler stops vLLM's process group); anything left is killed and fails the test."""
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
-    _step(smoke_e_run, "merge")
+    support.walk_step(smoke_e_run, "merge")
     merged, port = smoke_e_run["run"] / "merged", serve.free_port()
     log = smoke_e_run["root"] / "serve-cli.log"
     with open(log, "w") as out:
@@ -228,7 +202,6 @@ def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
     gaps. The JAX side runs while vLLM starts."""
     merged = e_server["merged"]
     prof = profiles.get_profile("smoke-e")
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     mesh = prof.make_mesh()  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
     model = gemma4.load_model(merged, mesh, dtype=prof.model.dtype)

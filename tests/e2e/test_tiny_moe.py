@@ -1,22 +1,18 @@
 """The tiny 26B-A4B replica (mixture of experts): its structure, tunix's router fixed, LoRA coverage of the experts,
 the tp limit of 2 global KV heads, and every step in smoke-moe: train, merge, verify, PEFT export, vLLM, eval."""
 
-import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import have_iverilog, run_cli
-from safetensors import safe_open
+import support
+from support import have_iverilog, run_cli
 
 from gemma_tpu_helpers.course import base_model, profiles, runs, tiny
 from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, serve
 
 MOE = "26b-a4b"
 PROFILE = "smoke-moe"
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+SERVE_PY = support.serve_python()
 PRE = gemma4.KEY_PREFIX
 N_PARITY = 20
 
@@ -26,9 +22,8 @@ def walk(tmp_path_factory):
     """One smoke-moe run directory walked once through the CLI steps, each with --profile smoke-moe: LoRA coverage,
     2 training steps, merge, verify, PEFT export. A failed step ends the walk (the tests say which)."""
     root = tmp_path_factory.mktemp("runs")
-    env = {"GEMMA_TPU_RUNS": str(root)}
     run = root / PROFILE
-    steps = [
+    return support.walk(root, PROFILE, [
         ("lora", ("lora", "--profile", PROFILE), 600),
         ("train", ("train", "--profile", PROFILE, "--max-steps", "2"), 900),
         ("merge", ("merge", "--profile", PROFILE), 600),
@@ -36,34 +31,12 @@ def walk(tmp_path_factory):
                     run / "merged", "--profile", PROFILE), 600),
         ("export", ("export-adapter", "--base", run / "base", "--checkpoint", run / "checkpoints", "--out",
                     run / "adapter"), 600),
-    ]
-    results = {}
-    for name, args, timeout in steps:
-        results[name] = run_cli(*args, env=env, timeout=timeout)
-        if results[name].returncode != 0:
-            break
-    return {"root": root, "run": run, "steps": results}
-
-
-def _step(walk, name):
-    r = walk["steps"].get(name)
-    assert r is not None, f"the walk stopped before {name}: {sorted(walk['steps'])} ran"
-    assert r.returncode == 0, f"{name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    return r
-
-
-def _keys(model_dir):
-    return json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
-
-
-def _tensor(model_dir, key):
-    with safe_open(model_dir / _keys(model_dir)[key], framework="np") as f:
-        return f.get_tensor(key)
+    ])
 
 
 @pytest.fixture(scope="module")
 def base(walk):
-    _step(walk, "lora")  # the lora step built the replica (runs/smoke-moe/base)
+    support.walk_step(walk, "lora")  # the lora step built the replica (runs/smoke-moe/base)
     return walk["run"] / "base"
 
 
@@ -77,19 +50,19 @@ def test_replica_has_the_26b_structure(base):
     e, f, d = text["num_experts"], text["moe_intermediate_size"], text["hidden_size"]
     assert (e, text["top_k_experts"], f, d, text["intermediate_size"]) == (8, 2, 128, 256, 512)
     # the real key names and axis order: gate and up packed in one [E, 2F, D] tensor, down [E, D, F]
-    assert _tensor(base, f"{PRE}layers.0.experts.gate_up_proj").shape == (e, 2 * f, d)
-    assert _tensor(base, f"{PRE}layers.0.experts.down_proj").shape == (e, d, f)
-    assert _tensor(base, f"{PRE}layers.0.router.proj.weight").shape == (e, d)
-    assert _tensor(base, f"{PRE}layers.0.router.per_expert_scale").shape == (e,)
-    assert _tensor(base, f"{PRE}layers.0.mlp.gate_proj.weight").shape == (512, d)  # the dense MLP beside them
-    keys = _keys(base)
+    assert support.model_tensor(base, f"{PRE}layers.0.experts.gate_up_proj").shape == (e, 2 * f, d)
+    assert support.model_tensor(base, f"{PRE}layers.0.experts.down_proj").shape == (e, d, f)
+    assert support.model_tensor(base, f"{PRE}layers.0.router.proj.weight").shape == (e, d)
+    assert support.model_tensor(base, f"{PRE}layers.0.router.per_expert_scale").shape == (e,)
+    assert support.model_tensor(base, f"{PRE}layers.0.mlp.gate_proj.weight").shape == (512, d)  # the dense MLP beside them
+    keys = support.model_keys(base)
     assert f"{PRE}layers.5.self_attn.v_proj.weight" not in keys  # the global layer: k=v
-    assert _tensor(base, f"{PRE}layers.5.self_attn.k_proj.weight").shape == (2 * 128, d)  # 2 global KV heads
+    assert support.model_tensor(base, f"{PRE}layers.5.self_attn.k_proj.weight").shape == (2 * 128, d)  # 2 global KV heads
     assert any(k.startswith("model.vision_tower.") for k in keys) and not any("audio" in k for k in keys)
     assert (base / "chat_template.jinja").read_text() == chat_format.CHAT_TEMPLATES["31b"]
     # the scales and norms a trained MoE has away from 1 (parity with all of them 1 cannot see a misplaced router)
     for name in ("router.scale", "router.per_expert_scale", "pre_feedforward_layernorm_2.weight"):
-        assert np.ptp(_tensor(base, f"{PRE}layers.0.{name}")) > 0.1, name
+        assert np.ptp(support.model_tensor(base, f"{PRE}layers.0.{name}")) > 0.1, name
 
 
 def test_transformers_reloads_the_replica_with_no_missing_keys(base):
@@ -176,17 +149,17 @@ def test_a_regex_naming_the_moe_reaches_the_router_not_the_experts(base, mesh):
 
 
 def test_smoke_moe_walks_lora_train_merge_verify(walk):
-    out = _step(walk, "lora").stdout
+    out = support.walk_step(walk, "lora").stdout
     assert "experts.gate_up_proj" in out and "all 6 layers (moe/gating_einsum)" in out
     assert "no LoRA reaches them" in out and "(45%)" in out
-    _step(walk, "train")
-    _step(walk, "merge")
+    support.walk_step(walk, "train")
+    support.walk_step(walk, "merge")
     run = walk["run"]
     targeted = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",
                 ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.")
     changed, same = [], []
-    for key in _keys(run / "base"):
-        a, b = _tensor(run / "base", key), _tensor(run / "merged", key)
+    for key in support.model_keys(run / "base"):
+        a, b = support.model_tensor(run / "base", key), support.model_tensor(run / "merged", key)
         if key.startswith(PRE) and any(t in key for t in targeted):
             assert not np.array_equal(a, b), key
             changed.append(key)
@@ -196,13 +169,13 @@ def test_smoke_moe_walks_lora_train_merge_verify(walk):
     assert len(changed) == 41  # 6 layers x 7 targets, less v_proj on the k=v global layer
     assert sum(".experts." in k or ".router." in k for k in same) == 6 * 5
     print(f"\nmerge: {len(changed)} tensors changed, {len(same)} bit-identical")
-    verify_out = _step(walk, "verify").stdout
+    verify_out = support.walk_step(walk, "verify").stdout
     assert "verify: OK" in verify_out
     print(verify_out)
 
 
 def test_peft_adapter_on_the_moe_matches_the_merged_model(walk):
-    _step(walk, "export")
+    support.walk_step(walk, "export")
     run = walk["run"]
     tokens = parity.sample_tokens(1024, 32)
     peft_logits = peft_export.peft_logits(run / "base", run / "adapter", tokens)
@@ -214,7 +187,7 @@ def test_peft_adapter_on_the_moe_matches_the_merged_model(walk):
 def server(walk):
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
-    _step(walk, "merge")
+    support.walk_step(walk, "merge")
     with serve.start(profiles.get_profile(PROFILE).serving, walk["run"] / "merged", progress=False,
                      log_path=walk["root"] / "serve.log") as srv:
         yield srv

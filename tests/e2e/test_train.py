@@ -1,17 +1,12 @@
-"""Training: loss goes down, checkpoints resume exactly after SIGKILL, NaN stops cleanly, bad configs are refused."""
+"""Training: loss goes down, NaN stops cleanly, bad configs are refused. Kill and resume: test_resume.py."""
 
 import dataclasses
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 from gemma_tpu_helpers.fixes import step
 from gemma_tpu_helpers.course import train
@@ -32,43 +27,6 @@ def test_trains_lora_only_and_loss_goes_down(smoke_run):
     assert train.latest_step(run_dir / "checkpoints") == STEPS
     saved = sorted(p.name for p in (run_dir / "checkpoints" / str(STEPS)).iterdir())
     assert "model_params" in saved and "optimizer_state" in saved
-
-
-def _cli_train(run_dir, base, *extra):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers", "train", "--run-dir", str(run_dir),
-                             "--base", str(base), "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY),
-                             *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def test_sigkill_then_resume_matches_an_uninterrupted_run(smoke_run, tiny_dir, tmp_path):
-    run_dir = tmp_path / "run_b"
-    proc = _cli_train(run_dir, tiny_dir)
-    try:
-        deadline = time.time() + 900
-        while train.latest_step(run_dir / "checkpoints") is None:  # wait for the first checkpoint (step EVERY)
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.time() < deadline, "no checkpoint in time"
-            time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    killed_at = train.latest_step(run_dir / "checkpoints")
-    assert killed_at < STEPS
-    resumed = _cli_train(run_dir, tiny_dir)
-    out, _ = resumed.communicate(timeout=900)
-    assert resumed.returncode == 0, out[-3000:]
-    assert f"trained steps {killed_at}..{STEPS}" in out
-    a = smoke_run[1].metrics.dropna(subset=["loss"]).set_index("step")["loss"]
-    b = train.read_metrics(run_dir).dropna(subset=["loss"]).set_index("step")["loss"]
-    after = [s for s in a.index if s > killed_at]
-    assert after, "the kill came too late to test a resume"
-    err = np.abs(a[after].to_numpy() - b[after].to_numpy()).max()
-    print(f"resume parity: max |dloss| over steps {after} = {err:.2e}")
-    assert err <= 1e-5
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tiny_dir, tmp_path, smoke):

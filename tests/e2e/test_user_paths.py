@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from support import REPO, run_cli
 
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.fixes import evaluate, serve

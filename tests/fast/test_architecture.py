@@ -6,6 +6,8 @@ import ast
 from pathlib import Path
 
 import pytest
+import support
+from support import copy_lines, path_of
 
 import gemma_tpu_helpers
 
@@ -19,10 +21,6 @@ MODULES = sorted([f"{p.parent.name}.{p.stem}" for t in TIERS for p in (PKG / t).
 
 def tier_of(module: str) -> str | None:
     return module.split(".")[0] if "." in module else None
-
-
-def path_of(module: str) -> Path:
-    return PKG / (module.replace(".", "/") + ".py")
 
 
 def imports(module: str):
@@ -131,7 +129,7 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     """The checks can fail: an upward, private, function-level import in a scratch module is seen as such."""
     (tmp_path / "fixes").mkdir()
     (tmp_path / "fixes" / "scratch.py").write_text("def f():\n    from ..course.site import _private\n")
-    monkeypatch.setattr(__import__(__name__), "PKG", tmp_path)
+    monkeypatch.setattr(support, "PKG", tmp_path)  # path_of reads the package's folder from there
     (found,) = imports("fixes.scratch")
     assert found == ("course.site", ["_private"], True)
 
@@ -144,23 +142,6 @@ def closure(module: str) -> set[str]:
                 seen.add(t)
                 todo.append(t)
     return seen - {module}
-
-
-def copy_lines():
-    """{notebook: (module as "<tier>.<name>", the files its 'Copy into your project' line lists)}."""
-    import re
-
-    import nbformat
-
-    out = {}
-    for path in sorted((PKG.parent / "notebooks").glob("*.ipynb")):
-        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
-        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(fixes|course)/(\w+)\.py` and what it imports "
-                      r"from this package: ([^(]*)\(", text)
-        assert m, f"{path.name} has no 'Copy into your project' line"
-        out[path.stem] = (f"{m.group(1)}.{m.group(2)}", {f"{t}.{n}" for t, n in re.findall(r"`(fixes|course)/(\w+)\.py`",
-                                                                                          m.group(3))})
-    return out
 
 
 def test_each_notebook_names_the_files_that_travel_together():
@@ -183,3 +164,49 @@ def test_a_fix_travels_without_the_course():
         lines[name] = sum(len(path_of(m).read_text().splitlines()) for m in listed | {module})
     print(lines)
     assert len(lines) == 9 and max(lines.values()) <= COPY_BUDGET_LINES, lines
+
+
+# ---------------------------------------------------------------------------------------------- the tests' tiers
+
+TESTS = Path(__file__).resolve().parent.parent
+# What makes a test end-to-end (tests/e2e): a fixture that trains or starts a server, or a call that walks the CLI,
+# trains in several processes or runs the learning check.
+E2E_FIXTURES = {"smoke_run": "the smoke training", "gcs": "fake-gcs-server"}
+E2E_CALLS = {"walk": "a CLI walk", "learn": "the learning check", "sigterm_processes": "a killed training"}
+E2E_TEXT = {"--num-processes": "a multi-process training"}
+
+
+def test_the_fast_tier_trains_no_run_and_starts_no_server():
+    """tests/fast is what `make check` runs after every edit: nothing there may wait on a shared training, a server
+    or a multi-process run (each of those belongs in tests/e2e)."""
+    found = []
+    for path in sorted((TESTS / "fast").glob("test_*.py")):
+        if path == Path(__file__).resolve():
+            continue  # this file names what it looks for
+        text = path.read_text()
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{path.name}::{node.name} uses {E2E_FIXTURES[a.arg]}" for a in node.args.args
+                          if a.arg in E2E_FIXTURES]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in {
+                        ("support", "walk"), ("learn", "learn")}:
+                found.append(f"{path.name}:{node.lineno} runs {E2E_CALLS[node.func.attr]}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in E2E_CALLS:
+                found.append(f"{path.name}:{node.lineno} runs {E2E_CALLS[node.func.id]}")
+        found += [f"{path.name} starts {why}" for needle, why in E2E_TEXT.items() if needle in text]
+    assert not found, "move these to tests/e2e: " + "; ".join(found)
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/support.py (and fixtures in conftest.py): a test module never imports another
+    test module or conftest, so each can move, or run alone, on its own."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(TESTS)} imports {n}" for n in names
+                      if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
+    assert not found, found

@@ -3,15 +3,15 @@
 import json
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support import REPO
 
 from gemma_tpu_helpers.fixes import chat_format, data, gemma4
 from gemma_tpu_helpers.course import tiny
 
-DESIGN = Path(__file__).resolve().parent.parent.parent / "shared" / "DESIGN.md"
+DESIGN = REPO.parent / "shared" / "DESIGN.md"
 ANSWER = "```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"
 CHAT = [{"role": "system", "content": "Be terse."},
         {"role": "user", "content": "  Write a module named inv with input a and output y.  "},
@@ -213,7 +213,7 @@ def test_the_replica_has_every_file_of_the_real_checkpoint(tiny_dir, tokenizer):
 
 
 def test_data_stats_shows_an_example_as_it_is_trained(tiny_dir):
-    from conftest import run_cli
+    from support import run_cli
 
     out = run_cli("data-stats", "--profile", "smoke", "--base", tiny_dir, "--show-example", "0")
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
-from conftest import run_cli
+from support import run_cli
 from nbformat.v4 import new_code_cell, new_notebook
 
 from gemma_tpu_helpers.course import logbook

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.fixes import data, inputs
 

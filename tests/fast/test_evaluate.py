@@ -18,7 +18,7 @@ import time
 from fractions import Fraction
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.fixes import evaluate as ev
 

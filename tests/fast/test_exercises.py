@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
+from support import REPO, run_cli
 
 from gemma_tpu_helpers.course import exercises
 

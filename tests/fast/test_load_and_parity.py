@@ -2,7 +2,6 @@ import json
 import shutil
 
 import pytest
-from conftest import run_cli
 
 from gemma_tpu_helpers.fixes import gemma4, parity
 from gemma_tpu_helpers.fixes import mesh as mesh_lib
@@ -110,11 +109,3 @@ def test_config_mapping_for_the_31b():
     assert cfg.attention_pattern == ref.attention_pattern * 10
 
 
-def test_cli_parity(tiny_dir):
-    r = run_cli("parity", tiny_dir, "--layers", "--seq-len", "24")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "parity: OK" in r.stdout and "layer 5 (global)" in r.stdout
-    r = run_cli("parity", tiny_dir, "--bound", "1e-12")
-    assert r.returncode == 1 and "parity: FAILED" in r.stdout
-    r = run_cli("parity", tiny_dir, "--profile", "nope")
-    assert r.returncode == 2 and "smoke" in r.stderr

@@ -40,7 +40,7 @@ def test_trainer_batch_is_sharded_only_under_the_trainer_context(tiny_dir, mesh,
 
 
 def test_cli_mesh():
-    from conftest import run_cli
+    from support import run_cli
 
     r = run_cli("mesh", "--profile", "smoke")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,11 +1,11 @@
 """Every notebook follows the conventions in notebooks/README.md, and is stored without outputs."""
 
 import json
-from pathlib import Path
 
 import pytest
+from support import REPO
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_there_are_notebooks():

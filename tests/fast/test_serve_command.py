@@ -4,18 +4,17 @@ HBM arithmetic per chip adds up, and the vllm-tpu wheel the Colab route installs
 
 import dataclasses
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+import support
+from support import run_cli
 
 from gemma_tpu_helpers.course import profiles, runs
 from gemma_tpu_helpers.fixes import serve
 
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get(serve.SERVE_PYTHON_ENV) or REPO / ".venv-serve" / "bin" / "python")
+SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
 COLAB = ("colab-v5e-1", "colab-v6e-1")
 UV = Path(sys.executable).parent / "uv"
@@ -230,16 +229,3 @@ def test_colab_start_without_a_tpu_says_what_to_do(tmp_path):
     assert serve.tpu_held_by_this_process() == []  # a CPU machine: nothing to hold
 
 
-@pytest.mark.skipif(not UV.is_file(), reason="uv is not installed in this venv")
-def test_vllm_tpu_resolves_for_colabs_python_beside_no_tunix():
-    """The wheel the pip route installs (PyPI has cp312 wheels of vllm-tpu 0.32.0) resolves for Python 3.12 on
-    x86_64 glibc 2.35 (Colab), and pins a jax tunix's stack does not: why it gets the serving venv. Needs PyPI."""
-    prof = profiles.get_profile("colab-v5e-1")
-    out = subprocess.run([str(UV), "pip", "compile", "--no-header", "--quiet", "--python-version", "3.12",
-                          "--python-platform", "x86_64-manylinux_2_35", "-"],
-                         input=f"vllm-tpu=={prof.serve.pip_version}\n", capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    pins = {line.split("==")[0]: line.split("==")[1].split()[0] for line in out.stdout.splitlines() if "==" in line}
-    assert pins["vllm-tpu"] == pins["tpu-inference"] == prof.serve.pip_version
-    assert pins["jax"] != "0.10.2" and "libtpu" in pins, pins  # tunix's jax is 0.10.2 (requirements-tpu.txt)
-    assert pins["transformers"].startswith("5.19"), pins  # the CPU build's transformers: the same vLLM

@@ -4,12 +4,11 @@ import json
 import os
 import subprocess
 from importlib import metadata
-from pathlib import Path
 
 import pytest
+import support
 
-REPO = Path(__file__).resolve().parent.parent
-SERVE_PY = Path(os.environ.get("GEMMA_TPU_SERVE_PYTHON", REPO / ".venv-serve" / "bin" / "python"))
+SERVE_PY = support.serve_python()
 
 PROBE = """
 import json, importlib.metadata as m, importlib.util as u

@@ -15,11 +15,11 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DATA = ROOT / "gemma_tpu_helpers" / "data"
 SFT = DATA / "verilog_sft.jsonl"
 EVAL = DATA / "eval"

@@ -9,7 +9,7 @@ import shutil
 
 import nbformat
 import pytest
-from conftest import REPO, run_cli
+from support import REPO, run_cli
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 

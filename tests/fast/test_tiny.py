@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.fixes import gemma4
 from gemma_tpu_helpers.course import tiny

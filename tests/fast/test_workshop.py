@@ -3,7 +3,7 @@
 import shutil
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from gemma_tpu_helpers.course import workshop
 

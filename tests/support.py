@@ -1,0 +1,256 @@
+"""Helpers the test modules share (no test module imports another): starting and stopping the CLI in processes of
+their own, the kill-and-resume checks, the replicas' CLI walks, the serving venv and the notebooks' copy lines."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+PKG = REPO / "gemma_tpu_helpers"
+# conftest's smoke run: the uninterrupted reference of every kill-and-resume test
+SMOKE_RUN_STEPS, SMOKE_RUN_EVERY = 4, 2
+RESUME_TOL = 1e-5  # |dloss| of a resumed run against the uninterrupted one
+# (the last --checkpoint-every wins) no periodic save: Orbax saves step 1 (its first) and a preemption its step
+NO_PERIODIC = ["--checkpoint-every", 1000]
+
+
+def serve_python() -> Path:
+    """The serving venv's python, as the package finds it ($GEMMA_TPU_SERVE_PYTHON, else .venv-serve)."""
+    from gemma_tpu_helpers.fixes import serve
+
+    return serve.serve_python(check=False)
+
+
+def run_cli(*args, env=None, timeout=600, cwd=REPO):
+    """``python -m gemma_tpu_helpers ARGS`` in ``cwd`` (default: the checkout), as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+# ------------------------------------------------------------------------------------- processes of their own
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 free (jax.distributed's coordinator uses both)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def start(*args, module=True):
+    """``python -m gemma_tpu_helpers ARGS`` (or ``python ARGS``) in its own session, output piped."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GEMMA_TPU_PROFILE": "smoke"}
+    cmd = [sys.executable, "-m", "gemma_tpu_helpers", *map(str, args)] if module else [sys.executable, *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def kill(procs) -> None:
+    """SIGKILL each process's whole session (whatever it started) and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+
+
+def finish(procs, timeout: float) -> list[tuple[int, str]]:
+    """Wait for all (a shared deadline); kill the process groups whatever happens; (returncode, output) each."""
+    try:
+        deadline = time.monotonic() + timeout
+        outs = []
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append((p.returncode, out))
+        return outs
+    finally:
+        kill(procs)
+
+
+def train_args(run_dir, base, steps=SMOKE_RUN_STEPS, every=SMOKE_RUN_EVERY):
+    return ["train", "--run-dir", run_dir, "--base", base, "--max-steps", steps, "--checkpoint-every", every]
+
+
+def losses(metrics):
+    """The training losses of a metrics table, by step."""
+    return metrics.dropna(subset=["loss"]).set_index("step")["loss"]
+
+
+def wait_for_step(run_dir, procs, timeout=900) -> None:
+    """Until process 0 has written the metrics of step 1 in ``run_dir`` (local or gs://): training runs, compiled."""
+    from gemma_tpu_helpers.fixes import infra
+
+    path = infra.to_path(str(run_dir)) / "train" / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (path.is_file() and '"loss"' in path.read_text()):
+        for p in procs:
+            assert p.poll() is None, p.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, "training did not reach step 1 in time"
+        time.sleep(0.2)
+
+
+def stopped_step(out: str) -> int:
+    """The step a preempted training says it stopped after (its one line, with the exit code and how to resume)."""
+    from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+
+    line = next((x for x in out.splitlines() if x.startswith("preempted: SIGTERM: stopped after step ")), None)
+    assert line is not None, out[-4000:]
+    assert "Run the same command again to resume" in line and f"exit code {PREEMPTED_EXIT}" in line, line
+    return int(line.split("stopped after step ")[1].split()[0])
+
+
+def sigterm_processes(run_dir, procs, to: int = 0) -> tuple[list[tuple[int, str]], float]:
+    """A SIGTERM to the session of ``procs[to]`` once step 1 is recorded in ``run_dir`` (as a spot VM's shutdown
+    sends it); every process must exit 75. ``([(returncode, output)], seconds from the signal to the last exit)``."""
+    from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+
+    try:
+        wait_for_step(run_dir, procs)
+        sent = time.monotonic()
+        os.killpg(procs[to].pid, signal.SIGTERM)
+        outs = finish(procs, timeout=300)
+        exit_s = time.monotonic() - sent
+    finally:
+        kill(procs)
+    for i, (rc, out) in enumerate(outs):
+        assert rc == PREEMPTED_EXIT, f"process {i}:\n{out[-4000:]}"
+    return outs, exit_s
+
+
+def check_resume(reference, run_dir, after_step: int, steps=SMOKE_RUN_STEPS, every_step=True) -> float:
+    """The run in ``run_dir`` recorded steps 1..steps (``every_step``; a SIGKILL may lose the lines it had not
+    written yet), and its losses after ``after_step`` (where it was stopped) equal the uninterrupted ``reference``
+    run's within RESUME_TOL. Returns the largest difference."""
+    from gemma_tpu_helpers.course import train
+
+    a, b = losses(reference.metrics), losses(train.read_metrics(run_dir))
+    want = list(range(1 if every_step else after_step + 1, steps + 1))
+    assert (list(b.index) if every_step else [s for s in b.index if s > after_step]) == want, b
+    after = [s for s in a.index if s > after_step]
+    assert after, f"stopped at step {after_step}: too late to test a resume"
+    err = float(np.abs(a[after].to_numpy() - b[after].to_numpy()).max())
+    print(f"resume parity after step {after_step}: max |dloss| over steps {after} = {err:.2e}")
+    assert err <= RESUME_TOL
+    return err
+
+
+# ----------------------------------------------------------------------------------- the replicas' CLI walks
+
+def walk(root: Path, profile: str, steps) -> dict:
+    """Run CLI steps one after another with GEMMA_TPU_RUNS=root: ``steps`` is ``[(name, argv, timeout)]``. A failed
+    step ends the walk (:func:`walk_step` says which). ``{"root", "run" (root/profile), "env", "steps"}``."""
+    env = {"GEMMA_TPU_RUNS": str(root)}
+    results = {}
+    for name, args, timeout in steps:
+        results[name] = run_cli(*args, env=env, timeout=timeout)
+        if results[name].returncode != 0:
+            break
+    return {"root": root, "run": root / profile, "env": env, "steps": results}
+
+
+def walk_step(walked: dict, name: str):
+    """The result of step ``name`` of a walk; fails naming the step that stopped it."""
+    r = walked["steps"].get(name)
+    assert r is not None, f"the walk stopped before {name}: {sorted(walked['steps'])} ran"
+    assert r.returncode == 0, f"{name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def model_keys(model_dir: Path) -> dict[str, str]:
+    """A sharded checkpoint's weight map: tensor name -> shard file."""
+    return json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def model_tensor(model_dir: Path, key: str):
+    from safetensors import safe_open
+
+    with safe_open(model_dir / model_keys(model_dir)[key], framework="np") as f:
+        return f.get_tensor(key)
+
+
+# ----------------------------------------------------------------------------------- the package's source
+
+def path_of(module: str) -> Path:
+    """The source file of ``"<tier>.<name>"`` (or a top-level module's name)."""
+    return PKG / (module.replace(".", "/") + ".py")
+
+
+def copy_lines():
+    """{notebook: (module as "<tier>.<name>", the files its 'Copy into your project' line lists)}."""
+    import nbformat
+
+    out = {}
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(fixes|course)/(\w+)\.py` and what it "
+                      r"imports from this package: ([^(]*)\(", text)
+        assert m, f"{path.name} has no 'Copy into your project' line"
+        out[path.stem] = (f"{m.group(1)}.{m.group(2)}",
+                          {f"{t}.{n}" for t, n in re.findall(r"`(fixes|course)/(\w+)\.py`", m.group(3))})
+    return out
+
+
+def have_iverilog() -> bool:
+    """Whether Icarus Verilog 12 is installed (``make iverilog``): the eval tests score by simulating."""
+    from gemma_tpu_helpers.fixes import evaluate
+
+    try:
+        return bool(evaluate.simulator_tools())
+    except evaluate.IverilogNotFoundError:
+        return False
+
+
+def shard_tensors(path: Path) -> dict:
+    """Every tensor of one safetensors file, as numpy arrays."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="np") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+# ----------------------------------------------------------------------------------- LoRA checkpoints
+
+def lora_ckpt(base: Path, ckpt: Path, steps=((1, 0),), std: float = 0.05) -> Path:
+    """A LoRA checkpoint on every target of ``base``, one synthetic LoRA per (step, seed)."""
+    from gemma_tpu_helpers.fixes import gemma4, layout, lora_checkpoint
+
+    text = gemma4.read_text_config(base)
+    meta = {"targets": list(layout.TARGETS), "rank": 4, "alpha": 8.0, "num_layers": text["num_hidden_layers"]}
+    for step, seed in steps:
+        lora = layout.synthetic_lora(text, list(layout.TARGETS), 4, seed=seed, std=std)
+        lora_checkpoint.write_lora_checkpoint(ckpt, lora, meta, step=step)
+    return ckpt
+
+
+def bf16_copy(src: Path, dst: Path) -> Path:
+    """``src`` with every fp32 tensor stored in bf16 and config dtype bfloat16, as google/gemma-4-31B-it ships."""
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for shard in dst.glob("*.safetensors"):
+        tensors = {k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in load_file(shard).items()}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
