@@ -97,11 +97,12 @@ if importlib.util.find_spec("xdist"):  # the hook exists only with xdist; withou
     def pytest_xdist_make_scheduler(config, log):
         from xdist.scheduler import LoadScopeScheduling
 
-        class ModulesAndOneSerialGroup(LoadScopeScheduling):
+        class ModulesAndGroups(LoadScopeScheduling):
             def _split_scope(self, nodeid):
                 return work_unit(nodeid)
 
-        return ModulesAndOneSerialGroup(config, log)
+        config.option.loadscopereorder = False  # xdist would order the units by test count, not as FIRST says
+        return ModulesAndGroups(config, log)
 
 
 BUCKET = "course"

@@ -16,9 +16,10 @@ def test_settings_table_for_the_papers_runs():
 
 
 def test_peft_and_tunix_train_the_same_loss_curve(tiny_dir, mesh, smoke):
-    table = equivalence.peft_parity(smoke, tiny_dir, mesh, steps=20, learning_rate=1e-4)
+    # 10 steps: the curves move (the second assert) and every step is compared; notebook 06 shows 20
+    table = equivalence.peft_parity(smoke, tiny_dir, mesh, steps=10, learning_rate=1e-4)
     print(table.to_string())
-    assert len(table) == 20 and (table["tunix + qwix"] > 0).all()
+    assert len(table) == 10 and (table["tunix + qwix"] > 0).all()
     assert table["tunix + qwix"].iloc[-1] != table["tunix + qwix"].iloc[0]
     # fp32 on both sides: the curves agree to rounding (measured here: 5.7e-6 max over 20 steps at lr 1e-4)
     assert table["|diff|"].max() <= 2e-5
