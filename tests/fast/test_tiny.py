@@ -103,3 +103,18 @@ def test_two_processes_asking_at_once_build_it_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     assert inodes[0] == inodes[1], "the checkpoint was built twice"
     gemma4.check_checkpoint(out)
+
+
+# The ids google/gemma-4-*-it ship (DESIGN.md: firm across every published copy), written here as literals, not read
+# from chat_format's table: a shifted entry there would move the replica and an expectation built from it together.
+REAL_IDS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<|tool_response>": 50, "<|turn>": 105, "<turn|>": 106}
+
+
+def test_special_token_ids_are_the_real_releases(tiny_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    assert {t: tok.convert_tokens_to_ids(t) for t in REAL_IDS} == REAL_IDS
+    generation = json.loads((tiny_dir / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [1, 106, 50]
+    assert tok.convert_ids_to_tokens(generation["eos_token_id"]) == ["<eos>", "<turn|>", "<|tool_response>"]
