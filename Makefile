@@ -54,9 +54,9 @@ setup:
 	@$(MAKE) --no-print-directory chromium
 	@$(MAKE) --no-print-directory -j3 --output-sync=line venv serve-venv iverilog
 
-# The fast tier, after every edit (3 to 3.5 minutes on 2 cores): tests/fast holds the tests that need no trained run, no server
-# and no second process (unit tests of the fixes and the course, a step or two of training at most). Its JAX
-# compilation cache lives beside the Icarus build, so a second `make check` reads back what the first compiled.
+# The fast tier, after every edit (3 to 3.5 minutes on 2 cores): tests/fast holds the tests that need no trained
+# run, no server and no multi-process training (unit tests of the fixes and the course, a step or two of training at
+# most). Its JAX compilation cache lives beside the Icarus build, where a later `make check` finds it.
 check: venv
 	@JAX_COMPILATION_CACHE_DIR=$(GEMMA_TPU_TOOLS)/jax-cache-check \
 	$(PY) -m pytest tests/fast -q -m "not slow" -n 2 -p no:cacheprovider --durations=10
@@ -67,7 +67,8 @@ check: venv
 # OpenMP threads that wait passively: two workers share the cores, and a spinning thread takes the other's
 # (tests/conftest.py measures it; the notebooks' kernels run two at a time too).
 test: setup
-	@export OMP_WAIT_POLICY=PASSIVE JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
+	@export OMP_WAIT_POLICY=PASSIVE; \
+	export JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
 	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=25 && \
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-pipeline test-notebooks-rest; \
 	rc=$$?; rm -rf "$$JAX_COMPILATION_CACHE_DIR"; exit $$rc
