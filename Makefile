@@ -7,7 +7,7 @@ SERVE_VENV := .venv-serve
 PY := $(VENV)/bin/python
 PROFILE ?= smoke
 export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
-# Built tools shared by every clone on the machine (CI reuses them); evaluate.py looks there too.
+# Built tools shared by every clone on the machine (CI reuses them); course/paths.py looks there too.
 GEMMA_TPU_TOOLS ?= $(HOME)/.cache/gemma-tpu
 export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12

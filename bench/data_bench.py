@@ -39,9 +39,10 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
     """``n`` shipped rows (cycled), prompts repeated to reach CodeV-R1-like example lengths."""
     import json
 
+    from gemma_tpu_helpers.course import paths
     from gemma_tpu_helpers.fixes import data
 
-    shipped = [json.loads(line) for line in data.SHIPPED_SFT.read_text().splitlines() if line.strip()]
+    shipped = [json.loads(line) for line in paths.SHIPPED_SFT.read_text().splitlines() if line.strip()]
     targets = data.codev_like_lengths(n=n, seed=seed)
     rows = []
     for i, want in enumerate(targets):

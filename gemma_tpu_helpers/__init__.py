@@ -20,16 +20,17 @@ imported from another module.
 # another venv); everything else at the top of a module, so the import graph is what the file says.
 TIERS = (
     ("fixes", (
-        ("core", ("errors", "infra", "compat", "chat_format", "inputs")),
+        ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "inputs")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
         ("step", ("lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
-                       "peft_export", "serve", "greedy", "adapters", "evaluate")),
+                       "peft_export", "vllm_command", "vllm_client", "vllm_server", "greedy", "adapters",
+                       "eval_problems", "eval_simulate", "eval_score", "eval_sample")),
     )),
     ("course", (
-        ("config", ("profiles",)),
+        ("config", ("paths", "profiles")),
         ("models", ("hub", "tiny", "base_model")),
-        ("workflows", ("runs", "train", "learn", "plan", "overhead", "equivalence", "bench", "cost")),
+        ("workflows", ("runs", "train", "launch", "learn", "plan", "overhead", "equivalence", "bench", "cost")),
         ("front", ("logbook", "preflight", "site", "workshop", "exercises", "commands")),
     )),
 )

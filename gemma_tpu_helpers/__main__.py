@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .course import (base_model, bench, commands, cost, exercises, logbook, plan, preflight, profiles, runs, site, tiny,
-                     train, workshop)
-from .fixes import data, gemma4, multihost, parity, peft_export
+from .course import (base_model, bench, commands, cost, exercises, launch, logbook, plan, preflight, profiles, runs,
+                     site, tiny, train, workshop)
+from .fixes import data, gemma4, multihost, parity
 from .fixes import mesh as mesh_lib
 from .fixes.errors import run_cli
-from .fixes.infra import cli_path, cli_path_or_gs
+from .fixes.file_io import cli_path, cli_path_or_gs
 from .fixes.preemption import PREEMPTED_EXIT
 from .fixes.gemma4 import load_model
 
@@ -26,9 +26,9 @@ def _profile_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _data_source_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", default=None,
-                   help="another copy of the profile's data: a local copy of the dataset's repository, a dataset id or "
-                        "a .jsonl/.json/.parquet file (default: the profile's source)")
+    p.add_argument("--source", type=paths.data_source, default=None,
+                   help="another copy of the profile's data: a local copy of the dataset's repository, a dataset id, "
+                        "a .jsonl/.json/.parquet file or 'shipped' (the course's replica; default: the profile's)")
     p.add_argument("--config", default=None,
                    help=f"the dataset's config (default: the profile's, e.g. sft for CodeV-R1, which a copy of the "
                         f"repository needs too; a single file has none; '{data.NO_CONFIG}' for a source without configs)")
@@ -207,12 +207,12 @@ def cmd_launch(args) -> int:
     """Multi-host: print (or --run) the commands that run a step on every worker of a TPU pod (or local workers)."""
     step = args.step[1:] if args.step[:1] == ["--"] else args.step
     env = dict(kv.split("=", 1) for kv in args.env)
-    commands = multihost.launch_commands(args.workers, step, tpu=args.tpu, zone=args.zone,
+    commands = launch.launch_commands(args.workers, step, tpu=args.tpu, zone=args.zone,
                                          coordinator=args.coordinator, workdir=args.workdir,
                                          python=args.python or (sys.executable if not args.tpu else ".venv/bin/python"),
                                          env=env)
-    print(multihost.format_commands(commands), flush=True)
-    return multihost.run_commands(commands, timeout_s=args.timeout, wait_on=(PREEMPTED_EXIT,)) if args.run else 0
+    print(launch.format_commands(commands), flush=True)
+    return launch.run_commands(commands, timeout_s=args.timeout, wait_on=(PREEMPTED_EXIT,)) if args.run else 0
 
 
 def cmd_eval(args) -> int:
@@ -343,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.main_verify)
 
     p = sub.add_parser("export-adapter", help="07: the trained LoRA as an unmerged PEFT adapter (vLLM --enable-lora)")
-    peft_export.add_export_arguments(p)
-    p.set_defaults(func=peft_export.main_export_adapter)
+    commands.add_export_arguments(p)
+    p.set_defaults(func=commands.main_export_adapter)
 
     p = sub.add_parser("serve", help="08: serve a checkpoint with vLLM (CPU build here; on TPU the docker line, or on Colab the pip route)")
     commands.add_serve_arguments(p)

@@ -21,13 +21,15 @@ SMOKE_RUN_STEPS, SMOKE_RUN_EVERY = 4, 2
 RESUME_TOL = 1e-5  # |dloss| of a resumed run against the uninterrupted one
 # (the last --checkpoint-every wins) no periodic save: Orbax saves step 1 (its first) and a preemption its step
 NO_PERIODIC = ["--checkpoint-every", 1000]
+# The shipped CodeV-R1 replica as load_rows' (source, config): the course's data, a plain folder to the data fix
+SHIPPED = {"source": str(REPO / "gemma_tpu_helpers" / "data" / "codev_r1_replica"), "config": "sft"}
 
 
 def serve_python() -> Path:
-    """The serving venv's python, as the package finds it ($GEMMA_TPU_SERVE_PYTHON, else .venv-serve)."""
-    from gemma_tpu_helpers.fixes import serve
+    """The serving venv's python, as the course finds it ($GEMMA_TPU_SERVE_PYTHON, else .venv-serve)."""
+    from gemma_tpu_helpers.course import paths
 
-    return serve.serve_python(check=False)
+    return paths.serve_python()
 
 
 def run_cli(*args, env=None, timeout=600, cwd=REPO):
@@ -97,9 +99,9 @@ def losses(metrics):
 
 def wait_for_step(run_dir, procs, timeout=900) -> None:
     """Until process 0 has written the metrics of step 1 in ``run_dir`` (local or gs://): training runs, compiled."""
-    from gemma_tpu_helpers.fixes import infra
+    from gemma_tpu_helpers.fixes import file_io
 
-    path = infra.to_path(str(run_dir)) / "train" / "metrics.jsonl"
+    path = file_io.to_path(str(run_dir)) / "train" / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while not (path.is_file() and '"loss"' in path.read_text()):
         for p in procs:
@@ -211,11 +213,12 @@ def copy_lines():
 
 def have_iverilog() -> bool:
     """Whether Icarus Verilog 12 is installed (``make iverilog``): the eval tests score by simulating."""
-    from gemma_tpu_helpers.fixes import evaluate
+    from gemma_tpu_helpers.course import paths  # noqa: F401  (importing the course puts its Icarus first on PATH)
+    from gemma_tpu_helpers.fixes import eval_simulate
 
     try:
-        return bool(evaluate.simulator_tools())
-    except evaluate.IverilogNotFoundError:
+        return bool(eval_simulate.simulator_tools())
+    except eval_simulate.IverilogNotFoundError:
         return False
 
 

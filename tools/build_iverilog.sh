@@ -9,7 +9,7 @@
 # (the upstream v12_0 tag), from the machine's own Debian mirror (read from /etc/apt/sources.list*) or
 # deb.debian.org, checked against a pinned SHA-256. Build dependencies come from apt. The build takes about
 # 6.5 minutes on 2 cores (measured; 25 minutes on a heavily loaded machine). PREFIX lives outside the clone, so CI
-# and fresh clones reuse it; gemma_tpu_helpers.fixes.evaluate looks there first (see evaluate.iverilog_prefix).
+# and fresh clones reuse it; the course puts it first on PATH (course/paths.py, iverilog_prefix).
 set -euo pipefail
 
 VERSION=12.0

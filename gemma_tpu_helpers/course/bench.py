@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cost, profiles
-from ..fixes import infra, serve
+from . import paths
+from ..fixes import file_io, http_client, process_groups, vllm_command, vllm_server
 from ..fixes.errors import GemmaTpuError, run_cli
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
@@ -96,8 +97,8 @@ def parse_list(text, kind=float, name: str = "value") -> list:
 def serve_python() -> Path:
     """The serving venv's python ($GEMMA_TPU_SERVE_PYTHON, else ``.venv-serve/bin/python``): vLLM lives there."""
     try:
-        return serve.serve_python()
-    except serve.ServeError as e:
+        return paths.serve_python(check=True)
+    except vllm_command.ServeError as e:
         raise BenchError(str(e)) from None
 
 
@@ -105,14 +106,14 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
                  timeout: float = CONNECT_TIMEOUT_S) -> dict:
     """``GET /v1/models``: the entry of ``model`` (or the first one). A :class:`BenchError` within ``timeout`` s
     when nothing answers, the key is refused, or the model is not served."""
-    base = infra.api_root(url)
+    base = http_client.api_root(url)
     try:
-        listing = infra.get_json(infra.api_url(base, "models"), api_key, timeout)
-    except infra.RequestError as e:
+        listing = http_client.get_json(http_client.api_url(base, "models"), api_key, timeout)
+    except http_client.RequestError as e:
         if e.status is not None:
             raise BenchError(f"The server at {base} answered /v1/models: {e}") from None
         raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s ({e}). Start it "
-                         f"first (serve.start(...) or notebook 08), or check with `curl {base}/v1/models`.") from None
+                         f"first (vllm_server.start(...) or notebook 08), or check with `curl {base}/v1/models`.") from None
     entries = listing.get("data") or []
     if not entries:
         raise BenchError(f"The server at {base} lists no models at /v1/models")
@@ -205,7 +206,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     output_len = parse_list([output_len], int, "output_len")[0]
     num_prompts = parse_list([num_prompts], int, "num_prompts")[0]
     py = serve_python()  # venv first: it is the cheaper check
-    api_key = infra.resolve_api_key(api_key)
+    api_key = http_client.resolve_api_key(api_key)
     entry = check_server(url, model, api_key)
     model = entry["id"]
     tok = resolve_tokenizer(entry, tokenizer)
@@ -215,7 +216,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     grid = [(i, q) for i in input_lens for q in qps_list]
     for i, q in grid:  # a stale file must not pass for this run's result
         (raw / point_filename(i, q)).unlink(missing_ok=True)
-    root = infra.api_root(url)
+    root = http_client.api_root(url)
     points = [bench_argv(root, model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
     argv = launcher_command(points, py)
     log_path = out_dir / "bench.log"
@@ -227,7 +228,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
         env["OPENAI_API_KEY"] = api_key
     header = "# " + shlex.join(argv[:2]) + " <launcher> <points>\n" + "".join(
         f"# point input_len={i} qps={q:g}: vllm bench serve {shlex.join(p)}\n" for (i, q), p in zip(grid, points))
-    proc = infra.start_group(argv, log_path, env=env, header=header)
+    proc = process_groups.start_group(argv, log_path, env=env, header=header)
     bar = tqdm(total=len(grid), desc="vllm bench serve", disable=not progress)
     deadline = time.monotonic() + timeout
     finished, offset = 0, 0
@@ -244,16 +245,16 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
                 break
             if time.monotonic() > deadline:
                 raise BenchError(f"The sweep did not finish within {timeout:g} s (stopped it). Last lines "
-                                 f"of {log_path}:\n{infra.log_tail(log_path, LOG_TAIL_LINES)}")
+                                 f"of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
             time.sleep(0.5)
     except BaseException:
-        infra.stop_group(proc, grace=10.0)
+        process_groups.stop_group(proc, grace=10.0)
         raise
     finally:
         bar.close()
     if proc.returncode != 0 or finished != len(grid):
         raise BenchError(f"`vllm bench serve` failed (exit code {proc.returncode}) after {finished} of {len(grid)} "
-                         f"points. Last lines of {log_path}:\n{infra.log_tail(log_path, LOG_TAIL_LINES)}")
+                         f"points. Last lines of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
     df = collect([raw / point_filename(i, q) for i, q in grid])
     df.to_csv(out_dir / "sweep.csv", index=False)
     return df
@@ -461,7 +462,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``bench`` sub-command's arguments."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="a running OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8000")
-    src.add_argument("--serve-model", type=infra.cli_path, metavar="DIR",
+    src.add_argument("--serve-model", type=file_io.cli_path, metavar="DIR",
                      help="start a CPU vLLM server for this checkpoint, benchmark it, stop it (smoke)")
     p.add_argument("--model", default=None, help="served model name (default: the first the server lists)")
     p.add_argument("--tokenizer", default=None,
@@ -472,7 +473,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="comma-separated request rates (default %(default)s)")
     p.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="output tokens per request")
     p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="requests per point")
-    p.add_argument("--out", type=infra.cli_path, default=None, help="results folder (default runs/<profile>/bench)")
+    p.add_argument("--out", type=file_io.cli_path, default=None, help="results folder (default runs/<profile>/bench)")
     p.add_argument("--api-key", default=None, help="the server's key (default: $VLLM_API_KEY)")
     p.add_argument("--profile", default=None, help="profile for --serve-model and the default --out")
     p.add_argument("--timeout", type=float, default=SWEEP_TIMEOUT_S, help="seconds for the whole sweep")
@@ -481,7 +482,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def main_bench(args) -> int:
     """``bench``: a QPS x input-length sweep with ``vllm bench serve``; prints the table, writes sweep.csv."""
-    api_key = infra.resolve_api_key(args.api_key)
+    api_key = http_client.resolve_api_key(args.api_key)
     server = None
 
     def _exit(signum, frame):  # `kill` or a closed terminal: unwind through `finally`, which stops what we started
@@ -496,12 +497,12 @@ def main_bench(args) -> int:
         qps = parse_list(args.qps, float, "--qps")
         url, model = args.url, args.model
         if args.serve_model:
-            if args.model not in (None, serve.SERVED_NAME):
-                raise BenchError(f"--serve-model serves the checkpoint as {serve.SERVED_NAME!r}; drop --model")
+            if args.model not in (None, vllm_command.SERVED_NAME):
+                raise BenchError(f"--serve-model serves the checkpoint as {vllm_command.SERVED_NAME!r}; drop --model")
             serve_python()
-            server = serve.start(prof.serving, args.serve_model, api_key=api_key)
+            server = vllm_server.start(prof.serving, args.serve_model, api_key=api_key)
             print(f"vLLM ready at {server.base_url} in {server.start_s:.1f} s", flush=True)
-            url, model = server.base_url, serve.SERVED_NAME
+            url, model = server.base_url, vllm_command.SERVED_NAME
         t0 = time.perf_counter()
         df = sweep(url, model, input_lens, qps, args.output_len, args.num_prompts, out,
                    tokenizer=args.tokenizer or (args.serve_model if args.serve_model else None), api_key=api_key,

@@ -2,7 +2,7 @@
 
 A learner writes an answer in a marked cell and calls ``exercises.check("02.regex", answer)``. The checker judges
 the answer with the course's own helpers where it can (``gemma4.head_divisibility_problems``, ``lora.tunix_module``,
-``merge.plan``, ``evaluate.pass_at_k``, ``cost.training_comparison`` ...) and says *right*, or *wrong* with why
+``merge.plan``, ``eval_score.pass_at_k``, ``cost.training_comparison`` ...) and says *right*, or *wrong* with why
 and a hint, never the solution. ``answer = None`` (the cell as shipped) gives *not attempted*, so an unanswered
 notebook still runs under ``make demo`` and nbmake.
 
@@ -26,14 +26,14 @@ from .bench import PAPER_TRAINING_HOURS
 from .cost import cost_per_million_output_tokens, price, training_comparison
 from ..fixes.data import codev_like_lengths, token_use_for_lengths
 from ..fixes.errors import GemmaTpuError
-from ..fixes.evaluate import pass_at_k
+from ..fixes.eval_score import pass_at_k
 from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
 from ..fixes.layout import synthetic_lora
 from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
 from ..fixes.merge_plan import plan
 from .profiles import GPU_RECIPE, get_profile
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
-from ..fixes.serve import ServeError
+from ..fixes.vllm_command import ServeError
 from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
 from .runs import hbm_per_chip
 from .tiny import tiny_text_config
@@ -530,7 +530,7 @@ _REMOVED_FLAGS = {"disable_log_requests": "removed in vLLM 0.32: passing it is a
 
 
 def serving_profile(flags: dict):
-    """The v6e-8 profile with ``flags`` as its serving settings (what ``serve.hbm_per_chip`` judges)."""
+    """The v6e-8 profile with ``flags`` as its serving settings (what ``vllm_command.hbm_per_chip`` judges)."""
     import dataclasses as dc
 
     prof = get_profile("v6e-8")
@@ -737,7 +737,7 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         "08.flags", "vLLM flags that fit a v6e-8",
         "Serve the merged 31B (bf16 weights) on a v6e-8 (8 chips of 32 GiB HBM) with a 16384-token context. Give the "
         "flags as a dict: `{'tensor_parallel_size': ..., 'max_model_len': ..., 'kv_cache_dtype': 'auto' | 'fp8', "
-        "'gpu_memory_utilization': ...}`. The checker runs `serve.hbm_per_chip` on them: each chip's share of the "
+        "'gpu_memory_utilization': ...}`. The checker runs `vllm_command.hbm_per_chip` on them: each chip's share of the "
         "weights plus the KV cache of one full-length sequence must fit in its budget.",
         "a dict of flags", "Weights shrink with tensor parallelism; the budget is HBM x gpu_memory_utilization.",
         {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},

@@ -2,7 +2,7 @@
 training into a better model?
 
 The LoRA is trained on K problems of the eval set, each exactly as the eval sends it (VerilogEval's system prompt,
-``evaluate.build_prompt`` as the user turn, under the checkpoint's own chat template) with its reference, in a
+``eval_problems.build_prompt`` as the user turn, under the checkpoint's own chat template) with its reference, in a
 ```verilog fence, as the answer. The LoRA is merged into the base's safetensors, the merged model is served with vLLM
 and sampled greedily, and iverilog scores the answers. The base model is scored the same way first, so the check
 prints pass@1 before and after.
@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from ..fixes import data as data_lib
-from ..fixes import evaluate, serve
+from ..fixes import eval_problems, eval_sample, eval_score, vllm_server
 from ..fixes.chat_format import GEMMA3_CHAT_TEMPLATE
 from ..fixes.errors import GemmaTpuError
-from ..fixes.infra import absolute_path, write_atomic
+from ..fixes.file_io import absolute_path, write_atomic
 from ..fixes.merge import merge_lora
-from . import base_model, profiles, train
+from . import base_model, paths, profiles, train
 
 # One link broken each: what it breaks, and what it does instead.
 BROKEN = {
@@ -67,8 +67,8 @@ def _profiles_with_learn():
 
 def default_tasks(k: int, held_out: int, problems=None) -> tuple[list[str], list[str]]:
     """The ``k`` problems with the shortest references (the quickest to learn), and the ``held_out`` next shortest."""
-    problems = problems if problems is not None else evaluate.load_problems()
-    ids = [p.task_id for p in sorted(problems, key=lambda p: (len(evaluate.reference_code(p)), p.task_id))]
+    problems = problems if problems is not None else eval_problems.load_problems(paths.SHIPPED_EVAL)
+    ids = [p.task_id for p in sorted(problems, key=lambda p: (len(eval_problems.reference_code(p)), p.task_id))]
     if k + held_out > len(ids):
         raise LearnError(f"{k} trained + {held_out} held-out problems: the problem set has only {len(ids)}.")
     return sorted(ids[:k]), sorted(ids[k:k + held_out])  # in task-id order, as load_problems returns them
@@ -77,7 +77,7 @@ def default_tasks(k: int, held_out: int, problems=None) -> tuple[list[str], list
 def answer(problem) -> str:
     """What the model is taught to answer: the reference, renamed TopModule, in the ```verilog fence the eval asks
     for."""
-    return f"```verilog\n{evaluate.reference_code(problem).strip()}\n```"
+    return f"```verilog\n{eval_problems.reference_code(problem).strip()}\n```"
 
 
 def example(tokenizer, problem, broken: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +87,7 @@ def example(tokenizer, problem, broken: str | None = None) -> tuple[np.ndarray, 
     with Gemma 3's template instead, built by hand: ``data.split_answer`` refuses that template on a Gemma 4
     tokenizer (its end-of-turn token is not Gemma 4's), which is the check that catches the paper's trap.
     """
-    messages = evaluate.prompt_messages(problem) + [{"role": "assistant", "content": answer(problem)}]
+    messages = eval_problems.prompt_messages(problem) + [{"role": "assistant", "content": answer(problem)}]
     if broken == "gemma3-template":
         prompt = tokenizer.apply_chat_template(messages[:-1], chat_template=GEMMA3_CHAT_TEMPLATE, tokenize=False,
                                                add_generation_prompt=True)
@@ -128,9 +128,10 @@ def learn_profile(profile, micro_batch: int, seq: int):
 def vllm_answers(target, model_dir, problems, max_tokens: int, progress: bool = True) -> tuple[list[dict], float]:
     """Serve ``model_dir`` with vLLM, ask for one greedy answer per problem, stop. Returns the rows and the seconds
     the server took to start."""
-    with serve.start(target, model_dir, progress=progress) as server:
-        rows = evaluate.sample_completions(server.base_url, server.served_name, problems, n=1, temperature=0.0,
-                                           top_k=evaluate.NO_TOP_K, max_tokens=max_tokens, progress=progress)
+    paths.serve_python(check=True)  # the course's venv: say `make serve-venv` when it is missing
+    with vllm_server.start(target, model_dir, progress=progress) as server:
+        rows = eval_sample.sample_completions(server.base_url, server.served_name, problems, n=1, temperature=0.0,
+                                           top_k=eval_sample.NO_TOP_K, max_tokens=max_tokens, progress=progress)
         return rows, server.start_s
 
 
@@ -146,7 +147,7 @@ def transformers_answers(model_dir, problems, max_tokens: int) -> list[dict]:
     rows = []
     with torch.no_grad():
         for p in problems:
-            inputs = tokenizer.apply_chat_template(evaluate.prompt_messages(p), add_generation_prompt=True,
+            inputs = tokenizer.apply_chat_template(eval_problems.prompt_messages(p), add_generation_prompt=True,
                                                    enable_thinking=False, return_tensors="pt", return_dict=True)
             out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, top_k=None, top_p=None)
             new = out[0, inputs["input_ids"].shape[1]:].tolist()
@@ -167,7 +168,7 @@ class LearnResult:
     held_out: list[str]  # scored, never trained on
     broken: str | None
     generator: str
-    before: "object"  # evaluate.score_completions results of the base model (a DataFrame)
+    before: "object"  # eval_score.score_completions results of the base model (a DataFrame)
     after: "object"  # ... of the model that was served after training
     losses: list[float]  # the training loss per step
     settings: dict
@@ -180,7 +181,7 @@ class LearnResult:
 
     def pass_at_1(self, which: str, held_out: bool = False) -> float:
         sel = self.rows(which, held_out)
-        return evaluate.pass_at_k_table(sel, (1,))[1] if len(sel) else float("nan")
+        return eval_score.pass_at_k_table(sel, (1,))[1] if len(sel) else float("nan")
 
     def line(self) -> str:
         """``pass@1 before X after Y``, then the held-out problems' figures."""
@@ -204,8 +205,8 @@ class LearnResult:
 
     def to_json(self) -> dict:
         return {"profile": self.profile, "tasks": self.tasks, "held_out": self.held_out, "broken": self.broken,
-                "generator": self.generator, "before": evaluate.records(self.before),
-                "after": evaluate.records(self.after), "losses": self.losses, "settings": self.settings,
+                "generator": self.generator, "before": eval_score.records(self.before),
+                "after": eval_score.records(self.after), "losses": self.losses, "settings": self.settings,
                 "seconds": self.seconds}
 
     @classmethod
@@ -229,8 +230,8 @@ def learn_dir(profile, run_dir=None, broken: str | None = None) -> Path:
 
 
 def score(problems, rows):
-    """``evaluate.score_completions`` of the answers: one result row per problem (pass@1 from one greedy answer)."""
-    results, _ = evaluate.score_completions(problems, rows, ks=(1,), progress=False)
+    """``eval_score.score_completions`` of the answers: one result row per problem (pass@1 from one greedy answer)."""
+    results, _ = eval_score.score_completions(problems, rows, ks=(1,), progress=False)
     return results
 
 
@@ -261,7 +262,7 @@ def _problems(profile, tasks, held_out):
     both = sorted(set(tasks) & set(held_out))
     if both:
         raise LearnError(f"{', '.join(both)} cannot be both trained on and held out.")
-    return evaluate.load_problems(tasks=tasks), evaluate.load_problems(tasks=held_out) if held_out else []
+    return eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=tasks), eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=held_out) if held_out else []
 
 
 def _check_args(profile, broken, generator="vllm") -> None:
@@ -392,7 +393,7 @@ def chart(result: LearnResult, ax=None):
         xs = [i + (j - 0.5) * width for i in range(len(groups))]
         vals = [result.pass_at_1(which, held) for _, held in groups]
         bars = ax.bar(xs, vals, width, color=color, label=f"{which} training")
-        labels = [", ".join(f"{n} {c}" for c, n in evaluate.category_counts(result.rows(which, held)).items() if n)
+        labels = [", ".join(f"{n} {c}" for c, n in eval_score.category_counts(result.rows(which, held)).items() if n)
                   for _, held in groups]
         ax.bar_label(bars, labels=[f"{v:.2f}\n{lab}" for v, lab in zip(vals, labels)], fontsize=8)
     ax.set_xticks(range(len(groups)), [f"{g} ({len(result.held_out if h else result.tasks)})" for g, h in groups])

@@ -9,7 +9,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from ..fixes import infra
+from ..fixes import file_io
 from ..fixes.multihost import is_main
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -73,10 +73,10 @@ def record(run_dir: str | Path, step: str, /, **figures) -> dict:
     if not is_main():
         data = json.loads(path.read_text()) if path.is_file() else {}
         return {**data, step: figures}
-    with infra.locked(path, "the course's figures"):  # two notebooks recording at once keep both steps
+    with file_io.locked(path, "the course's figures"):  # two notebooks recording at once keep both steps
         data = json.loads(path.read_text()) if path.is_file() else {}
         data[step] = figures
-        infra.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
+        file_io.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
     return data
 
 
@@ -94,7 +94,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines.append("")
     out = run_dir / "report.md"
     if is_main():  # process 0 only in a multi-process run
-        infra.write_atomic(out, "\n".join(lines) + "\n")
+        file_io.write_atomic(out, "\n".join(lines) + "\n")
     return out
 
 
@@ -153,7 +153,7 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
                             resources={"metadata": {"path": str(nb_path.parent)}}).execute()
         except Exception as e:  # keep the executed copy, report, stop
             error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        infra.write_atomic(out_dir / nb_path.name, nbformat.writes(nb))
+        file_io.write_atomic(out_dir / nb_path.name, nbformat.writes(nb))
         results.append({"notebook": nb_path.stem, "seconds": round(time.perf_counter() - start, 1), "error": error})
         if error:
             break

@@ -37,7 +37,7 @@ from ..fixes.gemma4 import (
     param_count,
     read_text_config,
 )
-from ..fixes.infra import config_hash, write_atomic
+from ..fixes.file_io import config_hash, write_atomic
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}

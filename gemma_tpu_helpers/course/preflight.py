@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import hub, profiles
-from ..fixes import infra
+from ..fixes import http_client, process_groups
 from ..fixes.errors import GemmaTpuError
 
 # PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
@@ -65,16 +65,16 @@ def accelerator_type() -> str | None:
     if os.environ.get("TPU_ACCELERATOR_TYPE"):
         return os.environ["TPU_ACCELERATOR_TYPE"]
     try:
-        return infra.get_text(METADATA_URL, {"Metadata-Flavor": "Google"},
+        return http_client.get_text(METADATA_URL, {"Metadata-Flavor": "Google"},
                               timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S).strip() or None
-    except infra.RequestError:
+    except http_client.RequestError:
         return None
 
 
 def no_tpu_message(profile) -> str:
     hw = profile.hardware
     return (f"profile {profile.name!r} needs a TPU {hw.chip} host with {hw.num_devices // hw.hosts} chips, but this "
-            f"machine has no TPU (no {' or '.join(infra.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
+            f"machine has no TPU (no {' or '.join(process_groups.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
             f"or compile {profile.name}'s train step without a TPU: "
             f"python -m gemma_tpu_helpers plan --aot --profile {profile.name}")
 
@@ -109,7 +109,7 @@ def check_hbm(profile) -> Check:
         who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(holders.items()))
         return Check("hbm", "fail", f"the TPU is in use by {who}: its HBM is not free and libtpu admits one process. "
                                     f"Stop it (kill {' '.join(map(str, sorted(holders)))}; a notebook kernel: "
-                                    f"restart or shut it down) and retry. Deleting {infra.LIBTPU_LOCKFILE} does not free "
+                                    f"restart or shut it down) and retry. Deleting {process_groups.LIBTPU_LOCKFILE} does not free "
                                     f"the HBM.")
     info = ""
     if shutil.which("tpu-info"):
@@ -119,7 +119,7 @@ def check_hbm(profile) -> Check:
             info = " | tpu-info: " + " ".join(out.split())[:200]
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {infra.LIBTPU_LOCKFILE}){info}")
+    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {process_groups.LIBTPU_LOCKFILE}){info}")
 
 
 def checkpoint_bytes(profile) -> int | None:

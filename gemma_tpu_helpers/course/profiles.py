@@ -15,15 +15,16 @@ import os
 import sys
 from pathlib import Path
 
-from ..fixes import infra
-from ..fixes.infra import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*: the course's)
+from ..fixes import file_io, vllm_command
+from ..fixes.process_groups import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*)
 from ..fixes import mesh as mesh_lib
 from ..fixes.data import DataSpec
 from ..fixes.lora import LoraSpec
 from ..fixes.multihost import cpu_xla_flags
-from ..fixes import serve
-from ..fixes.serve import ServeSpec
+
+from ..fixes.vllm_command import ServeSpec
 from ..fixes.step import TrainSpec
+from . import paths
 
 ENV_VAR = "GEMMA_TPU_PROFILE"
 
@@ -135,21 +136,22 @@ class Profile:
         return mesh_lib.make_mesh(self.mesh_shape, self.mesh_axes, devices=devices)
 
     @property
-    def serving(self) -> serve.ServeTarget:
+    def serving(self) -> vllm_command.ServeTarget:
         """What ``fixes/serve.py`` reads of this profile: its ServeSpec, chips, dtype, LoRA rank, HBM and log dir."""
         hw = self.hardware
-        return serve.ServeTarget(name=self.name, platform=hw.platform, chips=hw.num_devices, spec=self.serve,
+        return vllm_command.ServeTarget(name=self.name, platform=hw.platform, chips=hw.num_devices, spec=self.serve,
                                  dtype=self.model.dtype, hosts=hw.hosts, max_lora_rank=self.lora.rank,
-                                 hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.local_dir() / "serve")
+                                 hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.local_dir() / "serve",
+                                 python=paths.serve_python())
 
     def run_dir(self, root: str | os.PathLike | None = None) -> Path:
         """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout),
         absolute. A ``gs://`` root gives an ``etils.epath.Path``: training keeps its checkpoints, metrics and
         ``done.json`` there; local files (the base, the merged model) go to :meth:`local_dir`."""
         root = root or os.environ.get("GEMMA_TPU_RUNS") or _default_root()
-        root = infra.absolute_path(root, "runs root", remote=True)  # relative: to the current directory, once
+        root = file_io.absolute_path(root, "runs root", remote=True)  # relative: to the current directory, once
         if root.exists() and not root.is_dir():
-            raise infra.PathArgumentError(f"the runs root {root} is a file; give a directory (--runs, "
+            raise file_io.PathArgumentError(f"the runs root {root} is a file; give a directory (--runs, "
                                           f"$GEMMA_TPU_RUNS): run directories go under it as <root>/<profile>.")
         return root / self.name
 
@@ -157,9 +159,9 @@ class Profile:
         """Where this profile's local files go (the base checkpoint, the merged model, logs): the run directory
         itself, or ``runs/<profile>/`` in the course checkout when the run directory is on ``gs://``."""
         run_dir = run_dir or self.run_dir()
-        if infra.is_remote(run_dir):
+        if file_io.is_remote(run_dir):
             return self.run_dir(_default_root())
-        return infra.absolute_path(run_dir, "run directory")
+        return file_io.absolute_path(run_dir, "run directory")
 
 
 def _default_root() -> Path:
@@ -206,7 +208,7 @@ _REAL_DATA = DataSpec(
 # fp8 weights are a second, lossy conversion of the merged model, so the evaluation would no longer score the
 # fine-tune itself, and the fp8 rules go through tpu-inference's own --additional_config, outside vLLM's flags.
 # TP8 replicates the 4 global KV heads (one per chip) and shards the 16 sliding ones (two per chip).
-# Per chip, as serve.hbm_per_chip computes it (text weights; 32 GiB HBM x 0.90 = 28.8 GiB for vLLM):
+# Per chip, as vllm_command.hbm_per_chip computes it (text weights; 32 GiB HBM x 0.90 = 28.8 GiB for vLLM):
 #   weights  30.70 B params x 2 B / 8 chips, + the replicated global K heads            =  7.17 GiB
 #   KV cache per token: 50 sliding layers x 2 (K,V) x 2 heads x 256 x 2 B = 102,400 B
 #                     + 10 global layers  x 2 (K,V) x 1 head  x 512 x 2 B =  20,480 B  = 122,880 B
@@ -225,7 +227,7 @@ _V6E_SERVE = ServeSpec(
     disable_chunked_mm_input=True,
 )
 # Serving on the training slice (a smoke test of the merged model on the v5p VM): one host's 4 chips, TP4; with
-# 95 GiB per chip the bf16 weights take 14.3 GiB each (serve.hbm_per_chip).
+# 95 GiB per chip the bf16 weights take 14.3 GiB each (vllm_command.hbm_per_chip).
 _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 
 # Colab TPU runtimes: one chip each (v5e-1 with 16 GiB of HBM, v6e-1 with 32 GiB), no Docker. The paper's recipe on
@@ -234,7 +236,7 @@ _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 # tpu-inference's CI serves google/gemma-4-E2B-it and -E4B-it with on one v6e chip (TP1, max-model-len 4096,
 # max-num-seqs 64; .buildkite/models/google_gemma-4-E{2,4}B-it.yml): 16384 / 256 ran out of HBM in the decode
 # precompile, and E4B needed --gpu-memory-utilization 0.85 (E2B ran at 0.94), so 0.85 for both. 4096 tokens hold
-# an eval prompt and its 2048 new tokens. Per chip (serve.hbm_per_chip, text weights): E2B 8.66 GiB of the v5e's
+# an eval prompt and its 2048 new tokens. Per chip (vllm_command.hbm_per_chip, text weights): E2B 8.66 GiB of the v5e's
 # 13.6, E4B 14.0 GiB of the v6e's 27.2; the audio and vision towers come out of the rest.
 _COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=4096, max_num_batched_tokens=2048,
                          gpu_memory_utilization=0.85, disable_chunked_mm_input=True, docker=False, max_num_seqs=64)
@@ -274,7 +276,7 @@ _SMOKE_TRAIN = TrainSpec(
     remat="none",
 )
 # the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
-_SMOKE_DATA = DataSpec(source="shipped", config="sft", target="answer", system="none")
+_SMOKE_DATA = DataSpec(source=str(paths.SHIPPED_REPLICA), config=paths.SHIPPED_CONFIG, target="answer", system="none")
 # The learning check on the smoke profiles, the quickest setting measured here that takes the 4 trained problems to
 # pass@1 1.0 (2-core machine; steps, lr, rank -> pass@1: 40, 3e-3, r8 -> 1.0; 30, 6e-3, r16 -> 1.0; 24, 6e-3, r16
 # -> 0.75; 16, 8e-3, r32 -> 0.75; 20, 6e-3, r32 -> 1.0 in about 90 s of steps on the smoke mesh).
@@ -450,9 +452,10 @@ def get_profile(name: str | None = None) -> Profile:
     """The named profile, or the one chosen by $GEMMA_TPU_PROFILE (default ``smoke`` without a TPU)."""
     name = name or default_profile_name()
     try:
-        return PROFILES[name]
+        profile = PROFILES[name]
     except KeyError:
         raise ValueError(f"Unknown profile {name!r}. Valid profiles: {', '.join(PROFILES)}.") from None
+    return dataclasses.replace(profile, data=dataclasses.replace(profile.data, cache_dir=str(paths.gs_copies())))
 
 
 def configure_jax(profile: Profile | str | None = None) -> Profile:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..fixes import gemma4, serve
+from ..fixes import gemma4, vllm_command
 from ..fixes.lora import apply_lora, coverage_of_regex, summary
-from ..fixes.infra import path_id
+from ..fixes.file_io import path_id
 from ..fixes.merge import merge_lora, read_merge_info
 from ..fixes.sharding import plan_lora_sharding
 from . import base_model, train
@@ -27,8 +27,8 @@ def lora_report(profile, regex: str | None = None, model=None):
 
 
 def hbm_per_chip(profile, weight_dtype: str | None = None) -> dict:
-    """``serve.hbm_per_chip`` for a profile's serving settings and model config (per-chip weights + KV cache)."""
-    return serve.hbm_per_chip(profile.serving, base_model.profile_text_config(profile), weight_dtype)
+    """``vllm_command.hbm_per_chip`` for a profile's serving settings and model config (per-chip weights + KV cache)."""
+    return vllm_command.hbm_per_chip(profile.serving, base_model.profile_text_config(profile), weight_dtype)
 
 
 def sharding_plan(profile):

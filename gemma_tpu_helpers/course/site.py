@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from . import logbook, profiles
-from ..fixes import infra
+from ..fixes import file_io
 from .logbook import COURSE
 from ..fixes.errors import GemmaTpuError
 
@@ -177,7 +177,7 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
         raise SiteError(f"No executed notebooks in {run_dir / 'executed'}: run `make demo` (or "
                         f"`python -m gemma_tpu_helpers demo --profile {run_dir.name}`) first.")
     out = Path(out_dir) if out_dir else run_dir / SITE_DIR
-    tmp = infra.temp_dir_beside(out)
+    tmp = file_io.temp_dir_beside(out)
     try:
         stems = [p.stem for p in executed]
         pages = {}
@@ -185,13 +185,13 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
             nb = nbformat.read(path, as_version=4)
             title = notebook_title(nb) or path.stem
             pages[path.stem] = title
-            infra.write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
+            file_io.write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
         generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        infra.write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
+        file_io.write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
         for f in tmp.iterdir():  # mkstemp / mkdtemp make them private; a site is for sharing
             f.chmod(0o644)
         tmp.chmod(0o755)
-        infra.install_dir(tmp, out)  # a site is always rebuilt whole: replacing the old one is the point
+        file_io.install_dir(tmp, out)  # a site is always rebuilt whole: replacing the old one is the point
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -266,7 +266,7 @@ def screenshot(page: str | os.PathLike, png: str | os.PathLike, window: tuple[in
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="the run's profile (default: $GEMMA_TPU_PROFILE, else smoke)")
-    p.add_argument("--runs", type=infra.cli_path, default=None, help="runs root (default ./runs)")
+    p.add_argument("--runs", type=file_io.cli_path, default=None, help="runs root (default ./runs)")
     p.add_argument("--no-screenshot", action="store_true", help="skip the index screenshot (needs chromium)")
 
 

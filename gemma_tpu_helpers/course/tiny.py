@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..fixes import chat_format, infra
+from ..fixes import chat_format, file_io
 from ..fixes.errors import GemmaTpuError
 from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, KEY_PREFIX, PATTERN, TEXT_CONFIGS, kv_shared_layers
 
@@ -270,11 +270,11 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
         GenerationConfig,
     )
 
-    out_dir = infra.absolute_path(out_dir, "output directory")
+    out_dir = file_io.absolute_path(out_dir, "output directory")
     text_cfg = tiny_text_config(layers, variant)  # validates layers before anything is written
     layers = text_cfg["num_hidden_layers"]
     _prepare_out(out_dir, overwrite)
-    tmp = infra.temp_dir_beside(out_dir)
+    tmp = file_io.temp_dir_beside(out_dir)
     try:
         e_model = variant in TINY_E_KV_HEADS
         tokenizer = build_tokenizer(text_cfg["vocab_size"], "e" if e_model else "31b")
@@ -294,7 +294,7 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
         write_processor_config(tmp)
         stamp = {"seed": seed, "layers": layers, "format": FORMAT, **({} if variant == "31b" else {"variant": variant})}
         (tmp / BUILT_BY).write_text(json.dumps(stamp) + "\n")
-        infra.install_dir(tmp, out_dir)  # _prepare_out refused an existing one unless overwrite
+        file_io.install_dir(tmp, out_dir)  # _prepare_out refused an existing one unless overwrite
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -303,9 +303,9 @@ def write_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = No
 
 def ensure_tiny_model(out_dir: str | Path, seed: int = 0, layers: int | None = None, variant: str = "31b") -> Path:
     """The cached tiny checkpoint in ``out_dir``, built on first use (how notebooks stay standalone). Processes that
-    ask for it at once (two notebooks) build it once: the others wait, then find it (``infra.locked``)."""
+    ask for it at once (two notebooks) build it once: the others wait, then find it (``file_io.locked``)."""
     out_dir = Path(out_dir)
-    with infra.locked(out_dir, "the tiny model"):
+    with file_io.locked(out_dir, "the tiny model"):
         return _cached_or_built(out_dir, seed, layers, variant)
 
 

@@ -22,7 +22,7 @@ from ..fixes import data as data_lib
 from ..fixes import mesh as mesh_lib
 from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
-from ..fixes.infra import absolute_path, config_hash, is_remote, to_path, write_atomic
+from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
 from ..fixes.multihost import is_main, main_first, process_rows
 from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 from .profiles import Profile

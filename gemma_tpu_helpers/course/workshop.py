@@ -19,10 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..fixes import evaluate
+from ..fixes import eval_simulate
 from . import preflight, profiles
 from ..fixes.gemma4 import CheckpointError, check_checkpoint
-from ..fixes.serve import ServeError, serve_python, start
+from ..fixes.vllm_command import ServeError
+from ..fixes.vllm_server import start
+from .paths import serve_python
 from .site import find_chromium
 
 REPO_ENV = "GEMMA_TPU_REPO"  # the course's git URL (the Colab install cell clones it)
@@ -98,7 +100,7 @@ def _check_training_venv() -> Item:
 
 def _check_serve_venv() -> Item:
     try:
-        py = serve_python()
+        py = serve_python(check=True)
     except ServeError:
         return Item("serving venv", FAIL, ".venv-serve/bin/python does not exist", "make serve-venv")
     code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
@@ -113,9 +115,9 @@ def _check_serve_venv() -> Item:
 
 def _check_iverilog() -> Item:
     try:
-        iv, _ = evaluate.simulator_tools()  # the one lookup the evaluation uses (its own env var, built prefix, PATH)
+        iv, _ = eval_simulate.simulator_tools()  # the one lookup the evaluation uses (its own env var, built prefix, PATH)
     except Exception as e:  # IverilogNotFoundError and kin: the message says what to install
-        return Item("iverilog", FAIL, str(e).split(". ")[0], evaluate.INSTALL_HINT)
+        return Item("iverilog", FAIL, str(e).split(". ")[0], eval_simulate.INSTALL_HINT)
     try:
         first = subprocess.run([iv, "-V"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S).stdout
         version = first.splitlines()[0] if first else "version unknown"

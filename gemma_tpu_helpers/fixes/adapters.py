@@ -67,7 +67,7 @@ def hf_peft_top_logprobs(base_dir, adapter_dir, token_ids, candidates: list[int]
 
 
 def lora_reference_gap(server, name: str, base_dir, adapter_dir, token_ids, top: int = 5) -> float:
-    """max |Δ log-prob| between vLLM serving adapter ``name`` (``server``: a ``serve.Client``) and transformers +
+    """max |Δ log-prob| between vLLM serving adapter ``name`` (``server``: a ``vllm_client.Client``) and transformers +
     PEFT, over vLLM's ``top`` next-token candidates. fp32 rounding gives ~1e-4; more means vLLM computes a different
     model."""
     served = server.complete_ids(token_ids, 1, model=name, top=top)["top"][0]

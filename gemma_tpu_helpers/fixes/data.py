@@ -1,10 +1,8 @@
 """Instruction data in the CodeV-R1 SFT schema (``system``, ``prompt``, ``response``).
 
-One path for every source: the shipped self-written rows, a local .jsonl/.json/.parquet file or directory, or a
-Hugging Face dataset id (the real ``zhuyaoyu/CodeV-R1-dataset`` on TPU) all go through ``datasets.load_dataset``.
-The shipped rows sit in a replica of the real repository's layout (``data/codev_r1_replica``: the ``sft`` and
-``rl`` configs declared in its README), so the smoke profile loads them with the same call as the real id:
-``load_dataset(<repo>, "sft", split="train")``.
+One path for every source: a local .jsonl/.json/.parquet file, a local copy of a dataset repository, or a Hugging
+Face dataset id (the real ``zhuyaoyu/CodeV-R1-dataset``) all go through ``datasets.load_dataset``, so a copy of the
+repository loads with the same call as the real id: ``load_dataset(<repo>, "sft", split="train")``.
 
 A real response is DeepSeek-R1 output: ``<think>...</think>`` reasoning, then ``<answer>...</answer>`` around prose
 and a fenced ```` ```verilog ```` block. :func:`training_target` picks what is trained on.
@@ -17,20 +15,20 @@ import dataclasses
 import itertools
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
-from .infra import is_remote, local_copy
+from .file_io import is_remote, local_copy
 from .inputs import BATCH_DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    # "shipped" is the replica of the CodeV-R1 repository layout in gemma_tpu_helpers/data/codev_r1_replica (its
-    # "sft" config); otherwise a local .jsonl/.json/.parquet file, a local dataset directory or a HF dataset id.
+    # A local .jsonl/.json/.parquet file, a local dataset directory, a HF dataset id or a gs:// copy of one of those.
     source: str
     config: str | None = None  # the dataset's config: CodeV-R1 declares "sft" and "rl" and has no default
     split: str = "train"
@@ -45,18 +43,15 @@ class DataSpec:
     eval_fraction: float = 0.05
     pack: bool = True
     columns: tuple[tuple[str, str], ...] = ()  # source column -> schema column, e.g. (("question", "prompt"),)
+    cache_dir: str | None = None  # where a gs:// source's local copy goes (None: DEFAULT_GS_COPIES)
 
     @property
     def strip_think(self) -> bool:
         """True when the <think> reasoning is not trained on."""
         return self.target != "full"
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
-SHIPPED_CONFIG = "sft"
-SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
 REQUIRED = ("prompt", "response")
-CACHE_ENV = "GEMMA_TPU_CACHE"  # where a gs:// data source's local copy goes (default ~/.cache/gemma-tpu), under gs/
+DEFAULT_GS_COPIES = Path(tempfile.gettempdir()) / "gs-data"  # a gs:// source's local copy, unless cache_dir says
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -64,12 +59,11 @@ class DataError(GemmaTpuError, ValueError):
     pass
 
 
-def _load_dataset_args(source: str, config: str | None = None) -> tuple[tuple, dict]:
+def _load_dataset_args(source: str, config: str | None = None, cache_dir: str | os.PathLike | None = None
+                       ) -> tuple[tuple, dict]:
     """``datasets.load_dataset`` arguments for a source: ``(path[, config]), kwargs``."""
-    if source == "shipped":
-        return (str(SHIPPED_REPLICA), config or SHIPPED_CONFIG), {}
     if is_remote(source):  # datasets reads a repository's configs from local files only: a synced local copy
-        source = str(local_copy(source, Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gemma-tpu") / "gs"))
+        source = str(local_copy(source, cache_dir or DEFAULT_GS_COPIES))
     path = Path(os.path.abspath(os.path.expanduser(source)))  # a local file or folder, relative to the current dir
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix)
@@ -88,14 +82,15 @@ def _where(source: str, config: str | None, split: str) -> str:
     return f"{source!r}" + (f" (config {config!r}, split {split!r})" if config else f" (split {split!r})")
 
 
-def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, str] | None = None,
-              config: str | None = None, max_rows: int | None = None):
+def load_rows(source: str, split: str = "train", columns: dict[str, str] | None = None,
+              config: str | None = None, max_rows: int | None = None, cache_dir: str | os.PathLike | None = None):
     """A ``datasets.Dataset`` with ``prompt`` and ``response`` columns (and ``system`` where the source has it).
 
     - ``config``: the dataset's config, for repositories that declare several (``zhuyaoyu/CodeV-R1-dataset`` has
-      ``sft`` and ``rl`` and no default); ``"shipped"`` means the replica's ``sft``.
+      ``sft`` and ``rl`` and no default).
     - ``columns`` renames a source's columns to the schema, e.g. ``{"instruction": "prompt", "output": "response"}``.
     - ``max_rows`` keeps the first rows only (the paper trained on the first 10,000 of the 87K).
+    - ``cache_dir``: where a ``gs://`` source is copied to (``datasets`` reads a repository's configs locally).
 
     A missing config, split or column is a :class:`DataError` that lists the ones that exist.
     """
@@ -103,12 +98,12 @@ def load_rows(source: str = "shipped", split: str = "train", columns: dict[str, 
 
     if max_rows is not None and max_rows < 1:
         raise DataError(f"max_rows must be a positive number of rows (or None for all), got {max_rows}.")
-    args, kwargs = _load_dataset_args(source, config)
+    args, kwargs = _load_dataset_args(source, config, cache_dir)
     where = _where(source, args[1] if len(args) > 1 else None, split)
     try:
         ds = datasets.load_dataset(*args, split=split, **kwargs)
     except FileNotFoundError as e:
-        raise DataError(f"Could not find data source {source!r}: {e}. Give 'shipped', a local file, or a dataset id.") from e
+        raise DataError(f"Could not find data source {source!r}: {e}. Give a local file or folder, or a dataset id.") from e
     except datasets.exceptions.DatasetGenerationError as e:
         cause = e.__cause__ or e
         raise DataError(f"Could not read the files of {where}: {type(cause).__name__}: {cause}. datasets picks one "
@@ -199,7 +194,7 @@ def spec_messages(row: dict, spec) -> list[dict]:
 
 def load_call(spec) -> str:
     """The ``datasets.load_dataset`` call a DataSpec makes, as text (and the row limit it applies)."""
-    args, kwargs = _load_dataset_args(spec.source, spec.config)
+    args, kwargs = _load_dataset_args(spec.source, spec.config, spec.cache_dir)
     parts = [repr(a) for a in args] + [f"split={spec.split!r}"] + [f"{k}={v!r}" for k, v in kwargs.items()]
     limit = f", then the first {spec.max_rows:,} rows" if spec.max_rows else ""
     return f"datasets.load_dataset({', '.join(parts)}){limit}"
@@ -553,7 +548,7 @@ def with_source(spec: DataSpec, source: str | None = None, config: str | None = 
     if source is None and config is None:
         return spec
     if config is None:
-        local = source is not None and source != "shipped" and (
+        local = source is not None and (
             Path(source).suffix in _FILE_BUILDERS if is_remote(source) else os.path.isfile(os.path.expanduser(source)))
         config = None if local else spec.config
     elif config == NO_CONFIG:
@@ -565,7 +560,7 @@ def load_profile_rows(spec):
     """The rows a profile's DataSpec names: its source, config, split, column mapping and row limit (another copy of
     the data: :func:`with_source`)."""
     return load_rows(spec.source, split=spec.split, columns=dict(spec.columns) or None, config=spec.config,
-                     max_rows=spec.max_rows)
+                     max_rows=spec.max_rows, cache_dir=spec.cache_dir)
 
 
 def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, progress: bool = True) -> Prepared:

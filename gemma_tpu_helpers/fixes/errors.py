@@ -14,7 +14,7 @@ class GemmaTpuError(Exception):
 
 def run_cli(command, args) -> int:
     """Run a CLI command ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no
-    traceback) and exits 2. Every command of ``python -m gemma_tpu_helpers`` goes through here, once. An error
+    traceback) and exits 2. Every command of a command-line tool goes through here, once. An error
     class may set its own ``label`` and ``exit_code`` (a preempted training: ``preempted: ...``, 75)."""
     import sys
 

@@ -102,8 +102,8 @@ def read_text_config(model_dir: str | Path) -> dict:
         raise CheckpointError(f"{model_dir} is a file, not a checkpoint directory: pass the directory that holds "
                               f"config.json and the *.safetensors shards.")
     if not model_dir.is_dir():
-        raise CheckpointError(f"Checkpoint directory {model_dir} does not exist. Build the smoke one with "
-                              f"`python -m gemma_tpu_helpers tiny-model {model_dir}` or download the real one.")
+        raise CheckpointError(f"Checkpoint directory {model_dir} does not exist. Download the checkpoint "
+                              f"there (`hf download REPO --local-dir {model_dir}`) or pass the directory that has it.")
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory.")
     try:
@@ -293,9 +293,9 @@ def refetch_hint(model_dir: str | Path) -> str:
     replica, else copy or download it again."""
     d = Path(model_dir)
     if (d / "merge_info.json").is_file():
-        return f"run the merge again (`python -m gemma_tpu_helpers merge ... --out {d} --overwrite`)"
+        return f"run the merge again into {d} (overwrite=True)"
     if (d / "tiny_model.json").is_file():
-        return f"rebuild it (`python -m gemma_tpu_helpers tiny-model {d} --overwrite`)"
+        return f"rebuild the tiny replica in {d} (overwrite=True)"
     return (f"copy or download it again (`hf download REPO --local-dir {d}` fetches what is missing or "
             f"damaged; delete the damaged file first)")
 

@@ -1,6 +1,6 @@
 """Greedy parity (notebook 08): vLLM's greedy tokens equal the JAX (tunix) model's on the same checkpoint.
 
-:func:`jax_greedy` decodes with the tunix model, the server's ``complete_ids`` (``serve.Client``) with vLLM, from the
+:func:`jax_greedy` decodes with the tunix model, the server's ``complete_ids`` (``vllm_client.Client``) with vLLM, from the
 same token ids; :func:`parity_table` lines them up with each side's top-2 gap and :func:`parity_summary` says how
 many leading tokens agree and whether a divergence sits on a near-tie (fp32 noise, not a bug).
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GemmaTpuError
-from .infra import absolute_path, is_remote, to_path
+from .file_io import absolute_path, is_remote, to_path
 
 METADATA = "lora_config.json"  # = train.METADATA (not imported: train pulls in more than reading a LoRA needs)
 PARAMS_ITEM = "model_params"
@@ -52,7 +52,7 @@ def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[i
         raise LoraCheckpointError(f"{d} is a file; pass the run's `checkpoints` directory (it holds one folder per "
                                   f"saved step and lora_config.json).")
     if not d.is_dir():
-        raise LoraCheckpointError(f"Checkpoint directory {d} does not exist (train first: `python -m gemma_tpu_helpers train`).")
+        raise LoraCheckpointError(f"Checkpoint directory {d} does not exist (train first: the trainer writes it).")
     steps = list_steps(d)
     if not steps:
         raise LoraCheckpointError(f"{d} holds no Orbax step directories (<step>/{PARAMS_ITEM}); train first, or pass the "
@@ -75,7 +75,7 @@ def read_lora_config(checkpoint_dir: str | Path) -> dict:
     path = to_path(checkpoint_dir) / METADATA
     if not path.is_file():
         raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds (rank, alpha, targets). "
-                         f"Checkpoints written by `gemma_tpu_helpers train` have it.")
+                         f"Checkpoints written by the training step's save_lora_config have it.")
     try:
         meta = json.loads(path.read_text())
         missing = [k for k in ("targets", "rank", "alpha") if k not in meta]

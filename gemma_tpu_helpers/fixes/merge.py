@@ -11,7 +11,7 @@ on the accelerator, and wrote one ``model.safetensors``. Here, one module per co
   byte, each targeted tensor read alone and merged in fp32 row blocks (XLA on the host CPU, or the numpy reference).
   Peak memory is the LoRA arrays plus a few blocks. Shard names and ``model.safetensors.index.json`` are kept.
 - This module puts it together: config, generation config, tokenizer and chat template are copied; everything is
-  written to a temporary directory next to ``out_dir`` and renamed at the end (``infra.install_dir``), so a crash (a
+  written to a temporary directory next to ``out_dir`` and renamed at the end (``file_io.install_dir``), so a crash (a
   full disk, a kill) never leaves a directory that looks complete. ``merge_info.json`` records what was merged.
 - :mod:`verify` checks the result against transformers and tunix; :mod:`peft_export` writes the same LoRA as an
   unmerged PEFT adapter (for ``vllm --enable-lora`` and ``peft.PeftModel``).
@@ -33,8 +33,7 @@ from tqdm.auto import tqdm
 
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
-from .infra import absolute_path, config_hash, install_dir, path_id, temp_dir_beside
-from .multihost import is_main
+from .file_io import absolute_path, config_hash, install_dir, path_id, temp_dir_beside
 
 MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
 SKIP_FILES = {"tiny_model.json"}  # tiny.py's cache stamp: the merged dir is not a tiny.py cache
@@ -111,9 +110,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     ``LoraMismatchError`` (a LoRA that does not fit the base), :class:`MergeError`; :class:`OutputExistsError` for a non-empty ``out_dir`` without ``overwrite``. On any failure while
     writing (e.g. ``OSError`` ENOSPC) the temp dir is removed and ``out_dir`` is left as it was.
     """
-    if not is_main():  # a host-side step: every process would write the same out_dir
-        raise MergeError("merge_lora runs on one host only: call it from process 0 (launch runs 'merge' on worker 0), "
-                         "after training; it reads the multi-process checkpoint by itself.")
+    # A host-side step: in a multi-process program, call it from one process only (it reads every host's shards).
     if kernel not in safetensors_io.MERGE_KERNELS:
         raise MergeError(f"kernel must be one of {safetensors_io.MERGE_KERNELS}, got {kernel!r}.")
     started = time.perf_counter()

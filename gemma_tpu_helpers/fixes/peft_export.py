@@ -14,7 +14,7 @@ import numpy as np
 
 from . import layout
 from .gemma4 import read_text_config
-from .infra import absolute_path, cli_path, cli_path_or_gs, install_dir, path_id, temp_dir_beside
+from .file_io import absolute_path, install_dir, path_id, temp_dir_beside
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir
@@ -82,15 +82,4 @@ def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # The CLI (wired in __main__.py)
 
-def add_export_arguments(p) -> None:
-    p.add_argument("--base", type=cli_path, required=True, help="the base HF checkpoint directory")
-    p.add_argument("--checkpoint", type=cli_path_or_gs, required=True, help="the run's Orbax `checkpoints` directory")
-    p.add_argument("--step", type=int, default=None)
-    p.add_argument("--out", type=cli_path, required=True, help="the adapter directory to write")
-    p.add_argument("--overwrite", action="store_true")
 
-
-def main_export_adapter(args) -> int:
-    out = export_peft_adapter(args.checkpoint, args.out, args.base, step=args.step, overwrite=args.overwrite)
-    print(f"wrote PEFT adapter {out}")
-    return 0

@@ -16,7 +16,7 @@ import numpy as np
 from . import gemma4, lora, parity, weight_check
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
-from .infra import absolute_path
+from .file_io import absolute_path
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import merge_lora, read_merge_info
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
-from .infra import absolute_path, config_hash, path_id
+from .file_io import absolute_path, config_hash, path_id
 
 MERGE_INFO = "merge_info.json"  # = merge.MERGE_INFO (not imported: merge pulls in training)
 IGNORED = {MERGE_INFO, "tiny_model.json"}  # written by the merge / the replica builder, not copied
@@ -204,7 +204,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     info = json.loads((merged_dir / MERGE_INFO).read_text()) if (merged_dir / MERGE_INFO).is_file() else None
     if info is None:
         raise WeightCheckError(f"{merged_dir} has no {MERGE_INFO}: it was not written by "
-                               f"`python -m gemma_tpu_helpers merge`, so there is no record of what was merged.")
+                               f"merge.merge_lora, so there is no record of what was merged.")
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
     if arrays is None or step is None:
         step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)

@@ -15,7 +15,8 @@ import support
 from support import REPO
 
 from gemma_tpu_helpers.course import bench, cost
-from gemma_tpu_helpers.fixes import serve
+from gemma_tpu_helpers.fixes import vllm_command, vllm_server
+from gemma_tpu_helpers.course import paths
 
 SERVE_PY = support.serve_python()
 OUTPUT_LEN = 16
@@ -106,7 +107,7 @@ def test_bad_lists_are_rejected():
 
 @pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv")
 def test_unreachable_server_fails_fast_before_the_sweep(tmp_path):
-    url = f"http://127.0.0.1:{serve.free_port()}"
+    url = f"http://127.0.0.1:{vllm_server.free_port()}"
     t0 = time.perf_counter()
     with pytest.raises(bench.BenchError, match="No OpenAI-compatible server answered at"):
         bench.sweep(url, "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
@@ -115,7 +116,7 @@ def test_unreachable_server_fails_fast_before_the_sweep(tmp_path):
 
 
 def test_missing_serve_venv_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv(serve.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
+    monkeypatch.setenv(paths.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
     with pytest.raises(bench.BenchError, match="make serve-venv"):
         bench.sweep("http://127.0.0.1:9", "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
 
@@ -123,7 +124,7 @@ def test_missing_serve_venv_is_a_clear_error(monkeypatch, tmp_path):
 def test_cli_unreachable_server_exits_2_quickly(tmp_path):
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.course.bench", "--url",
-                           f"http://127.0.0.1:{serve.free_port()}", "--out", str(tmp_path)],
+                           f"http://127.0.0.1:{vllm_server.free_port()}", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert "error:" in proc.stderr and ("No OpenAI-compatible server" in proc.stderr or "serving venv" in proc.stderr)
@@ -165,7 +166,7 @@ def server(smoke, tiny_dir, tmp_path_factory):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    srv = serve.start(smoke.serving, tiny_dir, log_path=log, progress=False)
+    srv = vllm_server.start(smoke.serving, tiny_dir, log_path=log, progress=False)
     try:
         yield srv
     finally:
@@ -178,7 +179,7 @@ def real_sweep(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     before = _children()
     t0 = time.perf_counter()
-    df = bench.sweep(server.base_url, serve.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out, progress=False)
+    df = bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out, progress=False)
     seconds = time.perf_counter() - t0
     print(f"\nsweep of {len(df)} points: {seconds:.1f} s\n{df.to_string()}")
     return df, out, seconds, _children() - before
@@ -230,7 +231,7 @@ def test_failing_benchmark_reports_the_log_and_leaves_nothing(server, tmp_path):
     empty.mkdir()
     before = _children()
     with pytest.raises(bench.BenchError, match="failed \\(exit code") as err:
-        bench.sweep(server.base_url, serve.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out",
+        bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out",
                     tokenizer=empty, progress=False)
     assert "bench.log" in str(err.value)
     assert not _children() - before
@@ -240,7 +241,7 @@ def test_sweep_timeout_stops_the_launcher(server, tmp_path):
     before = _children()
     t0 = time.perf_counter()
     with pytest.raises(bench.BenchError, match="did not finish within 3 s"):
-        bench.sweep(server.base_url, serve.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out", timeout=3,
+        bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out", timeout=3,
                     progress=False)
     assert time.perf_counter() - t0 < 30
     assert not _children() - before

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from support import copy_lines, path_of
 
-from gemma_tpu_helpers.fixes import evaluate, gemma4, layout, lora_checkpoint, multihost
+from gemma_tpu_helpers.fixes import eval_problems, gemma4, layout, lora_checkpoint, multihost
+from gemma_tpu_helpers.course import paths
 
 NOTEBOOKS = [f"0{i}" for i in range(1, 10)]
 
@@ -128,19 +129,19 @@ SCRIPT = textwrap.dedent(r'''
     done("07")
 
     # 08 serving: the TPU command and the per-chip HBM arithmetic
-    serve = fix("08", "serve")
-    target = serve.ServeTarget(name="v6e-8", platform="tpu", chips=8, hbm_gib_per_chip=32.0,
-                               spec=serve.ServeSpec(tensor_parallel=8, max_model_len=4096, max_num_batched_tokens=2048,
-                                                    gpu_memory_utilization=0.9))
-    out["08"] = {"argv": serve.command(target, tiny),
-                 "hbm": serve.hbm_per_chip(target, fix("08", "gemma4").read_text_config(tiny))}
+    command = fix("08", "vllm_command")
+    target = command.ServeTarget(name="v6e-8", platform="tpu", chips=8, hbm_gib_per_chip=32.0,
+                                 spec=command.ServeSpec(tensor_parallel=8, max_model_len=4096,
+                                                        max_num_batched_tokens=2048, gpu_memory_utilization=0.9))
+    out["08"] = {"argv": command.serve_command(target, tiny),
+                 "hbm": command.hbm_per_chip(target, fix("08", "gemma4").read_text_config(tiny))}
     done("08")
 
     # 09 evaluation: pass@k of the reference design on a shipped problem
-    ev = fix("09", "evaluate")
-    problems = ev.load_problems(work["problems"])
-    rows = [{"task_id": p.task_id, "completion": ev.reference_code(p)} for p in problems]
-    results, scores = ev.score_completions(problems, rows, ks=(1,), progress=False)
+    problems_lib, score = fix("09", "eval_problems"), fix("09", "eval_score")
+    problems = problems_lib.load_problems(work["problems"])
+    rows = [{"task_id": p.task_id, "completion": problems_lib.reference_code(p)} for p in problems]
+    results, scores = score.score_completions(problems, rows, ks=(1,), progress=False)
     out["09"] = {"categories": sorted(results["category"]), "pass@1": scores[1]}
     done("09")
 
@@ -193,8 +194,8 @@ def results(tiny_dir, tmp_path_factory):
     lora_checkpoint.write_lora_checkpoint(checkpoint, layout.synthetic_lora(text, layout.TARGETS, 4, std=0.05), meta)
     problems = root / "problems"
     problems.mkdir()
-    for suffix in evaluate.FILE_SUFFIXES.values():
-        shutil.copy(evaluate.SHIPPED_EVAL / f"Prob001_majority3{suffix}", problems)
+    for suffix in eval_problems.FILE_SUFFIXES.values():
+        shutil.copy(paths.SHIPPED_EVAL / f"Prob001_majority3{suffix}", problems)
     work = {"tiny": str(tiny_dir), "checkpoint": str(checkpoint), "problems": str(problems), "out": str(root),
             "copies": str(copies), "xla_flags": multihost.cpu_xla_flags(2)}
     empty = root / "elsewhere"

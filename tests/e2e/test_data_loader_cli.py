@@ -3,8 +3,10 @@ relative --source (two CLI runs, about 50 s). The loader's rules: tests/fast/tes
 
 import json
 import pytest
+from support import SHIPPED
+
 from gemma_tpu_helpers.fixes import data
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.course import paths, profiles
 
 
 def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):
@@ -16,11 +18,11 @@ def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):
     import sys
 
     copy = tmp_path / "copies" / "CodeV-R1-dataset"
-    shutil.copytree(data.SHIPPED_REPLICA, copy)
+    shutil.copytree(paths.SHIPPED_REPLICA, copy)
     real = profiles.get_profile("v5p-8").data
     spec = data.with_source(real, str(copy))
     assert (spec.source, spec.config, spec.max_rows) == (str(copy), "sft", real.max_rows)
-    assert data.load_profile_rows(spec)["prompt"] == data.load_rows("shipped")["prompt"]
+    assert data.load_profile_rows(spec)["prompt"] == data.load_rows(**SHIPPED)["prompt"]
     assert data.with_source(real, str(copy), "rl").config == "rl"
     with pytest.raises(data.DataError, match=r"Config name is missing.* --config NAME"):
         data.load_profile_rows(data.with_source(real, str(copy), data.NO_CONFIG))

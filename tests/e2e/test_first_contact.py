@@ -21,7 +21,7 @@ import pytest
 from support import run_cli
 
 from gemma_tpu_helpers.course import base_model
-from gemma_tpu_helpers.fixes import infra
+from gemma_tpu_helpers.fixes import process_groups, vllm_command, vllm_server
 
 REAL = "google/gemma-4-31B-it"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -519,8 +519,6 @@ def test_tpu_type_and_chip_count_against_the_profile(monkeypatch, tmp_path):
 def test_lock_holder_is_found_by_pid(tmp_path):
     """libtpu holds a POSIX write lock on /tmp/libtpu_lockfile (seen in /proc/locks here); a child holding one on a
     file of ours is found by pid, with its command line, and so is a child holding a file open (the TPU devices)."""
-    from gemma_tpu_helpers.fixes import infra
-
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")
     code = ("import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.lockf(f, fcntl.LOCK_EX); "
@@ -528,15 +526,15 @@ def test_lock_holder_is_found_by_pid(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
-        held = infra.lock_holders(str(lock))
+        held = process_groups.lock_holders(str(lock))
         assert list(held) == [child.pid] and "fcntl" in held[child.pid], held
-        assert child.pid in infra.open_by([str(lock)])
-        assert os.getpid() not in infra.open_by([str(lock)])
+        assert child.pid in process_groups.open_by([str(lock)])
+        assert os.getpid() not in process_groups.open_by([str(lock)])
     finally:
         child.kill()
         child.wait()
-    assert infra.lock_holders(str(lock)) == {}  # the file stays; the lock went with the process
-    assert infra.lock_holders(str(tmp_path / "absent")) == {}
+    assert process_groups.lock_holders(str(lock)) == {}  # the file stays; the lock went with the process
+    assert process_groups.lock_holders(str(tmp_path / "absent")) == {}
 
 
 def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
@@ -547,8 +545,8 @@ def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
     accel.write_text("")
     lock.write_text("")
     monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
-    monkeypatch.setattr(infra, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(infra, "LIBTPU_LOCKFILE", str(lock))
+    monkeypatch.setattr(process_groups, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(process_groups, "LIBTPU_LOCKFILE", str(lock))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)  # no tpu-info here
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5p-8")  # no metadata-server call
     assert preflight.check_hbm(profiles.get_profile("v5p-8")).status == "ok"
@@ -568,32 +566,33 @@ def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
 
 
 def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, tmp_path):
-    """Colab: the training kernel (another process) still holds the chip when a fresh runtime's serve.start runs
+    """Colab: the training kernel (another process) still holds the chip when a fresh runtime's vllm_server.start runs
     vllm-tpu. It must refuse before launching anything, naming that process, not fail later in libtpu's log."""
+    import dataclasses
+
     from gemma_tpu_helpers.course import preflight, profiles
-    from gemma_tpu_helpers.fixes import serve
 
     accel = tmp_path / "accel0"
     accel.write_text("")
-    for module in (profiles, serve):
+    for module in (profiles, vllm_server):
         monkeypatch.setattr(module, "tpu_visible", lambda: True)
-    monkeypatch.setattr(infra, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-    monkeypatch.setattr(infra, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
+    monkeypatch.setattr(process_groups, "TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+    monkeypatch.setattr(process_groups, "LIBTPU_LOCKFILE", str(tmp_path / "libtpu_lockfile"))
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
-    monkeypatch.setattr(serve, "serve_python", lambda check=True: tmp_path / "venv" / "bin" / "python")  # no vllm-tpu
     colab = profiles.get_profile("colab-v5e-1")
+    target = dataclasses.replace(colab.serving, python=tmp_path / "venv" / "bin" / "python")
     child = subprocess.Popen([sys.executable, "-c", "import sys, time; d = open(sys.argv[1]); print('holding', flush=True); "
                               "time.sleep(60)", str(accel)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "holding"
-        with pytest.raises(serve.ServeError, match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
-            serve.start(colab.serving, "google/gemma-4-E2B-it")
+        with pytest.raises(vllm_command.ServeError, match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
+            vllm_server.start(target, "google/gemma-4-E2B-it")
         assert f"kill {child.pid}" in str(e.value)
     finally:
         child.kill()
         child.wait()
-    with pytest.raises(serve.ServeError, match="vllm-tpu is not installed"):  # the chip is free now: next check
-        serve.start(colab.serving, "google/gemma-4-E2B-it")
+    with pytest.raises(vllm_command.ServeError, match="vllm-tpu is not installed"):  # the chip is free now: next check
+        vllm_server.start(target, "google/gemma-4-E2B-it")
 
 
 def test_versions_check_reads_the_pins():

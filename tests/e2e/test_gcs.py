@@ -17,7 +17,7 @@ import pytest
 from support import REPO, run_cli
 
 from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import infra, lora_checkpoint
+from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
 
 BUCKET = "course"  # conftest's gcs fixture makes it
 
@@ -29,27 +29,27 @@ def _fs():
 
 
 def test_paths_and_writes_on_the_bucket(gcs):
-    run = infra.absolute_path(f"{gcs}/unit/run", "run directory", remote=True)
+    run = file_io.absolute_path(f"{gcs}/unit/run", "run directory", remote=True)
     assert str(run) == f"{gcs}/unit/run" and (run / "a").name == "a"
-    infra.write_atomic(run / "train" / "metrics.jsonl", '{"step": 1}\n')
+    file_io.write_atomic(run / "train" / "metrics.jsonl", '{"step": 1}\n')
     assert (run / "train" / "metrics.jsonl").read_text() == '{"step": 1}\n'
     with pytest.raises(FileExistsError):
-        infra.write_lines_atomic(run / "train" / "metrics.jsonl", ["x"], overwrite=False)
+        file_io.write_lines_atomic(run / "train" / "metrics.jsonl", ["x"], overwrite=False)
     assert train.latest_step(run / "checkpoints") is None
     # a step folder without Orbax's commit marker is unfinished on gs:// (Orbax writes it in place there)
-    infra.write_atomic(run / "checkpoints" / "3" / "model_params" / "x", "partial")
+    file_io.write_atomic(run / "checkpoints" / "3" / "model_params" / "x", "partial")
     assert lora_checkpoint.list_steps(run / "checkpoints") == []
     # written by another process (another gcsfs instance): seen at once, not hidden by a cached listing
     _fs().pipe(f"{BUCKET}/unit/run/checkpoints/3/{lora_checkpoint.COMMIT_SUCCESS}", b"done")
     assert lora_checkpoint.list_steps(run / "checkpoints") == [3]
-    with pytest.raises(infra.PathArgumentError, match="copy it to a local directory first"):
-        infra.absolute_path(f"{gcs}/base", "base directory")
+    with pytest.raises(file_io.PathArgumentError, match="copy it to a local directory first"):
+        file_io.absolute_path(f"{gcs}/base", "base directory")
 
 
 def test_metrics_on_a_bucket_are_uploaded_at_most_every_two_seconds(gcs):
     """Cloud Storage takes about one write per second to one object: quick lines (a step's, then its eval's) are held
     back and uploaded together; flush (which train calls however training stops) uploads the rest."""
-    path = infra.to_path(f"{gcs}/throttle/train/metrics.jsonl")
+    path = file_io.to_path(f"{gcs}/throttle/train/metrics.jsonl")
     recorder = train._recorder(path, 0, [10, 10, 10], lambda step: 0.0, "prefix")
     for step in (1, 2, 3):
         recorder.record({"step": step, "loss": 1.0})
@@ -68,9 +68,9 @@ def test_what_each_storage_call_costs(gcs, tmp_path):
 
     lora = {"a": np.random.default_rng(0).standard_normal((256, 1024), dtype=np.float32)}  # 1 MiB of LoRA params
     rows = []
-    for where, root in (("gs://", infra.to_path(f"{gcs}/cost")), ("local disk", tmp_path / "cost")):
+    for where, root in (("gs://", file_io.to_path(f"{gcs}/cost")), ("local disk", tmp_path / "cost")):
         line = '{"step": 1, "loss": 7.1}\n' * 200  # a metrics file of 200 steps, rewritten at each step
-        calls = {"write metrics (5 KB)": lambda: infra.write_atomic(root / "train" / "metrics.jsonl", line),
+        calls = {"write metrics (5 KB)": lambda: file_io.write_atomic(root / "train" / "metrics.jsonl", line),
                  "read metrics": lambda: (root / "train" / "metrics.jsonl").read_text(),
                  "is_file": lambda: (root / "train" / "metrics.jsonl").is_file(),
                  "list steps": lambda: lora_checkpoint.list_steps(root / "checkpoints")}
@@ -134,10 +134,10 @@ def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tmp_path):
     # an object changed in the bucket is fetched again; one deleted there goes from the copy
     _fs().pipe(f"{BUCKET}/copies/CodeV-R1-dataset/README.md", (local / "README.md").read_bytes() + b"\n")
     _fs().pipe(f"{BUCKET}/copies/CodeV-R1-dataset/extra.txt", b"x")
-    infra.local_copy(f"{gcs}/copies/CodeV-R1-dataset", Path(os.environ["GEMMA_TPU_CACHE"]) / "gs")
+    file_io.local_copy(f"{gcs}/copies/CodeV-R1-dataset", Path(os.environ["GEMMA_TPU_CACHE"]) / "gs")
     assert (copy / "README.md").read_bytes().endswith(b"\n\n") and (copy / "extra.txt").is_file()
     _fs().rm(f"{BUCKET}/copies/CodeV-R1-dataset/extra.txt")
-    infra.local_copy(f"{gcs}/copies/CodeV-R1-dataset", Path(os.environ["GEMMA_TPU_CACHE"]) / "gs")
+    file_io.local_copy(f"{gcs}/copies/CodeV-R1-dataset", Path(os.environ["GEMMA_TPU_CACHE"]) / "gs")
     assert not (copy / "extra.txt").exists()
     print(f"data-stats (CLI) from the bucket, first read with its copy: {first_s:.1f} s; from a local copy "
           f"{local_s:.1f} s")
@@ -150,7 +150,7 @@ def test_runs_root_on_a_bucket(gcs, monkeypatch):
 
     monkeypatch.setenv("GEMMA_TPU_RUNS", f"{gcs}/runs")
     smoke = profiles.get_profile("smoke")
-    assert str(smoke.run_dir()) == f"{gcs}/runs/smoke" and infra.is_remote(smoke.run_dir())
+    assert str(smoke.run_dir()) == f"{gcs}/runs/smoke" and file_io.is_remote(smoke.run_dir())
     local = smoke.local_dir()
     assert isinstance(local, Path) and local == REPO / "runs" / "smoke"
     args = type("Args", (), dict(profile="smoke", base=None, checkpoint=None, out=None))()

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from support import run_cli
 
-from gemma_tpu_helpers.course import learn, profiles
-from gemma_tpu_helpers.fixes import data, evaluate
+from gemma_tpu_helpers.course import learn, paths, profiles
+from gemma_tpu_helpers.fixes import data, eval_problems
 from gemma_tpu_helpers.fixes.chat_format import GEMMA3_TURN_TOKENS
 
 SMOKE = profiles.get_profile("smoke")
@@ -55,7 +55,7 @@ def test_vllm_and_transformers_answer_alike_on_the_trained_model(working):
     """The broken variants below answer with transformers: on the working chain's merged model it scores each
     problem as vLLM's answers did, so a lower score there is the broken link, not the generator."""
     _, result, run_dir = working
-    problems = evaluate.load_problems(tasks=result.tasks + result.held_out)
+    problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=result.tasks + result.held_out)
     rows = learn.transformers_answers(learn.learn_dir(SMOKE, run_dir) / "merged", problems, SMOKE.learn.max_tokens)
     scored = learn.score(problems, rows)
     assert dict(zip(scored["task_id"], scored["category"])) == dict(zip(result.after["task_id"],
@@ -77,7 +77,7 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    problem = evaluate.load_problems(tasks=[learn.default_tasks(1, 0)[0][0]])[0]
+    problem = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=[learn.default_tasks(1, 0)[0][0]])[0]
     ids, mask = learn.example(tok, problem, broken="gemma3-template")
     text = tok.decode(ids)
     assert all(t in text for t in GEMMA3_TURN_TOKENS) and "<|turn>" not in text
@@ -85,7 +85,7 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
     from gemma_tpu_helpers.fixes.chat_format import GEMMA3_CHAT_TEMPLATE
 
     with pytest.raises(data.DataError, match="end-of-turn"):
-        data.tokenize_example(tok, evaluate.prompt_messages(problem) + [{"role": "assistant", "content": "x"}],
+        data.tokenize_example(tok, eval_problems.prompt_messages(problem) + [{"role": "assistant", "content": "x"}],
                               chat_template=GEMMA3_CHAT_TEMPLATE)
     good_ids, good_mask = learn.example(tok, problem)
     flipped_ids, flipped = learn.example(tok, problem, broken="prompt-mask")
@@ -97,7 +97,7 @@ def test_rows_fill_the_fsdp_axis_and_each_step_sees_every_problem(tiny_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    problems = evaluate.load_problems(tasks=learn.default_tasks(5, 0)[0])
+    problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=learn.default_tasks(5, 0)[0])
     prepared, rows, seq = learn.training_rows(tok, problems, fsdp=4)
     assert (rows, len(prepared.train), seq % 64) == (8, 8, 0)  # 5 problems -> 8 rows: the fsdp axis splits them
     firsts = {tuple(r[:seq]) for r in prepared.train.tokens}

@@ -25,14 +25,14 @@ from support import (NO_PERIODIC, RESUME_TOL, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, 
                      kill, losses, run_cli, sigterm_processes, start, stopped_step, train_args)
 
 from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import infra, lora_checkpoint
+from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
 
 
 def _saved(run_dir) -> list[int]:
-    return lora_checkpoint.list_steps(infra.to_path(str(run_dir)) / "checkpoints")
+    return lora_checkpoint.list_steps(file_io.to_path(str(run_dir)) / "checkpoints")
 
 
 def _launch_resume(args, timeout=900) -> str:
@@ -54,7 +54,7 @@ def _sigterm_two(run_dir, base, to: int) -> dict:
     assert len(stopped) == 1, stopped  # the same step in both
     stopped = stopped.pop()
     assert 2 <= stopped < STEPS, f"the SIGTERM came too late to test a resume:\n{outs[0][1][-3000:]}"
-    item = infra.to_path(str(run_dir)) / "checkpoints" / str(stopped) / "model_params"
+    item = file_io.to_path(str(run_dir)) / "checkpoints" / str(stopped) / "model_params"
     saved_then = _saved(run_dir)
     both_saved = {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}
     first = train.read_metrics(run_dir)
@@ -72,7 +72,7 @@ def _check_two_processes(case, reference):
     assert case["both_saved"] and case["saved"] == [1, stopped], case["saved"]
     (_, out0), (_, out1) = case["outs"]
     assert f"stopped after step {stopped}" in out0 and f"exit code {PREEMPTED_EXIT}" in out1
-    assert [int(json.loads(x)["step"]) for x in (infra.to_path(str(case["run"])) / "train" / "metrics.jsonl")
+    assert [int(json.loads(x)["step"]) for x in (file_io.to_path(str(case["run"])) / "train" / "metrics.jsonl")
             .read_text().splitlines() if '"loss"' in x] == list(range(1, STEPS + 1))  # process 0 alone, once a step
     assert case["resume_out"].count(f"trained steps {stopped}..{STEPS}") == 1, case["resume_out"][-3000:]
     check_resume(reference, case["run"], 0)  # every step, before and after the stop
@@ -160,7 +160,7 @@ def test_two_processes_on_a_bucket_stop_resume_and_merge_reads_it(gcs, smoke_run
     case = _sigterm_two(run, tiny_dir, to=0)
     assert f"saved it in {run}/checkpoints/{case['stopped']}" in case["outs"][0][1]
     _check_two_processes(case, smoke_run[1])
-    bucket_run = infra.to_path(run)
+    bucket_run = file_io.to_path(run)
     assert json.loads((bucket_run / "train" / train.DONE).read_text())["steps"] == STEPS
     assert json.loads((bucket_run / "checkpoints" / train.METADATA).read_text())["rank"] > 0
     assert (bucket_run / "train" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,7 @@
 """Serving with vLLM's CPU build, for real: one server (base + two LoRA adapters) for the whole module.
 
 The server runs from the serving venv (.venv-serve); this process only talks HTTP to it. Every server started here
-is stopped, process group and all, even when a test fails (fixture finalizers, plus serve.Server's own finalizer).
+is stopped, process group and all, even when a test fails (fixture finalizers, plus vllm_server.Server's own finalizer).
 """
 
 import json
@@ -19,8 +19,8 @@ import support
 from support import REPO
 
 from gemma_tpu_helpers.fixes import adapters as lora_adapters
-from gemma_tpu_helpers.fixes import greedy, infra, serve
-from gemma_tpu_helpers.course import commands, profiles
+from gemma_tpu_helpers.fixes import greedy, http_client, vllm_client, vllm_command, vllm_server
+from gemma_tpu_helpers.course import commands, paths, profiles
 
 SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
@@ -51,12 +51,12 @@ def _descendants(pid: int) -> list:
 def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_print_me")
     prof = profiles.get_profile("v6e-8")
-    argv = serve.command(prof.serving, "/data/merged", port=8123, api_key="sk-secret", lora_modules=None)
+    argv = vllm_command.serve_command(prof.serving, "/data/merged", port=8123, api_key="sk-secret", lora_modules=None)
     line = " ".join(argv)
     assert argv[:2] == ["docker", "run"]
     for flag in ("--privileged", "--net=host", "--shm-size=16G", prof.serve.image):
         assert flag in argv, flag
-    assert argv[argv.index(prof.serve.image) + 1:][:3] == ["vllm", "serve", serve.CONTAINER_MODEL_DIR]
+    assert argv[argv.index(prof.serve.image) + 1:][:3] == ["vllm", "serve", vllm_command.CONTAINER_MODEL_DIR]
     s = prof.serve
     for flag, value in (("--tensor-parallel-size", s.tensor_parallel), ("--max-model-len", s.max_model_len),
                         ("--max-num-batched-tokens", s.max_num_batched_tokens),
@@ -72,21 +72,21 @@ def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch)
     # secrets by name only
     assert argv[argv.index("HF_TOKEN") - 1] == "-e" and "VLLM_API_KEY" in argv
     assert "hf_do_not_print_me" not in line and "sk-secret" not in line and "--api-key" not in argv
-    assert "hf_do_not_print_me" not in serve.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
+    assert "hf_do_not_print_me" not in vllm_command.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
     # LoRA on TPU goes through the vLLM model implementation
-    lora = serve.command(prof.serving, "/data/merged", lora_modules={"verilog": "/data/adapter"})
+    lora = vllm_command.serve_command(prof.serving, "/data/merged", lora_modules={"verilog": "/data/adapter"})
     assert "MODEL_IMPL_TYPE=vllm" in lora and "--enable-lora" in lora and "verilog=/lora/0" in lora
     assert lora[lora.index("--max-lora-rank") + 1] == str(prof.lora.rank)
     # a Hub id is downloaded inside the container, with the host's HF cache mounted
-    hub = serve.command(prof.serving, "google/gemma-4-31B-it")
+    hub = vllm_command.serve_command(prof.serving, "google/gemma-4-31B-it")
     assert "google/gemma-4-31B-it" in hub and not any(a.endswith(":/model:ro") for a in hub)
-    pip = serve.tpu_pip_instructions(prof.serving)
+    pip = vllm_command.tpu_pip_instructions(prof.serving)
     assert f"vllm-tpu=={prof.serve.pip_version}" in pip and "hf_do_not_print_me" not in pip
 
 
 @needs_venv
 def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
-    argv = serve.command(smoke.serving, tiny_dir, port=9001, api_key="k", lora_modules={"a": tiny_dir})
+    argv = vllm_command.serve_command(smoke.serving, tiny_dir, port=9001, api_key="k", lora_modules={"a": tiny_dir})
     assert argv[0] == str(SERVE_PY.resolve()) or Path(argv[0]) == SERVE_PY
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -95,13 +95,15 @@ def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
     assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"architectures": ["Gemma4ForCausalLM"]}
     assert "--disable-log-requests" not in argv and "--api-key" not in argv and "k" not in argv
     assert argv[argv.index("--max-lora-rank") + 1] == str(smoke.lora.rank)
-    assert serve.environment(smoke.serving, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
+    assert vllm_command.environment(smoke.serving, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
 
 
-def test_missing_serve_venv_says_make_serve_venv(monkeypatch, smoke, tmp_path):
-    monkeypatch.setenv(serve.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
-    with pytest.raises(serve.ServeError, match="make serve-venv"):
-        serve.command(smoke.serving, tmp_path)
+def test_missing_serve_venv_says_what_to_do(monkeypatch, smoke, tmp_path):
+    monkeypatch.setenv(paths.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
+    with pytest.raises(vllm_command.ServeError, match="nope/python, does not exist: set ServeTarget.python"):
+        vllm_command.serve_command(smoke.serving, tmp_path)  # the fix, in its own terms
+    with pytest.raises(vllm_command.ServeError, match="make serve-venv"):
+        paths.serve_python(check=True)  # the course adds its command
 
 
 @needs_venv
@@ -114,11 +116,11 @@ def test_bad_model_dir_fails_before_launch(smoke, tiny_dir, tmp_path, remove):
             (bad / f.name).symlink_to(f)
     what = {"config.json": "config.json", "tokenizer.json": "tokenizer", "weights": "safetensors"}[remove]
     t0 = time.perf_counter()
-    with pytest.raises(serve.ServeError, match=what):
-        serve.start(smoke.serving, bad, log_path=tmp_path / "log")
+    with pytest.raises(vllm_command.ServeError, match=what):
+        vllm_server.start(smoke.serving, bad, log_path=tmp_path / "log")
     assert time.perf_counter() - t0 < 5, "must fail before launching vLLM"
-    with pytest.raises(serve.ServeError, match="does not exist"):
-        serve.start(smoke.serving, tmp_path / "missing", log_path=tmp_path / "log")
+    with pytest.raises(vllm_command.ServeError, match="does not exist"):
+        vllm_server.start(smoke.serving, tmp_path / "missing", log_path=tmp_path / "log")
 
 
 @needs_venv
@@ -127,13 +129,13 @@ def test_busy_port_is_a_clear_error(smoke, tiny_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(serve.ServeError, match=f"Port {port} on 127.0.0.1 is busy"):
-            serve.start(smoke.serving, tiny_dir, port=port, log_path=tmp_path / "log")
+        with pytest.raises(vllm_command.ServeError, match=f"Port {port} on 127.0.0.1 is busy"):
+            vllm_server.start(smoke.serving, tiny_dir, port=port, log_path=tmp_path / "log")
 
 
 def test_connect_to_nothing_is_a_clear_error():
-    with pytest.raises(serve.ServeError, match="No healthy vLLM server"):
-        serve.connect(f"http://127.0.0.1:{serve.free_port()}")
+    with pytest.raises(vllm_command.ServeError, match="No healthy vLLM server"):
+        vllm_client.connect(f"http://127.0.0.1:{vllm_server.free_port()}")
 
 
 def test_request_timeout_is_a_clear_error():
@@ -145,8 +147,8 @@ def test_request_timeout_is_a_clear_error():
         conns = []
         threading.Thread(target=lambda: [conns.append(s.accept()) for _ in range(1)], daemon=True).start()
         t0 = time.perf_counter()
-        with pytest.raises(serve.ServeError, match="timed out after 1.5 s"):
-            serve.chat(url, "hello", timeout=1.5)
+        with pytest.raises(vllm_command.ServeError, match="timed out after 1.5 s"):
+            vllm_client.chat(url, "hello", timeout=1.5)
         assert time.perf_counter() - t0 < 10
         for c, _ in conns:
             c.close()
@@ -156,8 +158,8 @@ def test_request_timeout_is_a_clear_error():
 def test_server_that_dies_at_start_reports_the_log_tail(smoke, tiny_dir, tmp_path):
     log = tmp_path / "server.log"
     t0 = time.perf_counter()
-    with pytest.raises(serve.ServeError) as err:
-        serve.start(smoke.serving, tiny_dir, log_path=log, extra_args=["--no-such-flag"], progress=False)
+    with pytest.raises(vllm_command.ServeError) as err:
+        vllm_server.start(smoke.serving, tiny_dir, log_path=log, extra_args=["--no-such-flag"], progress=False)
     msg = str(err.value)
     assert "exited with code" in msg and "--no-such-flag" in msg and str(log) in msg
     assert time.perf_counter() - t0 < 120
@@ -186,7 +188,7 @@ def server(smoke, tiny_dir, adapters, tmp_path_factory):
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     rel = os.path.relpath  # as a user types them: relative to this directory (vLLM runs in the log's folder)
-    srv = serve.start(smoke.serving, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
+    srv = vllm_server.start(smoke.serving, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
                       log_path=rel(log), progress=False)
     srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
     print(f"\nvLLM start: {srv.start_s:.1f} s")
@@ -199,19 +201,19 @@ def server(smoke, tiny_dir, adapters, tmp_path_factory):
 
 def test_health_and_models(server):
     assert server.alive() and server.host == "127.0.0.1" and server.start_s > 0
-    assert server.healthy() and serve.connect(server.base_url).healthy()
-    assert set(server.models()) == {serve.SERVED_NAME, "verilog", "verilog-local-k"}
+    assert server.healthy() and vllm_client.connect(server.base_url).healthy()
+    assert set(server.models()) == {vllm_command.SERVED_NAME, "verilog", "verilog-local-k"}
     assert server.log_path.read_text().startswith("# ")  # the command line heads the log
 
 
 def test_api_key_is_required(server, monkeypatch):
-    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
-    with pytest.raises(serve.ServeError, match="401"):
-        serve.chat(server.base_url, "hi", api_key=None, max_tokens=4)
-    with pytest.raises(serve.ServeError, match="401"):
-        serve.chat(server.base_url, "hi", api_key="wrong", max_tokens=4)
-    monkeypatch.setenv(infra.API_KEY_ENV, API_KEY)  # the key rule: the argument, else $VLLM_API_KEY
-    assert serve.chat(server.base_url + "/v1/", "hi", max_tokens=4)["usage"]["completion_tokens"] > 0
+    monkeypatch.delenv(http_client.API_KEY_ENV, raising=False)
+    with pytest.raises(vllm_command.ServeError, match="401"):
+        vllm_client.chat(server.base_url, "hi", api_key=None, max_tokens=4)
+    with pytest.raises(vllm_command.ServeError, match="401"):
+        vllm_client.chat(server.base_url, "hi", api_key="wrong", max_tokens=4)
+    monkeypatch.setenv(http_client.API_KEY_ENV, API_KEY)  # the key rule: the argument, else $VLLM_API_KEY
+    assert vllm_client.chat(server.base_url + "/v1/", "hi", max_tokens=4)["usage"]["completion_tokens"] > 0
 
 
 def test_chat_answer_and_streaming_agree(server):
@@ -225,7 +227,7 @@ def test_chat_answer_and_streaming_agree(server):
 
 
 def test_greedy_parity_with_jax(server, tunix_model, mesh, tiny_dir):
-    ids = serve.prompt_ids(tiny_dir, greedy.PARITY_TEXT, chat_template=False)
+    ids = vllm_client.prompt_ids(tiny_dir, greedy.PARITY_TEXT, chat_template=False)
     jax_tokens, margins = greedy.jax_greedy(tunix_model, mesh, ids, N_PARITY, return_margins=True)
     served = server.complete_ids(ids, N_PARITY)
     table = greedy.parity_table(jax_tokens, margins, served)
@@ -239,7 +241,7 @@ def test_greedy_parity_with_jax(server, tunix_model, mesh, tiny_dir):
 
 
 def test_lora_adapter_changes_the_answer(server, tiny_dir):
-    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     base = server.complete_ids(ids, 8)["token_ids"]
     tuned = server.complete_ids(ids, 8, model="verilog")["token_ids"]
     assert base != tuned
@@ -247,7 +249,7 @@ def test_lora_adapter_changes_the_answer(server, tiny_dir):
 
 
 def test_lora_adapter_matches_peft_without_global_k(server, tiny_dir, adapters):
-    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog-local-k", tiny_dir, adapters["verilog-local-k"], ids)
     assert gap < 1e-3, gap
 
@@ -257,7 +259,7 @@ def test_known_vllm_gap_lora_on_global_k_eq_v_layers(server, tiny_dir, adapters)
 
     When this fails, upstream has fixed it: drop the caveat in notebook 08 and adapters.targets_without_global_k.
     """
-    ids = serve.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)
     assert gap > 1e-3, f"vLLM now serves global-layer k_proj LoRA like PEFT (gap {gap:.1e}): upstream fixed it"
 

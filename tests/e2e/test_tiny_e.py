@@ -14,7 +14,7 @@ import support
 from support import REPO, have_iverilog, run_cli
 
 from gemma_tpu_helpers.course import base_model, profiles, tiny
-from gemma_tpu_helpers.fixes import chat_format, gemma4, greedy, infra, parity, serve
+from gemma_tpu_helpers.fixes import chat_format, file_io, gemma4, greedy, parity, vllm_client, vllm_command, vllm_server
 
 E2B = "e2b"
 SERVE_PY = support.serve_python()
@@ -161,13 +161,13 @@ def e_server(smoke_e_run):
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
     support.walk_step(smoke_e_run, "merge")
-    merged, port = smoke_e_run["run"] / "merged", serve.free_port()
+    merged, port = smoke_e_run["run"] / "merged", vllm_server.free_port()
     log = smoke_e_run["root"] / "serve-cli.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gemma_tpu_helpers", "serve", "--model", str(merged),
                                  "--profile", "smoke-e", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                 text=True, env={**os.environ, **smoke_e_run["env"]}, cwd=REPO)
-    client = serve.Client(f"http://{serve.HOST}:{port}")
+    client = vllm_client.Client(f"http://{vllm_command.HOST}:{port}")
     seen = []
     try:
         yield {"client": client, "merged": merged, "proc": proc, "log": log, "seen": seen, "t0": time.perf_counter()}
@@ -185,13 +185,13 @@ def e_server(smoke_e_run):
         assert not left, f"the serve CLI left vLLM processes behind: {left}"
 
 
-def _wait_ready(e_server, timeout=serve.START_TIMEOUT_S):
+def _wait_ready(e_server, timeout=vllm_server.START_TIMEOUT_S):
     srv = e_server
     deadline = srv["t0"] + timeout
     while not srv["client"].healthy(timeout=2.0):
         srv["seen"] += [p for p in _tree(srv["proc"].pid) if p not in srv["seen"]]
-        assert srv["proc"].poll() is None, f"serve exited ({srv['proc'].returncode}):\n{infra.log_tail(srv['log'])}"
-        assert time.perf_counter() < deadline, f"no /health in {timeout:.0f} s:\n{infra.log_tail(srv['log'])}"
+        assert srv["proc"].poll() is None, f"serve exited ({srv['proc'].returncode}):\n{file_io.log_tail(srv['log'])}"
+        assert time.perf_counter() < deadline, f"no /health in {timeout:.0f} s:\n{file_io.log_tail(srv['log'])}"
         time.sleep(1.0)
     srv.setdefault("ready_s", time.perf_counter() - srv["t0"])
     return srv["client"]
@@ -205,7 +205,7 @@ def test_smoke_e_serves_the_merged_replica_token_for_token(e_server):
 
     mesh = prof.make_mesh()  # (fsdp=8, tp=1): the same 8 virtual devices as conftest's smoke mesh
     model = gemma4.load_model(merged, mesh, dtype=prof.model.dtype)
-    ids = serve.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)  # 12 ids: 32 positions > window 16
+    ids = vllm_client.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)  # 12 ids: 32 positions > window 16
     jax_tokens, margins = greedy.jax_greedy(model, mesh, ids, N_PARITY, return_margins=True)
     served = _wait_ready(e_server).complete_ids(ids, N_PARITY)
     table = greedy.parity_table(jax_tokens, margins, served)
@@ -226,7 +226,7 @@ def test_smoke_e_eval_scores_the_served_replica(e_server, tmp_path):
     client = _wait_ready(e_server)
     out = tmp_path / "merged.jsonl"
     tasks = "Prob001_majority3,Prob002_mux3_8bit"
-    r = run_cli("eval", "--url", client.base_url, "--model", serve.SERVED_NAME, "--profile", "smoke-e",
+    r = run_cli("eval", "--url", client.base_url, "--model", vllm_command.SERVED_NAME, "--profile", "smoke-e",
                 "--tasks", tasks, "--n", "2", "--temperature", "0.8", "--max-tokens", "48", "--k", "1,2",
                 "--out", out, env={"GEMMA_TPU_RUNS": str(tmp_path / "runs")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

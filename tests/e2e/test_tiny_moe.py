@@ -8,7 +8,7 @@ import support
 from support import have_iverilog, run_cli
 
 from gemma_tpu_helpers.course import base_model, profiles, runs, tiny
-from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, serve
+from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, vllm_client, vllm_command, vllm_server
 
 MOE = "26b-a4b"
 PROFILE = "smoke-moe"
@@ -188,7 +188,7 @@ def server(walk):
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
     support.walk_step(walk, "merge")
-    with serve.start(profiles.get_profile(PROFILE).serving, walk["run"] / "merged", progress=False,
+    with vllm_server.start(profiles.get_profile(PROFILE).serving, walk["run"] / "merged", progress=False,
                      log_path=walk["root"] / "serve.log") as srv:
         yield srv
 
@@ -197,7 +197,7 @@ def test_vllm_serves_the_merged_moe_token_for_token(walk, server, mesh):
     """vLLM's CPU MoE path (gelu_tanh experts) and tunix (with the router fix) on the merged replica."""
     merged = walk["run"] / "merged"
     model = gemma4.load_model(merged, mesh, dtype=profiles.get_profile(PROFILE).model.dtype)
-    ids = serve.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)
+    ids = vllm_client.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)
     jax_tokens, margins = greedy.jax_greedy(model, mesh, ids, N_PARITY, return_margins=True)
     table = greedy.parity_table(jax_tokens, margins, server.complete_ids(ids, N_PARITY))
     summary = greedy.parity_summary(table)
@@ -210,7 +210,7 @@ def test_vllm_serves_the_merged_moe_token_for_token(walk, server, mesh):
 @pytest.mark.skipif(not have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
 def test_eval_scores_the_served_moe(server, tmp_path):
     out = tmp_path / "moe.jsonl"
-    r = run_cli("eval", "--url", server.base_url, "--model", serve.SERVED_NAME, "--profile", PROFILE,
+    r = run_cli("eval", "--url", server.base_url, "--model", vllm_command.SERVED_NAME, "--profile", PROFILE,
                 "--tasks", "Prob001_majority3", "--n", "2", "--temperature", "0.8", "--max-tokens", "48",
                 "--k", "1", "--out", out, env={"GEMMA_TPU_RUNS": str(tmp_path / "runs")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -17,8 +17,8 @@ import pytest
 from support import REPO, run_cli
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.fixes import evaluate, serve
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.fixes import eval_problems, vllm_command
+from gemma_tpu_helpers.course import paths, profiles
 
 CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")
@@ -107,9 +107,9 @@ def one_line_error(r, *needles):
 
 def answers_file(path: Path, tasks) -> None:
     """A completions file as notebook 09's `eval --completions answers.jsonl` reads: the references, fenced."""
-    probs = evaluate.load_problems(tasks=tasks)
+    probs = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=tasks)
     path.write_text("".join(json.dumps({"task_id": p.task_id, "completion": "```verilog\n"
-                                        + evaluate.reference_code(p) + "\n```"}) + "\n" for p in probs))
+                                        + eval_problems.reference_code(p) + "\n```"}) + "\n" for p in probs))
 
 
 EVAL_TASKS = None  # filled from the shipped problems: the two shortest references
@@ -122,7 +122,7 @@ def work(tmp_path_factory):
     global EVAL_TASKS
     d = tmp_path_factory.mktemp("user") / "work"
     d.mkdir()
-    probs = sorted(evaluate.load_problems(), key=lambda p: len(evaluate.reference_code(p)))[:2]
+    probs = sorted(eval_problems.load_problems(paths.SHIPPED_EVAL), key=lambda p: len(eval_problems.reference_code(p)))[:2]
     EVAL_TASKS = [p.task_id for p in probs]
     answers_file(d / "answers.jsonl", EVAL_TASKS)
     env = {"GEMMA_TPU_RUNS": "runs", "GEMMA_TPU_PROFILE": "smoke"}
@@ -184,7 +184,7 @@ def test_steps_with_relative_paths_only(work):
 def test_serve_precheck_resolves_a_relative_model_dir(work, monkeypatch):
     d, _ = work
     monkeypatch.chdir(d / "runs")
-    assert serve.check_model_dir("smoke/merged") == (d / "runs/smoke/merged").resolve()
+    assert vllm_command.check_model_dir("smoke/merged") == (d / "runs/smoke/merged").resolve()
 
 
 # ---------------------------------------------------------------------------------------------- bad paths, in process

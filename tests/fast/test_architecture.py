@@ -108,7 +108,7 @@ def test_this_packages_imports_are_at_the_top():
     assert not inner, inner
 
 
-@pytest.mark.parametrize("module", ["fixes.infra", "fixes.chat_format", "fixes.compat"])
+@pytest.mark.parametrize("module", ["fixes.file_io", "fixes.process_groups", "fixes.http_client", "fixes.chat_format", "fixes.compat"])
 def test_the_core_imports_only_the_error_base(module):
     assert set(GRAPH[module]) <= {"fixes.errors"} and GRAPH["fixes.errors"] == []
 
@@ -164,6 +164,52 @@ def test_a_fix_travels_without_the_course():
         lines[name] = sum(len(path_of(m).read_text().splitlines()) for m in listed | {module})
     print(lines)
     assert len(lines) == 9 and max(lines.values()) <= COPY_BUDGET_LINES, lines
+
+
+# ------------------------------------------------------------------------------------- the configuration boundary
+
+# Where a fix may touch the environment, and why. Anything else that reads os.environ or os.getenv, locates files from
+# its own __file__, or names the course (its package, its cache folder, its variables) in a string, is the course's.
+ENVIRONMENT_ALLOWED = {
+    "fixes.http_client": "VLLM_API_KEY is vLLM's own variable (its server reads it too), not the course's",
+    "fixes.multihost": "JAX reads its CPU device count from XLA_FLAGS before its backend starts: setting it is the fix",
+    "fixes.vllm_command": "vLLM's parser runs in a child process, which inherits the caller's environment",
+    "fixes.vllm_server": "the server runs in a child process, which inherits the caller's environment",
+}
+COURSE_NAMES = ("gemma_tpu_helpers", "gemma-tpu", "GEMMA_TPU")
+
+
+def course_settings_in(source: str, module: str) -> list[str]:
+    """What in a fix's ``source`` belongs to the course: environment reads, __file__-relative paths, the course's
+    names in strings (docstrings included: a copied file's reader has no course)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" and \
+                node.attr in ("environ", "getenv", "putenv") and module not in ENVIRONMENT_ALLOWED:
+            found.append(f"{module}:{node.lineno} reads os.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "__file__":
+            found.append(f"{module}:{node.lineno} locates files from its own __file__")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [f"{module}:{node.lineno} names the course ({name!r})" for name in COURSE_NAMES
+                      if name in node.value]
+    return found
+
+
+def test_no_fix_reads_the_courses_settings():
+    """A fix takes every location and setting as an argument: the course reads the environment and its own paths
+    (course/paths.py) and passes them down."""
+    found = [f for m in MODULES if tier_of(m) == "fixes" for f in course_settings_in(path_of(m).read_text(), m)]
+    assert not found, found
+
+
+def test_the_boundary_check_sees_a_violation():
+    """The check can fail: each kind of course setting, seeded into a fix's source, is found."""
+    seeded = ("import os\nfrom pathlib import Path\n"
+              "CACHE = os.environ.get('X')\nDATA = Path(__file__).parent / 'data'\nHINT = 'run python -m gemma_tpu_helpers'\n")
+    found = course_settings_in(seeded, "fixes.data")
+    assert sorted(found) == ["fixes.data:3 reads os.environ", "fixes.data:4 locates files from its own __file__",
+                             "fixes.data:5 names the course ('gemma_tpu_helpers')"], found
+    assert course_settings_in("import os\nos.environ.get('VLLM_API_KEY')\n", "fixes.http_client") == []
 
 
 # ---------------------------------------------------------------------------------------------- the tests' tiers

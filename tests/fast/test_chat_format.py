@@ -9,7 +9,7 @@ import pytest
 from support import REPO
 
 from gemma_tpu_helpers.fixes import chat_format, data, gemma4
-from gemma_tpu_helpers.course import tiny
+from gemma_tpu_helpers.course import paths, tiny
 
 DESIGN = REPO.parent / "shared" / "DESIGN.md"
 ANSWER = "```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"
@@ -171,21 +171,21 @@ def test_cached_tiny_model_of_the_old_format_is_rebuilt(tiny_dir, tmp_path):
 
 
 def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
-    from gemma_tpu_helpers.fixes import evaluate, serve
+    from gemma_tpu_helpers.fixes import eval_problems, vllm_client
 
-    problem = evaluate.load_problems()[0]
-    text = serve.rendered_prompt(tiny_dir, evaluate.prompt_messages(problem))
-    assert text.startswith("<bos><|turn>system\n" + evaluate.SYSTEM_PROMPT + "<turn|>\n<|turn>user\n")
+    problem = eval_problems.load_problems(paths.SHIPPED_EVAL)[0]
+    text = vllm_client.rendered_prompt(tiny_dir, eval_problems.prompt_messages(problem))
+    assert text.startswith("<bos><|turn>system\n" + eval_problems.SYSTEM_PROMPT + "<turn|>\n<|turn>user\n")
     assert text.endswith("<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
-    ids = serve.prompt_ids(tiny_dir, "Hi")
+    ids = vllm_client.prompt_ids(tiny_dir, "Hi")
     assert ids.count(2) == 1 and ids[0] == 2
-    raw = serve.prompt_ids(tiny_dir, "module m;", chat_template=False)
+    raw = vllm_client.prompt_ids(tiny_dir, "module m;", chat_template=False)
     assert raw[0] == 2 and raw.count(2) == 1
     # a thought channel in an answer (special tokens kept) is not code, wherever it is
     code = "module TopModule(input a, output y); assign y = a; endmodule"
-    assert evaluate.extract_verilog(f"<|channel>thought\nmodule Draft; endmodule<channel|>```verilog\n{code}\n```<turn|>") == code
-    assert evaluate.extract_verilog("<|channel>thought\nmodule Draft; endmodule") is None  # cut off while thinking
-    assert evaluate.extract_verilog(code + "<turn|>") == code
+    assert eval_problems.extract_verilog(f"<|channel>thought\nmodule Draft; endmodule<channel|>```verilog\n{code}\n```<turn|>") == code
+    assert eval_problems.extract_verilog("<|channel>thought\nmodule Draft; endmodule") is None  # cut off while thinking
+    assert eval_problems.extract_verilog(code + "<turn|>") == code
 
 
 def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):

@@ -4,12 +4,14 @@ import re
 
 import pytest
 
+from support import SHIPPED
+
 from gemma_tpu_helpers.fixes import data
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.course import paths, profiles
 
 
 def test_shipped_rows():
-    ds = data.load_rows("shipped")
+    ds = data.load_rows(**SHIPPED)
     assert len(ds) >= 200
     assert {"system", "prompt", "response"} <= set(ds.column_names)  # the real SFT columns
     assert "```verilog" in ds[0]["response"] and ds[0]["prompt"].strip()
@@ -24,35 +26,35 @@ def test_replica_loads_through_the_real_call():
 
     real = profiles.get_profile("v5p-8").data
     assert (real.source, real.config, real.split, real.columns) == ("zhuyaoyu/CodeV-R1-dataset", "sft", "train", ())
-    ds = data.load_rows(str(data.SHIPPED_REPLICA), config=real.config, split=real.split,
+    ds = data.load_rows(str(paths.SHIPPED_REPLICA), config=real.config, split=real.split,
                         columns=dict(real.columns) or None)
-    assert ds["prompt"] == data.load_rows("shipped")["prompt"] and len(ds) == 270
+    assert ds["prompt"] == data.load_rows(**SHIPPED)["prompt"] and len(ds) == 270
     # the call load_rows makes is datasets' own, with the same positional config
     assert data._load_dataset_args("zhuyaoyu/CodeV-R1-dataset", "sft") == (("zhuyaoyu/CodeV-R1-dataset", "sft"), {})
-    assert len(datasets.load_dataset(str(data.SHIPPED_REPLICA), "sft", split="train")) == 270
+    assert len(datasets.load_dataset(str(paths.SHIPPED_REPLICA), "sft", split="train")) == 270
     # the paper's form of the call, data_files= with no config, reads the same rows
-    same = datasets.load_dataset(str(data.SHIPPED_REPLICA), data_files="codev_r1_sft.jsonl", split="train")
+    same = datasets.load_dataset(str(paths.SHIPPED_REPLICA), data_files="codev_r1_sft.jsonl", split="train")
     assert same["response"] == ds["response"]
 
 
 def test_missing_config_is_a_data_error_that_lists_the_configs():
     with pytest.raises(data.DataError, match=r"(?s)Config name is missing.*\['sft', 'rl'\].*DataSpec.config") as e:
-        data.load_rows(str(data.SHIPPED_REPLICA), split="train")
+        data.load_rows(str(paths.SHIPPED_REPLICA), split="train")
     assert type(e.value.__cause__) is ValueError  # datasets' own error, kept as the cause
     with pytest.raises(data.DataError, match=r"'nope' not found. Available: \['sft', 'rl'\]"):
-        data.load_rows(str(data.SHIPPED_REPLICA), config="nope")
+        data.load_rows(str(paths.SHIPPED_REPLICA), config="nope")
 
 
 def test_missing_split_is_a_data_error_that_lists_the_splits():
     with pytest.raises(data.DataError, match=r"(?s)config 'sft', split 'test'.*Should be one of \['train'\]"):
-        data.load_rows("shipped", split="test")
+        data.load_rows(**SHIPPED, split="test")
 
 
 def test_the_old_columns_are_a_data_error_that_lists_the_real_ones():
     """The profile used to rename question/answer, which the real rows do not have."""
     with pytest.raises(data.DataError, match=r"no column\(s\) \['question', 'answer'\].*'system', 'prompt', "
                                              r"'response'"):
-        data.load_rows("shipped", columns={"question": "prompt", "answer": "response"})
+        data.load_rows(**SHIPPED, columns={"question": "prompt", "answer": "response"})
 
 
 def test_rl_config_of_the_replica():
@@ -62,23 +64,23 @@ def test_rl_config_of_the_replica():
     import datasets
 
     with pytest.raises(data.DataError, match=r"Could not read the files of .*config 'rl'"):
-        data.load_rows(str(data.SHIPPED_REPLICA), config="rl", split="validation")
+        data.load_rows(str(paths.SHIPPED_REPLICA), config="rl", split="validation")
     rl = datasets.load_dataset("parquet", split="train",
-                               data_files=str(data.SHIPPED_REPLICA / "codev_r1_rl_train.parquet"))
+                               data_files=str(paths.SHIPPED_REPLICA / "codev_r1_rl_train.parquet"))
     assert {"data_source", "prompt", "ability", "reward_model", "extra_info"} == set(rl.column_names)
     row = rl[0]
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert row["reward_model"]["ground_truth"].lstrip().startswith("module ")
-    sft_code = {data.training_target(r, "verilog") for r in data.load_rows("shipped")["response"]}
+    sft_code = {data.training_target(r, "verilog") for r in data.load_rows(**SHIPPED)["response"]}
     ground_truths = {f"```verilog\n{x['ground_truth']}\n```" for x in rl["reward_model"]}
     assert len(ground_truths) == len(rl) and not ground_truths & sft_code, "RL rows repeat no SFT module"
 
 
 def test_row_limit_keeps_the_first_rows():
-    assert data.load_rows("shipped", max_rows=10)["id"] == data.load_rows("shipped")["id"][:10]
-    assert len(data.load_rows("shipped", max_rows=10**6)) == 270
+    assert data.load_rows(**SHIPPED, max_rows=10)["id"] == data.load_rows(**SHIPPED)["id"][:10]
+    assert len(data.load_rows(**SHIPPED, max_rows=10**6)) == 270
     with pytest.raises(data.DataError, match="max_rows must be a positive"):
-        data.load_rows("shipped", max_rows=0)
+        data.load_rows(**SHIPPED, max_rows=0)
     assert profiles.get_profile("v5p-8").data.max_rows == 10_000  # the paper's first 10,000 rows
     assert len(data.load_profile_rows(dataclasses.replace(profiles.get_profile("smoke").data, max_rows=7))) == 7
 
@@ -116,7 +118,7 @@ def test_training_targets_of_real_format_rows(response, answer, verilog):
 
 
 def test_every_shipped_row_becomes_a_target_without_tags():
-    rows = data.load_rows("shipped")
+    rows = data.load_rows(**SHIPPED)
     for target in ("answer", "verilog"):
         for r in rows:
             text = data.training_target(r["response"], target)
@@ -142,8 +144,8 @@ def test_profiles_choose_no_system_turn_and_the_real_target():
         spec = profiles.get_profile(name).data
         assert (spec.system, spec.target, spec.system_prompt) == ("none", "verilog", None), name
     smoke = profiles.get_profile("smoke").data
-    assert (smoke.source, smoke.config, smoke.system) == ("shipped", "sft", "none") and smoke.strip_think
-    row = data.load_rows("shipped")[0]
+    assert (smoke.source, smoke.config, smoke.system) == (str(paths.SHIPPED_REPLICA), "sft", "none") and smoke.strip_think
+    row = data.load_rows(**SHIPPED)[0]
     assert [m["role"] for m in data.spec_messages(row, smoke)] == ["user", "assistant"]
 
 
@@ -188,8 +190,8 @@ def test_notebook_views_of_the_load_call_and_the_target():
     real, smoke = profiles.get_profile("v5p-8").data, profiles.get_profile("smoke").data
     assert data.load_call(real) == ("datasets.load_dataset('zhuyaoyu/CodeV-R1-dataset', 'sft', split='train'), "
                                     "then the first 10,000 rows")
-    assert data.load_call(smoke) == f"datasets.load_dataset({str(data.SHIPPED_REPLICA)!r}, 'sft', split='train')"
-    row = data.load_rows("shipped")[0]
+    assert data.load_call(smoke) == f"datasets.load_dataset({str(paths.SHIPPED_REPLICA)!r}, 'sft', split='train')"
+    row = data.load_rows(**SHIPPED)[0]
     view = data.show_target(row, real)
     assert view.startswith("--- response") and "<answer>" in view.split("--- trained on")[0]
     trained = view.split("--- trained on", 1)[1]

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from support import run_cli
+from support import SHIPPED, run_cli
 
 from gemma_tpu_helpers.fixes import data, inputs
 
@@ -17,7 +17,7 @@ ROW = {"prompt": "Write a module named inv with input a and output y.",
 
 
 def _examples(tokenizer, n=12):
-    rows = data.load_rows("shipped").select(range(n))
+    rows = data.load_rows(**SHIPPED).select(range(n))
     return data.tokenize_rows(rows, tokenizer, progress=False)
 
 
@@ -26,7 +26,7 @@ def test_batched_tokenize_rows_equals_tokenize_example_per_row(tokenizer, monkey
     from gemma_tpu_helpers.course import profiles
 
     monkeypatch.setattr(data, "TOKENIZE_BATCH", 5)
-    rows = data.load_rows("shipped").select(range(12))
+    rows = data.load_rows(**SHIPPED).select(range(12))
     for spec in (None, profiles.get_profile("v5p-8").data):
         got = data.tokenize_rows(rows, tokenizer, progress=False, spec=spec)
         want = [data.tokenize_example(tokenizer, data.spec_messages(r, spec) if spec else data.to_messages(r))
@@ -117,7 +117,7 @@ def test_batches_are_deterministic_and_reiterable(tokenizer):
 
 
 def test_split_is_deterministic_and_disjoint():
-    rows = data.load_rows("shipped")
+    rows = data.load_rows(**SHIPPED)
     tr, ev = data.split_rows(rows, 0.1, seed=0)
     assert len(ev) == 27 and len(tr) + len(ev) == len(rows)
     assert not set(tr["id"]) & set(ev["id"])
@@ -222,7 +222,7 @@ def test_tokenize_rows_is_bit_for_bit_tokenize_example_on_tricky_rows(variant, t
     rejected with the same DataError. The reference itself is checked against plain tokenizer calls."""
     tok = tokenizers[variant]
     monkeypatch.setattr(data, "TOKENIZE_BATCH", 7)
-    rows = _tricky_rows(60, seed=len(variant)) + [dict(r) for r in data.load_rows("shipped").select(range(0, 270, 30))]
+    rows = _tricky_rows(60, seed=len(variant)) + [dict(r) for r in data.load_rows(**SHIPPED).select(range(0, 270, 30))]
     eot_id = data.end_of_turn_id(tok)
     checked, rejected = 0, 0
     for setting in _settings():
@@ -258,7 +258,7 @@ def test_tokenize_rows_ignores_state_a_plain_call_resets(state, tokenizers):
         tok.backend_tokenizer.enable_truncation(8)
     else:
         tok.split_special_tokens = True
-    rows = [dict(r) for r in data.load_rows("shipped").select(range(6))]
+    rows = [dict(r) for r in data.load_rows(**SHIPPED).select(range(6))]
     got = data.tokenize_rows(rows, tok, progress=False)
     want = [data.tokenize_example(tok, data.to_messages(r)) for r in rows]
     assert all(len(ids) > 8 for ids, _ in want)

@@ -10,31 +10,35 @@ import http.server
 import itertools
 import json
 import math
+import os
 import re
 import shutil
 import socket
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from support import run_cli
 
-from gemma_tpu_helpers.fixes import evaluate as ev
+from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
+from gemma_tpu_helpers import __main__ as cli
+from gemma_tpu_helpers.course import commands, paths
 
 
 def _have_iverilog():
     try:
-        ev.simulator_tools()
+        eval_simulate.simulator_tools()
         return True
-    except ev.IverilogNotFoundError:
+    except eval_simulate.IverilogNotFoundError:
         return False
 
 
 needs_iverilog = pytest.mark.skipif(not _have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
-REAL_TOOLS = ev.simulator_tools() if _have_iverilog() else None  # before any test changes the environment
+REAL_TOOLS = eval_simulate.simulator_tools() if _have_iverilog() else None  # before any test changes the environment
 
-PROBLEMS = ev.load_problems()
+PROBLEMS = eval_problems.load_problems(paths.SHIPPED_EVAL)
 BY_ID = {p.task_id: p for p in PROBLEMS}
 MAJ = BY_ID["Prob001_majority3"]
 
@@ -66,39 +70,39 @@ GOOD = "module TopModule(input a, output y);\n  assign y = a;\nendmodule"
 
 @pytest.mark.parametrize("lang", ["verilog", "systemverilog", "", "Verilog", "sv"])
 def test_extract_fenced_block(lang):
-    assert ev.extract_verilog(fenced(GOOD, lang)) == GOOD
+    assert eval_problems.extract_verilog(fenced(GOOD, lang)) == GOOD
 
 
 def test_extract_prefers_the_topmodule_block_and_ignores_other_languages():
     helper = "module helper(input x, output z);\n  assign z = ~x;\nendmodule"
     text = (f"First a script:\n```python\nprint('module Fake')\n```\nA helper:\n```verilog\n{helper}\n```\n"
             f"The answer:\n```verilog\n{GOOD}\n```")
-    assert ev.extract_verilog(text) == GOOD
+    assert eval_problems.extract_verilog(text) == GOOD
     # without a TopModule block the first Verilog block with a module is taken
-    assert ev.extract_verilog(f"```verilog\n{helper}\n```\n```verilog\n{helper.replace('helper', 'h2')}\n```") == helper
+    assert eval_problems.extract_verilog(f"```verilog\n{helper}\n```\n```verilog\n{helper.replace('helper', 'h2')}\n```") == helper
 
 
 def test_extract_unterminated_fence_and_bare_module():
     cut = "Sure:\n```verilog\nmodule TopModule(input a, output y);\n  assign y = a;\n"  # cut by max_tokens
-    assert ev.extract_verilog(cut) == "module TopModule(input a, output y);\n  assign y = a;"
+    assert eval_problems.extract_verilog(cut) == "module TopModule(input a, output y);\n  assign y = a;"
     bare = f"The design:\n\n{GOOD}\n\nDone. Another:\nmodule other; endmodule\nbye"
-    assert ev.extract_verilog(bare) == GOOD + "\n\nmodule other; endmodule"
+    assert eval_problems.extract_verilog(bare) == GOOD + "\n\nmodule other; endmodule"
 
 
 def test_extract_strips_think():
     draft = "module TopModule(input a, output y); assign y = 0; endmodule"
     text = f"<think>Let me try\n```verilog\n{draft}\n```\nno, wrong.</think>\nFinal:\n{fenced(GOOD)}"
-    assert ev.extract_verilog(text) == GOOD
+    assert eval_problems.extract_verilog(text) == GOOD
     # the template opened <think> in the prompt: only the part after </think> is the answer
-    assert ev.extract_verilog(f"reasoning {draft} ...</think>{fenced(GOOD)}") == GOOD
+    assert eval_problems.extract_verilog(f"reasoning {draft} ...</think>{fenced(GOOD)}") == GOOD
     # reasoning cut off by max_tokens: a module inside it is not an answer
-    assert ev.extract_verilog(f"<think>maybe\n```verilog\n{draft}\n```\nhmm") is None
+    assert eval_problems.extract_verilog(f"<think>maybe\n```verilog\n{draft}\n```\nhmm") is None
 
 
 @pytest.mark.parametrize("text", [None, "", "I cannot help with that.", "```python\nx = 1\n```",
                                   "```verilog\n// just a comment\n```", "the module should be fast"])
 def test_extract_none_without_code(text):
-    assert ev.extract_verilog(text) is None
+    assert eval_problems.extract_verilog(text) is None
 
 
 # ---------------------------------------------------------------------------
@@ -107,7 +111,7 @@ def test_extract_none_without_code(text):
 
 @needs_iverilog
 def test_reference_passes():
-    r = ev.simulate(as_top(MAJ), MAJ)
+    r = eval_simulate.simulate(as_top(MAJ), MAJ)
     assert r.category == "pass" and r.passed
     # Prob001's testbench checks twice in each of 16 cycles.
     assert (r.mismatches, r.samples) == (0, 32)
@@ -115,7 +119,7 @@ def test_reference_passes():
 
 @needs_iverilog
 def test_wrong_logic_is_a_mismatch():
-    r = ev.simulate(MAJ_AND, MAJ)
+    r = eval_simulate.simulate(MAJ_AND, MAJ)
     # a&b&c differs from majority when exactly two inputs are 1: 3 of the 8 input values; the testbench walks
     # cycle = 0..15 ({a,b,c} = its low 3 bits, so each value twice) and checks twice per cycle: 3 * 2 * 2 = 12.
     assert (r.category, r.mismatches, r.samples) == ("mismatch", 12, 32)
@@ -125,7 +129,7 @@ def test_wrong_logic_is_a_mismatch():
 @needs_iverilog
 @pytest.mark.parametrize("code, expect", [(MAJ_SYNTAX, "syntax error"), (MAJ_WRONG_NAME, "Unknown module type")])
 def test_compile_errors(code, expect):
-    r = ev.simulate(code, MAJ)
+    r = eval_simulate.simulate(code, MAJ)
     assert r.category == "compile_error" and expect in r.detail and expect in r.log_tail
     assert r.mismatches is None
 
@@ -133,7 +137,7 @@ def test_compile_errors(code, expect):
 @needs_iverilog
 def test_hang_is_killed_as_timeout():
     start = time.monotonic()
-    r = ev.simulate(MAJ_HANG, MAJ, timeout=2)
+    r = eval_simulate.simulate(MAJ_HANG, MAJ, timeout=2)
     elapsed = time.monotonic() - start
     assert r.category == "timeout" and "2 s" in r.detail
     assert elapsed < 10, elapsed
@@ -141,7 +145,7 @@ def test_hang_is_killed_as_timeout():
 
 @needs_iverilog
 def test_no_result_line_is_a_runtime_error():
-    r = ev.simulate(MAJ_EARLY_FINISH, MAJ)
+    r = eval_simulate.simulate(MAJ_EARLY_FINISH, MAJ)
     assert r.category == "runtime_error" and "Mismatches" in r.detail
 
 
@@ -155,36 +159,33 @@ def test_no_result_line_is_a_runtime_error():
 def test_testbench_report_parsing(report, category):
     tb = ("module tb(); wire y; TopModule dut(.a(1'b0), .b(1'b0), .c(1'b0), .y(y));\n"
           f"initial begin #1 {report} $finish; end\nendmodule\n")
-    prob = ev.Problem(task_id="custom", prompt="", ref=MAJ.ref, test=tb)
-    assert ev.simulate(as_top(MAJ), prob).category == category
+    prob = eval_problems.Problem(task_id="custom", prompt="", ref=MAJ.ref, test=tb)
+    assert eval_simulate.simulate(as_top(MAJ), prob).category == category
 
 
 @needs_iverilog
 def test_output_flood_is_stopped(monkeypatch):
-    monkeypatch.setattr(ev, "MAX_LOG_BYTES", 20_000)
+    monkeypatch.setattr(eval_simulate, "MAX_LOG_BYTES", 20_000)
     flood = MAJ_PORTS + '    assign y = a;\n    initial forever $display("spam spam spam spam");\nendmodule\n'
     start = time.monotonic()
-    r = ev.simulate(flood, MAJ, timeout=20)
+    r = eval_simulate.simulate(flood, MAJ, timeout=20)
     assert r.category == "runtime_error" and "20,000 bytes" in r.detail
     assert time.monotonic() - start < 15
 
 
 def test_no_code_needs_no_simulator():
-    assert ev.simulate(None, MAJ).category == "no_code"
-    assert ev.simulate("   \n", MAJ).category == "no_code"
+    assert eval_simulate.simulate(None, MAJ).category == "no_code"
+    assert eval_simulate.simulate("   \n", MAJ).category == "no_code"
 
 
 def test_missing_iverilog_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no iverilog, no vvp
-    monkeypatch.setenv(ev.TOOLS_ENV, str(tmp_path))  # and no built prefix
-    monkeypatch.delenv(ev.IVERILOG_ENV, raising=False)
-    with pytest.raises(ev.IverilogNotFoundError, match=r"iverilog-12 nor on PATH.*make iverilog"):
-        ev.simulate(as_top(MAJ), MAJ)
-    with pytest.raises(ev.IverilogNotFoundError, match="make iverilog"):
-        ev.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}], ks=(1,))
-    monkeypatch.setenv(ev.IVERILOG_ENV, str(tmp_path / "nothing-here"))
-    with pytest.raises(ev.IverilogNotFoundError, match="GEMMA_TPU_IVERILOG.*not an executable"):
-        ev.simulate(as_top(MAJ), MAJ)
+    with pytest.raises(eval_simulate.IverilogNotFoundError, match=r"not on PATH.*Icarus Verilog 12"):
+        eval_simulate.simulate(as_top(MAJ), MAJ)
+    with pytest.raises(eval_simulate.IverilogNotFoundError, match="not on PATH"):
+        eval_score.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}], ks=(1,))
+    with pytest.raises(eval_simulate.IverilogNotFoundError, match="nothing-here.*not an executable"):
+        eval_simulate.simulator_tools(tmp_path / "nothing-here")
 
 
 # ---------------------------------------------------------------------------
@@ -201,7 +202,7 @@ def test_pass_at_k_matches_brute_force():
     for n in range(1, 8):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert ev.pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                assert eval_score.pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
 
 
 @pytest.mark.parametrize("n", [200, 2000])
@@ -209,24 +210,24 @@ def test_pass_at_k_is_stable_for_large_n(n):
     for c in (0, 1, 7, n // 2, n - 1, n):
         for k in (1, 5, 10, 100):
             exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))  # exact rational arithmetic
-            got = ev.pass_at_k(n, c, k)
+            got = eval_score.pass_at_k(n, c, k)
             assert 0.0 <= got <= 1.0
             assert got == pytest.approx(float(exact), abs=1e-12), (n, c, k)
-    assert ev.pass_at_k(n, 1, 1) == pytest.approx(1 / n, abs=1e-15)
+    assert eval_score.pass_at_k(n, 1, 1) == pytest.approx(1 / n, abs=1e-15)
     if n == 2000:  # the textbook float formula cannot even represent C(2000, 1000)
         with pytest.raises(OverflowError):
             float(math.comb(n, 1000))
 
 
 def test_pass_at_k_edge_cases():
-    assert ev.pass_at_k(5, 5, 5) == 1.0
-    assert ev.pass_at_k(10, 8, 3) == 1.0  # n - c < k: every k-subset holds a correct sample
-    assert ev.pass_at_k(10, 0, 3) == 0.0
+    assert eval_score.pass_at_k(5, 5, 5) == 1.0
+    assert eval_score.pass_at_k(10, 8, 3) == 1.0  # n - c < k: every k-subset holds a correct sample
+    assert eval_score.pass_at_k(10, 0, 3) == 0.0
     with pytest.raises(ValueError, match="at least 5 samples"):
-        ev.pass_at_k(3, 1, 5)
+        eval_score.pass_at_k(3, 1, 5)
     for bad in [(0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0), (3.5, 1, 1)]:
         with pytest.raises(ValueError):
-            ev.pass_at_k(*bad)
+            eval_score.pass_at_k(*bad)
 
 
 # ---------------------------------------------------------------------------
@@ -243,30 +244,30 @@ def test_shipped_problems_load():
 def copy_problems(dst, task_ids):
     dst.mkdir(parents=True, exist_ok=True)
     for t in task_ids:
-        for suffix in ev.FILE_SUFFIXES.values():
-            shutil.copy(ev.SHIPPED_EVAL / (t + suffix), dst / (t + suffix))
+        for suffix in eval_problems.FILE_SUFFIXES.values():
+            shutil.copy(paths.SHIPPED_EVAL / (t + suffix), dst / (t + suffix))
     return dst
 
 
 def test_own_problem_folder_and_missing_file(tmp_path):
     d = copy_problems(tmp_path / "mine", ["Prob001_majority3", "Prob017_detect_0110"])
-    got = ev.load_problems(d)
+    got = eval_problems.load_problems(d)
     assert [p.task_id for p in got] == ["Prob001_majority3", "Prob017_detect_0110"]
     assert got[0].kind is None  # no problems.jsonl there: metadata is optional
     (d / "Prob017_detect_0110_test.sv").unlink()
-    with pytest.raises(ev.EvalError, match=r"Prob017_detect_0110.*missing Prob017_detect_0110_test\.sv"):
-        ev.load_problems(d)
-    with pytest.raises(ev.EvalError, match="does not exist"):
-        ev.load_problems(tmp_path / "nowhere")
+    with pytest.raises(eval_problems.EvalError, match=r"Prob017_detect_0110.*missing Prob017_detect_0110_test\.sv"):
+        eval_problems.load_problems(d)
+    with pytest.raises(eval_problems.EvalError, match="does not exist"):
+        eval_problems.load_problems(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ev.EvalError, match="No problems"):
-        ev.load_problems(tmp_path / "empty")
-    with pytest.raises(ev.EvalError, match="Unknown task"):
-        ev.load_problems(None, tasks=["Prob999_nope"])
+    with pytest.raises(eval_problems.EvalError, match="No problems"):
+        eval_problems.load_problems(tmp_path / "empty")
+    with pytest.raises(eval_problems.EvalError, match="Unknown task"):
+        eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=["Prob999_nope"])
 
 
 def test_build_prompt_is_spec_to_rtl():
-    text = ev.build_prompt(MAJ)
+    text = eval_problems.build_prompt(MAJ)
     assert MAJ.prompt.strip() in text
     assert text.index("Question:") < text.index(MAJ.prompt.strip()) < text.index("Answer:")
     assert "TopModule" in text and "```verilog" in text
@@ -279,7 +280,7 @@ def test_build_prompt_is_spec_to_rtl():
 @needs_iverilog
 def test_all_shipped_references_score_pass_at_1_of_1():
     rows = [{"task_id": p.task_id, "completion": fenced(as_top(p))} for p in PROBLEMS]
-    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1,), progress=False)
+    results, scores = eval_score.score_completions(PROBLEMS, rows, ks=(1,), progress=False)
     assert scores == {1: 1.0}
     assert len(results) == 28 and results["passed"].all()
 
@@ -289,7 +290,7 @@ def test_broken_set_scores_zero_with_every_category():
     rows = [{"task_id": MAJ.task_id, "completion": c} for c in [
         "I am not sure how to do this.", fenced(MAJ_SYNTAX), fenced(MAJ_AND), fenced(MAJ_HANG),
         fenced(MAJ_EARLY_FINISH)]]
-    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 5), timeout=2, progress=False)
+    results, scores = eval_score.score_completions(PROBLEMS, rows, ks=(1, 5), timeout=2, progress=False)
     assert scores == {1: 0.0, 5: 0.0}
     assert list(results["category"]) == ["no_code", "compile_error", "mismatch", "timeout", "runtime_error"]
     assert list(results["sample_index"]) == [0, 1, 2, 3, 4]
@@ -301,12 +302,12 @@ def test_mixed_samples_pass_at_k_and_tables():
     prob2 = BY_ID["Prob002_mux3_8bit"]
     rows = ([{"task_id": MAJ.task_id, "completion": c} for c in (good, bad, good, bad)]
             + [{"task_id": prob2.task_id, "completion": "no idea"}] * 4)
-    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 2, 5), progress=False)
+    results, scores = eval_score.score_completions(PROBLEMS, rows, ks=(1, 2, 5), progress=False)
     # Prob001: n=4, c=2 -> pass@1 = 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6; Prob002: 0. Mean over the two tasks.
     assert scores[1] == pytest.approx(0.25)
     assert scores[2] == pytest.approx(5 / 12)
     assert math.isnan(scores[5])  # 4 samples cannot give pass@5
-    table = ev.results_table(results, ks=(1, 2)).set_index("task_id")
+    table = eval_score.results_table(results, ks=(1, 2)).set_index("task_id")
     assert table.loc[MAJ.task_id, "n"] == 4 and table.loc[MAJ.task_id, "passed"] == 2
     assert table.loc[MAJ.task_id, "mismatch"] == 2 and table.loc[prob2.task_id, "no_code"] == 4
     assert table.loc[MAJ.task_id, "pass@2"] == pytest.approx(5 / 6)
@@ -315,14 +316,14 @@ def test_mixed_samples_pass_at_k_and_tables():
     import matplotlib
 
     matplotlib.use("Agg")
-    ax = ev.failure_chart(results)
+    ax = eval_score.failure_chart(results)
     heights = {t.get_text(): p.get_height() for t, p in zip(ax.get_xticklabels(), ax.patches)}
     assert heights == {"pass": 2, "mismatch": 2, "compile_error": 0, "runtime_error": 0, "timeout": 0, "no_code": 4}
 
 
 def test_unknown_task_in_completions_is_an_error():
-    with pytest.raises(ev.EvalError, match="Prob999_x"):
-        ev.score_completions(PROBLEMS, [{"task_id": "Prob999_x", "completion": "x"}], progress=False)
+    with pytest.raises(eval_problems.EvalError, match="Prob999_x"):
+        eval_score.score_completions(PROBLEMS, [{"task_id": "Prob999_x", "completion": "x"}], progress=False)
 
 
 # ---------------------------------------------------------------------------
@@ -392,28 +393,28 @@ def fake_server():
 def test_sample_completions_contract_and_scoring(fake_server):
     srv = fake_server()
     probs = [MAJ, BY_ID["Prob017_detect_0110"]]
-    rows = ev.sample_completions(srv.url, "gemma-verilog", probs, n=3, temperature=0.8, max_tokens=512,
+    rows = eval_sample.sample_completions(srv.url, "gemma-verilog", probs, n=3, temperature=0.8, max_tokens=512,
                                  api_key="secret", top_p=0.95, progress=False)
     assert [(r["task_id"], r["sample_index"]) for r in rows] == [(p.task_id, i) for p in probs for i in range(3)]
     assert {r["finish_reason"] for r in rows} == {"stop"}
     req = srv.requests[0]
     assert (req["model"], req["n"], req["temperature"], req["max_tokens"], req["top_p"]) == (
         "gemma-verilog", 3, 0.8, 512, 0.95)
-    assert req["messages"][0] == {"role": "system", "content": ev.SYSTEM_PROMPT}
-    assert req["messages"][1]["role"] == "user" and req["messages"][1]["content"] in {ev.build_prompt(p) for p in probs}
+    assert req["messages"][0] == {"role": "system", "content": eval_problems.SYSTEM_PROMPT}
+    assert req["messages"][1]["role"] == "user" and req["messages"][1]["content"] in {eval_problems.build_prompt(p) for p in probs}
     assert srv.headers[0].get("Authorization") == "Bearer secret"
-    results, scores = ev.score_completions(PROBLEMS, rows, ks=(1, 3), progress=False)
+    results, scores = eval_score.score_completions(PROBLEMS, rows, ks=(1, 3), progress=False)
     assert scores == {1: 1.0, 3: 1.0}
     assert set(results["finish_reason"]) == {"stop"}  # kept, so truncated answers can be told apart
 
 
 def test_server_errors_are_clear(fake_server):
     srv = fake_server()
-    with pytest.raises(ev.ServerError, match="does not serve model 'other'.*gemma-verilog"):
-        ev.sample_completions(srv.url + "/v1", "other", [MAJ], progress=False)
+    with pytest.raises(eval_sample.ServerError, match="does not serve model 'other'.*gemma-verilog"):
+        eval_sample.sample_completions(srv.url + "/v1", "other", [MAJ], progress=False)
     bad = fake_server(fail_chat=True)
-    with pytest.raises(ev.ServerError, match="HTTP 400.*max_tokens is too large"):
-        ev.sample_completions(bad.url, "gemma-verilog", [MAJ], progress=False)
+    with pytest.raises(eval_sample.ServerError, match="HTTP 400.*max_tokens is too large"):
+        eval_sample.sample_completions(bad.url, "gemma-verilog", [MAJ], progress=False)
 
 
 def test_unreachable_server_fails_fast():
@@ -421,8 +422,8 @@ def test_unreachable_server_fails_fast():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.monotonic()
-    with pytest.raises(ev.ServerError, match="Could not reach"):
-        ev.sample_completions(f"http://127.0.0.1:{port}", "m", [MAJ], connect_timeout=2, progress=False)
+    with pytest.raises(eval_sample.ServerError, match="Could not reach"):
+        eval_sample.sample_completions(f"http://127.0.0.1:{port}", "m", [MAJ], connect_timeout=2, progress=False)
     assert time.monotonic() - start < 5
 
 
@@ -431,8 +432,8 @@ def test_silent_server_fails_within_the_connect_timeout():
         s.bind(("127.0.0.1", 0))
         s.listen(8)
         start = time.monotonic()
-        with pytest.raises(ev.ServerError, match="within 1 s"):
-            ev.sample_completions(f"http://127.0.0.1:{s.getsockname()[1]}", "m", [MAJ], connect_timeout=1,
+        with pytest.raises(eval_sample.ServerError, match="within 1 s"):
+            eval_sample.sample_completions(f"http://127.0.0.1:{s.getsockname()[1]}", "m", [MAJ], connect_timeout=1,
                                   progress=False)
         assert time.monotonic() - start < 5
 
@@ -443,11 +444,11 @@ def test_silent_server_fails_within_the_connect_timeout():
 
 def test_write_jsonl_atomic_refuses_to_overwrite(tmp_path):
     out = tmp_path / "sub" / "r.jsonl"
-    ev.write_jsonl_atomic(out, [{"a": 1}])
+    eval_sample.write_jsonl_atomic(out, [{"a": 1}])
     with pytest.raises(FileExistsError, match="overwrite"):
-        ev.write_jsonl_atomic(out, [{"a": 2}])
+        eval_sample.write_jsonl_atomic(out, [{"a": 2}])
     assert out.read_text() == '{"a": 1}\n'
-    ev.write_jsonl_atomic(out, [{"a": 2}], overwrite=True)
+    eval_sample.write_jsonl_atomic(out, [{"a": 2}], overwrite=True)
     assert out.read_text() == '{"a": 2}\n'
     assert [p.name for p in out.parent.iterdir()] == ["r.jsonl"]  # no temp files left behind
 
@@ -455,11 +456,11 @@ def test_write_jsonl_atomic_refuses_to_overwrite(tmp_path):
 def test_read_completions_errors(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text('{"task_id": "a", "completion": "x"}\nnot json\n')
-    with pytest.raises(ev.EvalError, match=r"c\.jsonl:2"):
-        ev.read_completions(f)
+    with pytest.raises(eval_problems.EvalError, match=r"c\.jsonl:2"):
+        eval_sample.read_completions(f)
     f.write_text('{"task_id": "a"}\n')
-    with pytest.raises(ev.EvalError, match="'completion'"):
-        ev.read_completions(f)
+    with pytest.raises(eval_problems.EvalError, match="'completion'"):
+        eval_sample.read_completions(f)
 
 
 @needs_iverilog
@@ -496,10 +497,10 @@ def test_eval_cli_bad_input(tmp_path):
     (d / "Prob001_majority3_ref.sv").unlink()
     comp = tmp_path / "c.jsonl"
     comp.write_text('{"task_id": "Prob001_majority3", "completion": "x"}\n')
-    rc = ev.main(["--problems", str(d), "--completions", str(comp)])
+    rc = cli.main(["eval", "--problems", str(d), "--completions", str(comp)])
     assert rc == 2
-    assert ev.main(["--completions", str(comp), "--k", "one"]) == 2
-    assert ev.main(["--url", "http://127.0.0.1:9", "--k", "1"]) == 2  # --url without --model
+    assert cli.main(["eval", "--completions", str(comp), "--k", "one"]) == 2
+    assert cli.main(["eval", "--url", "http://127.0.0.1:9", "--k", "1"]) == 2  # --url without --model
 
 
 # ---------------------------------------------------------------------------
@@ -521,41 +522,51 @@ def fake_iverilog(directory, version):
 @needs_iverilog
 def test_the_harness_uses_the_required_iverilog():
     # `make test` builds Icarus Verilog 12 (tools/build_iverilog.sh): VerilogEval v2 requires it.
-    version = ev.simulator_version()
-    assert version.split(".")[0] == ev.REQUIRED_IVERILOG, (
-        f"the harness found Icarus Verilog {version} ({ev.simulator_tools()[0]}); run `make iverilog`")
-    assert ev.version_warning(version) is None
-    iverilog, vvp = ev.simulator_tools()
-    assert ev.Path(vvp).parent == ev.Path(iverilog).parent  # one installation, not a mixed pair
+    version = eval_simulate.simulator_version()
+    assert version.split(".")[0] == eval_simulate.REQUIRED_IVERILOG, (
+        f"the harness found Icarus Verilog {version} ({eval_simulate.simulator_tools()[0]}); run `make iverilog`")
+    assert eval_simulate.version_warning(version) is None
+    iverilog, vvp = eval_simulate.simulator_tools()
+    assert Path(vvp).parent == Path(iverilog).parent  # one installation, not a mixed pair
 
 
 @needs_iverilog
 def test_version_check_warns_for_another_version(tmp_path, monkeypatch):
-    monkeypatch.setenv(ev.IVERILOG_ENV, str(fake_iverilog(tmp_path / "bin11", "11.0")))
-    assert ev.simulator_version() == "11.0"
-    warning = ev.version_warning()
+    monkeypatch.setenv("PATH", f"{fake_iverilog(tmp_path / 'bin11', '11.0').parent}{os.pathsep}{os.environ['PATH']}")
+    assert eval_simulate.simulator_version() == "11.0"
+    warning = eval_simulate.version_warning()
     assert warning.startswith("warning:") and "Icarus Verilog 11.0" in warning and "requires version 12" in warning
-    assert "make iverilog" in warning  # says how to fix it
-    assert ev.version_warning("12.0") is None and "13.0" in ev.version_warning("13.0")
+    assert "Icarus Verilog 12.0 from its source" in warning  # says how to fix it
+    assert eval_simulate.version_warning("12.0") is None and "13.0" in eval_simulate.version_warning("13.0")
     # every printed score carries the version, and the warning with it
-    results, _ = ev.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}],
+    results, _ = eval_score.score_completions([MAJ], [{"task_id": MAJ.task_id, "completion": fenced(as_top(MAJ))}],
                                       ks=(1,), progress=False)
-    lines = ev.score_lines(results, (1,))
+    lines = eval_score.score_lines(results, (1,))
     assert lines[0] == "pass@1: 1.0000 [iverilog 11.0]" and lines[-1] == warning
 
 
 @needs_iverilog
-def test_the_built_prefix_wins_over_path(tmp_path, monkeypatch):
-    monkeypatch.delenv(ev.IVERILOG_ENV, raising=False)
-    monkeypatch.setenv(ev.TOOLS_ENV, str(tmp_path / "tools"))
+def test_the_course_puts_its_built_iverilog_first_on_path(tmp_path, monkeypatch):
+    """The fix takes the first iverilog on PATH; the course puts `make iverilog`'s build (or $GEMMA_TPU_IVERILOG's)
+    first, and PATH's is used when there is neither."""
+    monkeypatch.delenv(paths.IVERILOG_ENV, raising=False)
+    monkeypatch.setenv(paths.TOOLS_ENV, str(tmp_path / "tools"))
     fake_iverilog(tmp_path / "tools" / "iverilog-12" / "bin", "12.0")
     other = fake_iverilog(tmp_path / "path-bin", "11.0")
     monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
+    assert eval_simulate.simulator_tools()[0] == str(other)  # the fix alone: PATH's
+    paths.use_course_iverilog()
     built = tmp_path / "tools" / "iverilog-12" / "bin"
-    assert ev.simulator_tools() == (str(built / "iverilog"), str(built / "vvp"))
-    assert ev.simulator_version() == "12.0"
-    (tmp_path / "tools" / "iverilog-12" / "bin" / "iverilog").unlink()  # no prefix: PATH's is used
-    assert ev.simulator_tools()[0] == str(other) and ev.simulator_version() == "11.0"
+    assert eval_simulate.simulator_tools() == (str(built / "iverilog"), str(built / "vvp"))
+    assert eval_simulate.simulator_version() == "12.0"
+    (built / "iverilog").unlink()  # no build: PATH's is used
+    monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
+    paths.use_course_iverilog()
+    assert eval_simulate.simulator_tools()[0] == str(other) and eval_simulate.simulator_version() == "11.0"
+    mine = fake_iverilog(tmp_path / "mine", "12.0")
+    monkeypatch.setenv(paths.IVERILOG_ENV, str(mine))  # an explicit choice wins over both
+    paths.use_course_iverilog()
+    assert eval_simulate.simulator_tools()[0] == str(mine)
 
 
 @pytest.mark.parametrize("log, code, letter", [
@@ -583,8 +594,8 @@ def test_the_built_prefix_wins_over_path(tmp_path, monkeypatch):
     ("Mismatches: 0 in 10 samples\nTIMEOUT\n", "", "T"),
 ])
 def test_official_letter_rules(log, code, letter):
-    assert ev.official_letter(log, code) == letter
-    assert letter in ev.OFFICIAL_LETTERS
+    assert eval_simulate.official_letter(log, code) == letter
+    assert letter in eval_simulate.OFFICIAL_LETTERS
 
 
 @needs_iverilog
@@ -593,13 +604,13 @@ def test_official_letters_beside_our_categories():
              (MAJ_AND, "mismatch", "R"), (MAJ_HANG, "timeout", "T"), (MAJ_EARLY_FINISH, "runtime_error", "R"),
              (None, "no_code", "m")]
     for code, category, letter in cases:
-        r = ev.simulate(code, MAJ, timeout=2)
+        r = eval_simulate.simulate(code, MAJ, timeout=2)
         assert (r.category, r.official) == (category, letter), code
         assert r.as_dict()["official"] == letter
     # per task, in sample order and in groups of five, as VerilogEval's analyzer prints a row
     rows = [{"task_id": MAJ.task_id, "completion": fenced(c) if c else "none"} for c, _, _ in cases]
-    results, _ = ev.score_completions([MAJ], rows, ks=(1,), timeout=2, progress=False)
-    assert ev.results_table(results, (1,)).loc[0, "official"] == ".SmRT Rm"
+    results, _ = eval_score.score_completions([MAJ], rows, ks=(1,), timeout=2, progress=False)
+    assert eval_score.results_table(results, (1,)).loc[0, "official"] == ".SmRT Rm"
 
 
 # ---------------------------------------------------------------------------
@@ -639,9 +650,9 @@ def broken_problem_set(directory):
 
 @needs_iverilog
 def test_calibration_of_the_shipped_problems_passes_every_reference(tmp_path, monkeypatch):
-    cal = ev.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False)
+    cal = eval_score.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False)
     assert cal.excluded == [] and cal.calibrated == sorted(BY_ID) and cal.ceiling() == 1.0
-    assert cal.simulator == ev.simulator_version() and cal.digest == ev.problems_digest(PROBLEMS)
+    assert cal.simulator == eval_simulate.simulator_version() and cal.digest == eval_problems.problems_digest(PROBLEMS)
     assert cal.path == tmp_path / f"calibration-{cal.digest[:16]}-iverilog-{cal.simulator}.json"
     assert {r["official"] for r in cal.references.values()} == {"."}
     assert "28 of 28 references pass" in cal.summary() and cal.table().empty
@@ -649,20 +660,20 @@ def test_calibration_of_the_shipped_problems_passes_every_reference(tmp_path, mo
 
     # cached per (problems, simulator version): the second call simulates nothing, refresh=True does
     calls = []
-    real_simulate = ev.simulate
-    monkeypatch.setattr(ev, "simulate", lambda *a, **kw: calls.append(a) or real_simulate(*a, **kw))
-    assert ev.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False) == cal and calls == []
-    assert ev.find_calibration(PROBLEMS[:3], tmp_path) == cal  # it covers any subset
+    real_simulate = eval_simulate.simulate
+    monkeypatch.setattr(eval_score, "simulate", lambda *a, **kw: calls.append(a) or real_simulate(*a, **kw))
+    assert eval_score.calibrate(PROBLEMS, cache_dir=tmp_path, progress=False) == cal and calls == []
+    assert eval_score.find_calibration(PROBLEMS[:3], tmp_path) == cal  # it covers any subset
     changed = [dataclasses.replace(PROBLEMS[0], test=PROBLEMS[0].test + "\n// edited\n")]
-    assert ev.find_calibration(changed, tmp_path) is None  # an edited testbench is not calibrated
-    ev.calibrate(PROBLEMS[:2], cache_dir=tmp_path, refresh=True, progress=False)
+    assert eval_score.find_calibration(changed, tmp_path) is None  # an edited testbench is not calibrated
+    eval_score.calibrate(PROBLEMS[:2], cache_dir=tmp_path, refresh=True, progress=False)
     assert len(calls) == 2
 
 
 @needs_iverilog
 def test_a_broken_reference_lowers_the_ceiling_not_the_model_score(tmp_path):
-    problems = ev.load_problems(broken_problem_set(tmp_path / "probs"))
-    cal = ev.calibrate(problems, cache_dir=tmp_path / "eval", timeout=10, progress=False)
+    problems = eval_problems.load_problems(broken_problem_set(tmp_path / "probs"))
+    cal = eval_score.calibrate(problems, cache_dir=tmp_path / "eval", timeout=10, progress=False)
     assert cal.calibrated == ["Prob001_majority3", "Prob002_mux3_8bit"]
     assert cal.excluded == ["Prob901_waits_forever", "Prob902_unsupported"]
     refs = cal.references
@@ -674,11 +685,11 @@ def test_a_broken_reference_lowers_the_ceiling_not_the_model_score(tmp_path):
     assert list(cal.table()["task_id"]) == cal.excluded
 
     # a model that answers every problem with the reference: perfect on the calibrated set
-    rows = [{"task_id": p.task_id, "completion": fenced(ev.reference_code(p))} for p in problems]
-    results, scores = ev.score_completions(problems, rows, ks=(1,), timeout=10, progress=False)
+    rows = [{"task_id": p.task_id, "completion": fenced(eval_problems.reference_code(p))} for p in problems]
+    results, scores = eval_score.score_completions(problems, rows, ks=(1,), timeout=10, progress=False)
     assert scores == {1: 0.5}
-    lines = ev.score_lines(results, (1,), cal)
-    version = ev.simulator_version()
+    lines = eval_score.score_lines(results, (1,), cal)
+    version = eval_simulate.simulator_version()
     assert lines[0] == f"pass@1: 0.5000 (ceiling 0.5000; 1.0000 over the 2 calibrated problems) [iverilog {version}]"
     assert lines[1] == (f"not counted over the calibrated set (their reference fails with iverilog {version}): "
                         "Prob901_waits_forever (timeout), Prob902_unsupported (compile_error)")
@@ -690,7 +701,7 @@ def test_eval_cli_calibrate_then_score(tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli("eval", "--calibrate", "--problems", probs, "--run-dir", run_dir, "--timeout", 10)
     assert r.returncode == 0, r.stderr
-    version = ev.simulator_version()
+    version = eval_simulate.simulator_version()
     assert f"simulator: Icarus Verilog {version}" in r.stdout
     assert "2 of 4 references pass" in r.stdout and "Prob901_waits_forever: timeout [T]" in r.stdout
     cached = list((run_dir / "eval").glob("calibration-*.json"))
@@ -718,20 +729,20 @@ def test_eval_cli_calibrate_then_score(tmp_path):
 
 def test_presets_are_the_official_protocol():
     # top_k 0 is vLLM's "no top-k": unset, vLLM would take the checkpoint's generation_config (Gemma 4: top_k 64)
-    assert ev.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0},
+    assert eval_sample.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0},
                           "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}}
     args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
                                               "top_k": None, **kw})
-    assert ev._sampling(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
-    assert ev._sampling(args(preset="official-sampled")) == ev.PRESETS["official-sampled"]
-    assert ev._sampling(args(preset="official-sampled", n=20, top_k=0)) == ev.PRESETS["official-sampled"]
-    assert ev._sampling(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
+    assert commands.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
+    assert commands.sampling_settings(args(preset="official-sampled")) == eval_sample.PRESETS["official-sampled"]
+    assert commands.sampling_settings(args(preset="official-sampled", n=20, top_k=0)) == eval_sample.PRESETS["official-sampled"]
+    assert commands.sampling_settings(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
                                                                     "top_k": 0}
-    assert ev._sampling(args(temperature=0.8, top_k=40))["top_k"] == 40
-    with pytest.raises(ev.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
-        ev._sampling(args(preset="official-greedy", temperature=0.8))
-    with pytest.raises(ev.EvalError, match="--preset official-sampled sets --top-k 0; drop --top-k 64"):
-        ev._sampling(args(preset="official-sampled", top_k=64))
+    assert commands.sampling_settings(args(temperature=0.8, top_k=40))["top_k"] == 40
+    with pytest.raises(eval_problems.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
+        commands.sampling_settings(args(preset="official-greedy", temperature=0.8))
+    with pytest.raises(eval_problems.EvalError, match="--preset official-sampled sets --top-k 0; drop --top-k 64"):
+        commands.sampling_settings(args(preset="official-sampled", top_k=64))
 
 
 @needs_iverilog
@@ -744,7 +755,7 @@ def test_presets_are_the_official_protocol():
 def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, expected):
     """What reaches the server: every sampling field the protocol fixes is in the payload (None: left out)."""
     srv = fake_server()
-    rc = ev.main(["--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id, "--run-dir", str(tmp_path),
+    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id, "--run-dir", str(tmp_path),
                   *flags])
     assert rc == 0
     assert [{key: req.get(key) for key in expected} for req in srv.requests] == [expected]
@@ -753,7 +764,7 @@ def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, ex
 @needs_iverilog
 def test_eval_cli_top_k_may_not_contradict_a_preset(fake_server, tmp_path, capsys):
     srv = fake_server()
-    rc = ev.main(["--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled", "--top-k", "64",
+    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled", "--top-k", "64",
                   "--tasks", MAJ.task_id, "--run-dir", str(tmp_path)])
     assert rc == 2 and "--preset official-sampled sets --top-k 0; drop --top-k 64 or the preset" in capsys.readouterr().err
     assert srv.requests == []

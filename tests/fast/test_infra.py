@@ -12,29 +12,31 @@ import time
 
 import pytest
 
-from gemma_tpu_helpers.fixes import errors, infra
+from gemma_tpu_helpers.fixes import errors, file_io, http_client, process_groups
 
 # ------------------------------------------------------------------------------------------------ atomic writes
 
 
 def test_atomic_write_keeps_the_old_file_when_the_writer_fails_midway(tmp_path):
     path = tmp_path / "results.jsonl"
-    infra.write_atomic(path, "old\n")
+    file_io.write_atomic(path, "old\n")
 
     def chunks():
         yield "new line 1\n"
         raise RuntimeError("writer died")
 
     with pytest.raises(RuntimeError, match="writer died"):
-        infra.write_lines_atomic(path, chunks())
+        file_io.write_lines_atomic(path, chunks())
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"], "no temp file may stay behind"
 
 
 _HOLD = """
 import sys, time
-from gemma_tpu_helpers.fixes import infra
-with infra.locked(sys.argv[1]):
+
+from gemma_tpu_helpers.fixes import file_io
+
+with file_io.locked(sys.argv[1]):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
     open(sys.argv[1], "w").write("first")
@@ -47,7 +49,7 @@ def test_locked_makes_a_second_process_wait_for_the_first(tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
-        with infra.locked(path, "the artifact"):
+        with file_io.locked(path, "the artifact"):
             waited = time.monotonic() - t0
             assert path.read_text() == "first", "the lock was granted while the other process still held it"
     finally:
@@ -55,7 +57,7 @@ def test_locked_makes_a_second_process_wait_for_the_first(tmp_path, capsys):
         holder.wait()
     assert waited > 0.5
     assert f"waiting for another process that is writing {path} (the artifact)" in capsys.readouterr().out
-    with infra.locked(path):  # free again once released, and the lock file stays beside the artifact, hidden
+    with file_io.locked(path):  # free again once released, and the lock file stays beside the artifact, hidden
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == [".artifact.lock", "artifact"]
 
@@ -67,18 +69,18 @@ def test_locked_is_freed_when_its_holder_is_killed(tmp_path):
     holder.kill()
     holder.wait()
     t0 = time.monotonic()
-    with infra.locked(path):
+    with file_io.locked(path):
         assert time.monotonic() - t0 < 5
     assert not path.exists(), "the killed holder never wrote"
 
 
 def test_atomic_write_refuses_to_clobber_without_overwrite(tmp_path):
     path = tmp_path / "a.txt"
-    infra.write_lines_atomic(path, ["1"], overwrite=False)
+    file_io.write_lines_atomic(path, ["1"], overwrite=False)
     with pytest.raises(FileExistsError, match="overwrite"):
-        infra.write_lines_atomic(path, ["2"], overwrite=False)
+        file_io.write_lines_atomic(path, ["2"], overwrite=False)
     assert path.read_text() == "1"
-    infra.write_lines_atomic(path, ["2"])
+    file_io.write_lines_atomic(path, ["2"])
     assert path.read_text() == "2"
 
 
@@ -86,9 +88,9 @@ def test_install_dir_replaces_the_old_directory_by_renames(tmp_path):
     out = tmp_path / "site"
     out.mkdir()
     (out / "old.html").write_text("old")
-    tmp = infra.temp_dir_beside(out)
+    tmp = file_io.temp_dir_beside(out)
     (tmp / "new.html").write_text("new")
-    infra.install_dir(tmp, out)
+    file_io.install_dir(tmp, out)
     assert [p.name for p in out.iterdir()] == ["new.html"]
     assert [p.name for p in tmp_path.iterdir()] == ["site"], "the temp and the old directory are gone"
 
@@ -96,8 +98,8 @@ def test_install_dir_replaces_the_old_directory_by_renames(tmp_path):
 def test_log_tail(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))
-    assert infra.log_tail(log, 3) == "line 97\nline 98\nline 99"
-    assert "no log at" in infra.log_tail(tmp_path / "missing.log")
+    assert file_io.log_tail(log, 3) == "line 97\nline 98\nline 99"
+    assert "no log at" in file_io.log_tail(tmp_path / "missing.log")
 
 
 # ------------------------------------------------------------------------------------------------ the HTTP client
@@ -106,10 +108,10 @@ def test_log_tail(tmp_path):
 @pytest.mark.parametrize("given", ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/",
                                    "http://h:1/v1/models", " http://h:1/v1/chat/completions "])
 def test_url_rule_gives_one_root_and_the_same_endpoints(given):
-    assert infra.api_root(given) == "http://h:1"
-    assert infra.api_url(given, "models") == "http://h:1/v1/models"
-    assert infra.api_url(given, "/chat/completions") == "http://h:1/v1/chat/completions"
-    assert infra.health_url(given) == "http://h:1/health"
+    assert http_client.api_root(given) == "http://h:1"
+    assert http_client.api_url(given, "models") == "http://h:1/v1/models"
+    assert http_client.api_url(given, "/chat/completions") == "http://h:1/v1/chat/completions"
+    assert http_client.health_url(given) == "http://h:1/health"
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
@@ -164,60 +166,60 @@ def test_client_bypasses_a_proxy_for_127_0_0_1(local_server, monkeypatch):
         monkeypatch.setenv(var, dead)
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
+    monkeypatch.delenv(http_client.API_KEY_ENV, raising=False)
     # the environment really sends other requests to the dead proxy: plain urllib fails
     import urllib.request
 
     with pytest.raises(OSError):
-        urllib.request.urlopen(infra.api_url(url, "models"), timeout=5)
+        urllib.request.urlopen(http_client.api_url(url, "models"), timeout=5)
     assert seen == []
     # the client goes straight to the server
-    assert infra.get_json(infra.api_url(url + "/v1/", "models"), timeout=5)["data"][0]["id"] == "gemma"
-    assert infra.health_ok(url, timeout=5)
+    assert http_client.get_json(http_client.api_url(url + "/v1/", "models"), timeout=5)["data"][0]["id"] == "gemma"
+    assert http_client.health_ok(url, timeout=5)
     assert [s["path"] for s in seen] == ["/v1/models", "/health"]
 
 
 def test_client_sends_the_key_from_the_argument_and_from_vllm_api_key(local_server, monkeypatch):
     url, seen = local_server
-    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
-    infra.post_json(infra.api_url(url, "completions"), {"prompt": "x"}, api_key="from-arg", timeout=5)
-    monkeypatch.setenv(infra.API_KEY_ENV, "from-env")
-    infra.get_json(infra.api_url(url, "models"), timeout=5)
-    infra.get_json(infra.api_url(url, "models"), api_key="arg-wins", timeout=5)
-    infra.get_json(infra.api_url(url, "models"), api_key="", timeout=5)  # "" sends none
+    monkeypatch.delenv(http_client.API_KEY_ENV, raising=False)
+    http_client.post_json(http_client.api_url(url, "completions"), {"prompt": "x"}, api_key="from-arg", timeout=5)
+    monkeypatch.setenv(http_client.API_KEY_ENV, "from-env")
+    http_client.get_json(http_client.api_url(url, "models"), timeout=5)
+    http_client.get_json(http_client.api_url(url, "models"), api_key="arg-wins", timeout=5)
+    http_client.get_json(http_client.api_url(url, "models"), api_key="", timeout=5)  # "" sends none
     assert [s["auth"] for s in seen] == ["Bearer from-arg", "Bearer from-env", "Bearer arg-wins", None]
     assert seen[0]["method"] == "POST" and seen[0]["body"] == {"prompt": "x"} and seen[1]["method"] == "GET"
 
 
 def test_get_text_sends_its_headers_and_never_the_api_key(local_server, monkeypatch):
     url, seen = local_server
-    monkeypatch.setenv(infra.API_KEY_ENV, "not-for-a-metadata-server")
-    assert json.loads(infra.get_text(url + "/computeMetadata", {"Metadata-Flavor": "Google"}, timeout=5))["path"] \
+    monkeypatch.setenv(http_client.API_KEY_ENV, "not-for-a-metadata-server")
+    assert json.loads(http_client.get_text(url + "/computeMetadata", {"Metadata-Flavor": "Google"}, timeout=5))["path"] \
         == "/computeMetadata"
     assert seen[0]["auth"] is None and seen[0]["flavor"] == "Google"
 
 
 def test_client_errors_say_what_is_wrong_and_how_to_fix_it(local_server, monkeypatch):
     url, _ = local_server
-    monkeypatch.delenv(infra.API_KEY_ENV, raising=False)
-    with pytest.raises(infra.RequestError, match="401.*key is missing.*VLLM_API_KEY") as e:
-        infra.get_json(url + "/v1/secret", timeout=5)
+    monkeypatch.delenv(http_client.API_KEY_ENV, raising=False)
+    with pytest.raises(http_client.RequestError, match="401.*key is missing.*VLLM_API_KEY") as e:
+        http_client.get_json(url + "/v1/secret", timeout=5)
     assert e.value.status == 401 and isinstance(e.value, errors.GemmaTpuError)
-    with pytest.raises(infra.RequestError, match="key was refused"):
-        infra.get_json(url + "/v1/secret", api_key="wrong", timeout=5)
-    assert infra.get_json(url + "/v1/secret", api_key="right", timeout=5)["path"] == "/v1/secret"
+    with pytest.raises(http_client.RequestError, match="key was refused"):
+        http_client.get_json(url + "/v1/secret", api_key="wrong", timeout=5)
+    assert http_client.get_json(url + "/v1/secret", api_key="right", timeout=5)["path"] == "/v1/secret"
 
     nothing = f"http://127.0.0.1:{_dead_port()}"
-    with pytest.raises(infra.RequestError, match="connection refused: is the server running") as e:
-        infra.get_json(infra.api_url(nothing, "models"), timeout=5)
+    with pytest.raises(http_client.RequestError, match="connection refused: is the server running") as e:
+        http_client.get_json(http_client.api_url(nothing, "models"), timeout=5)
     assert e.value.status is None and nothing in str(e.value)
-    assert not infra.health_ok(nothing, timeout=2)
+    assert not http_client.health_ok(nothing, timeout=2)
 
     class Custom(RuntimeError):
         pass
 
     with pytest.raises(Custom, match="connection refused"):
-        infra.get_json(infra.api_url(nothing, "models"), timeout=5, error=Custom)
+        http_client.get_json(http_client.api_url(nothing, "models"), timeout=5, error=Custom)
 
 
 def test_client_timeout_is_a_clear_error():
@@ -225,8 +227,8 @@ def test_client_timeout_is_a_clear_error():
         s.bind(("127.0.0.1", 0))
         s.listen()
         t0 = time.perf_counter()
-        with pytest.raises(infra.RequestError, match="timed out after 1.5 s"):
-            infra.post_json(f"http://127.0.0.1:{s.getsockname()[1]}/v1/completions", {}, timeout=1.5)
+        with pytest.raises(http_client.RequestError, match="timed out after 1.5 s"):
+            http_client.post_json(f"http://127.0.0.1:{s.getsockname()[1]}/v1/completions", {}, timeout=1.5)
         assert time.perf_counter() - t0 < 10
 
 
@@ -235,38 +237,38 @@ def test_client_timeout_is_a_clear_error():
 
 def test_stop_group_kills_the_whole_group_including_a_grandchild(tmp_path):
     log = tmp_path / "sh.log"
-    proc = infra.start_group(["sh", "-c", "echo started; sleep 600 & sleep 600"], log, header="# sh\n")
+    proc = process_groups.start_group(["sh", "-c", "echo started; sleep 600 & sleep 600"], log, header="# sh\n")
     deadline = time.monotonic() + 10
-    while len(infra.group_members(proc.pid)) < 3 and time.monotonic() < deadline:
+    while len(process_groups.group_members(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    members = infra.group_members(proc.pid)
+    members = process_groups.group_members(proc.pid)
     assert len(members) == 3, members  # sh, its background sleep (a grandchild of ours) and the foreground sleep
     assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0), "the child leads its own group"
     t0 = time.monotonic()
-    infra.stop_group(proc, grace=5)
+    process_groups.stop_group(proc, grace=5)
     assert time.monotonic() - t0 < 5, "sh and sleep die on SIGTERM: no need to wait for SIGKILL"
     assert proc.returncode is not None
-    assert not infra.group_exists(proc.pid)
-    assert not any(infra.pid_running(p) for p in members)
-    assert infra.log_tail(log) == "# sh\nstarted"
-    infra.stop_group(proc, grace=1)  # idempotent
+    assert not process_groups.group_exists(proc.pid)
+    assert not any(process_groups.pid_running(p) for p in members)
+    assert file_io.log_tail(log) == "# sh\nstarted"
+    process_groups.stop_group(proc, grace=1)  # idempotent
 
 
 def test_stop_group_sigkills_what_ignores_sigterm(tmp_path):
     code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
             "time.sleep(600)")
-    proc = infra.start_group([sys.executable, "-c", code], tmp_path / "py.log")
+    proc = process_groups.start_group([sys.executable, "-c", code], tmp_path / "py.log")
     deadline = time.monotonic() + 20
-    while "ready" not in infra.log_tail(tmp_path / "py.log") and time.monotonic() < deadline:
+    while "ready" not in file_io.log_tail(tmp_path / "py.log") and time.monotonic() < deadline:
         time.sleep(0.05)
     t0 = time.monotonic()
-    infra.stop_group(proc, grace=1.0)
+    process_groups.stop_group(proc, grace=1.0)
     assert 0.9 < time.monotonic() - t0 < 10
-    assert proc.returncode == -9 and not infra.group_exists(proc.pid)
+    assert proc.returncode == -9 and not process_groups.group_exists(proc.pid)
 
 
 def test_start_group_passes_env_and_cwd(tmp_path):
-    proc = infra.start_group(["sh", "-c", "echo $FOO; pwd"], tmp_path / "l.log", env={**os.environ, "FOO": "bar"},
+    proc = process_groups.start_group(["sh", "-c", "echo $FOO; pwd"], tmp_path / "l.log", env={**os.environ, "FOO": "bar"},
                              cwd=tmp_path)
     assert proc.wait(timeout=10) == 0
-    assert infra.log_tail(tmp_path / "l.log").splitlines() == ["bar", str(tmp_path)]
+    assert file_io.log_tail(tmp_path / "l.log").splitlines() == ["bar", str(tmp_path)]

@@ -11,7 +11,7 @@ import time
 
 from support import REPO
 
-from gemma_tpu_helpers.fixes import multihost
+from gemma_tpu_helpers.course import launch
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 
 
@@ -21,11 +21,11 @@ def test_launcher_waits_for_the_others_when_one_worker_is_preempted(tmp_path):
     slow_75 = [sys.executable, "-c", f"import sys, time; time.sleep(1.5); open({str(tmp_path / 'ok')!r}, 'w'); "
                f"sys.exit({PREEMPTED_EXIT})"]
     fast_75 = [sys.executable, "-c", f"import sys; sys.exit({PREEMPTED_EXIT})"]
-    assert multihost.run_commands([fast_75, slow_75], timeout_s=60, wait_on=(PREEMPTED_EXIT,)) == PREEMPTED_EXIT
+    assert launch.run_commands([fast_75, slow_75], timeout_s=60, wait_on=(PREEMPTED_EXIT,)) == PREEMPTED_EXIT
     assert (tmp_path / "ok").is_file()  # the slow worker finished, not killed
     slow_0 = [sys.executable, "-c", f"import time; time.sleep(30); open({str(tmp_path / 'late')!r}, 'w')"]
     t = time.monotonic()
-    assert multihost.run_commands([[sys.executable, "-c", "import sys; sys.exit(3)"], slow_0], timeout_s=60,
+    assert launch.run_commands([[sys.executable, "-c", "import sys; sys.exit(3)"], slow_0], timeout_s=60,
                                   wait_on=(PREEMPTED_EXIT,)) == 3
     assert time.monotonic() - t < 20 and not (tmp_path / "late").exists()
 

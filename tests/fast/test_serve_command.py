@@ -12,7 +12,8 @@ import support
 from support import run_cli
 
 from gemma_tpu_helpers.course import profiles, runs
-from gemma_tpu_helpers.fixes import serve
+from gemma_tpu_helpers.fixes import vllm_command, vllm_server
+from gemma_tpu_helpers.course import paths
 
 SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
@@ -27,7 +28,7 @@ def v6e():
 
 @pytest.fixture(scope="module")
 def tpu_argv(v6e):
-    return serve.tpu_vllm_argv(serve.command(v6e.serving, "/data/merged", port=8123))
+    return vllm_command.tpu_vllm_argv(vllm_command.serve_command(v6e.serving, "/data/merged", port=8123))
 
 
 def _misspell(argv, flag, wrong):
@@ -35,13 +36,13 @@ def _misspell(argv, flag, wrong):
 
 
 def colab_argv(name):
-    return serve.command(profiles.get_profile(name).serving, "/data/merged", port=8123)
+    return vllm_command.serve_command(profiles.get_profile(name).serving, "/data/merged", port=8123)
 
 
 def smoke_as_serve_argv():
     """The smoke profile's CPU command (``python -m vllm.entrypoints.openai.api_server --model DIR FLAGS``) as
     ``vllm serve DIR FLAGS``, the form the parser takes: the same engine flags."""
-    argv = serve.command(profiles.get_profile("smoke").serving, "/data/merged", port=8123)
+    argv = vllm_command.serve_command(profiles.get_profile("smoke").serving, "/data/merged", port=8123)
     i = argv.index("--model")
     return ["serve", argv[i + 1], *argv[i + 2:]]
 
@@ -52,18 +53,18 @@ def parsed(tpu_argv):
     variants = {
         "real": tpu_argv,
         "smoke": smoke_as_serve_argv(),
-        **{name: serve.tpu_vllm_argv(colab_argv(name)) for name in COLAB},
+        **{name: vllm_command.tpu_vllm_argv(colab_argv(name)) for name in COLAB},
         "misspelled": _misspell(tpu_argv, "--max-num-batched-tokens", "--max-num-batch-tokens"),
         "extra_s": _misspell(tpu_argv, "--disable-chunked-mm-input", "--disable-chunked-mm-inputs"),
         "removed_in_032": tpu_argv + ["--disable-log-requests"],
         "abbreviated": _misspell(tpu_argv, "--tensor-parallel-size", "--tensor-parallel-siz"),
     }
-    return dict(zip(variants, serve.vllm_parse(list(variants.values()))))
+    return dict(zip(variants, vllm_command.vllm_parse(list(variants.values()), python=SERVE_PY)))
 
 
 def test_the_command_has_the_recipe_flags(v6e, tpu_argv):
     s = v6e.serve
-    assert tpu_argv[:2] == ["serve", serve.CONTAINER_MODEL_DIR]
+    assert tpu_argv[:2] == ["serve", vllm_command.CONTAINER_MODEL_DIR]
     assert "--disable-chunked-mm-input" in tpu_argv  # the 31B-it is multimodal
     assert s.tensor_parallel == v6e.hardware.num_devices == 8  # no idle chips
     assert s.image == "vllm/vllm-tpu:gemma4" and s.pip_version == "0.32.0"
@@ -75,13 +76,13 @@ def test_v6e_command_parses_with_vllm_032s_own_parser(v6e, parsed):
     assert real["ok"], real.get("error")
     assert real["inexact"] == [], "every flag is an exact option name (no abbreviation)"
     got, s = real["values"], v6e.serve
-    assert got["model"] == serve.CONTAINER_MODEL_DIR and got["served_model_name"] == [serve.SERVED_NAME]
+    assert got["model"] == vllm_command.CONTAINER_MODEL_DIR and got["served_model_name"] == [vllm_command.SERVED_NAME]
     assert (got["tensor_parallel_size"], got["data_parallel_size"]) == (s.tensor_parallel, 1)
     assert (got["max_model_len"], got["max_num_batched_tokens"]) == (s.max_model_len, s.max_num_batched_tokens)
     assert got["gpu_memory_utilization"] == s.gpu_memory_utilization
     assert (got["kv_cache_dtype"], got["dtype"]) == (s.kv_cache_dtype, v6e.model.dtype)
     assert got["disable_chunked_mm_input"] is True
-    assert (got["host"], got["port"]) == (serve.HOST, 8123)
+    assert (got["host"], got["port"]) == (vllm_command.HOST, 8123)
 
 
 @needs_venv
@@ -128,9 +129,9 @@ def test_hbm_arithmetic_fails_where_it_should(v6e):
     # the alternative reported working: TP4 with fp8 weights and fp8 KV also fits (one replica of two)
     tp4 = dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=4, kv_cache_dtype="fp8"))
     assert runs.hbm_per_chip(tp4, weight_dtype="fp8")["fits"]
-    with pytest.raises(serve.ServeError, match="tensor_parallel=6 does not divide 16 KV heads"):
+    with pytest.raises(vllm_command.ServeError, match="tensor_parallel=6 does not divide 16 KV heads"):
         runs.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
-    with pytest.raises(serve.ServeError, match="not a TPU profile"):
+    with pytest.raises(vllm_command.ServeError, match="not a TPU profile"):
         runs.hbm_per_chip(profiles.get_profile("smoke"))
 
 
@@ -141,16 +142,16 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
         chips = prof.hardware.num_devices // prof.hardware.hosts
         assert prof.serve.tensor_parallel <= chips, name
         assert runs.hbm_per_chip(prof)["fits"], name
-        argv = serve.command(prof.serving, "/data/merged")
+        argv = vllm_command.serve_command(prof.serving, "/data/merged")
         if name.startswith("colab-"):  # no Docker on Colab
-            assert serve.route(prof.serving) == "pip" and "docker" not in argv and argv[1] == "serve", name
+            assert vllm_command.route(prof.serving) == "pip" and "docker" not in argv and argv[1] == "serve", name
         else:
-            assert serve.route(prof.serving) == "docker" and argv[:2] == ["docker", "run"], name
+            assert vllm_command.route(prof.serving) == "docker" and argv[:2] == ["docker", "run"], name
     v5p = profiles.get_profile("v5p-8")
     assert runs.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
     too_wide = dataclasses.replace(v5p, serve=dataclasses.replace(v5p.serve, tensor_parallel=8))
-    with pytest.raises(serve.ServeError, match="one of its hosts has 4 chips"):
-        serve.command(too_wide.serving, "/data/merged")
+    with pytest.raises(vllm_command.ServeError, match="one of its hosts has 4 chips"):
+        vllm_command.serve_command(too_wide.serving, "/data/merged")
 
 
 # ------------------------------------------------------------------------------- Colab: one chip, no Docker
@@ -160,18 +161,18 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
 def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
     prof = profiles.get_profile(name)
     argv = colab_argv(name)
-    assert not prof.serve.docker and serve.route(prof.serving) == "pip" and serve.runs_here(prof.serving)
-    assert argv[0] == str(serve.serve_python(check=False).parent / "vllm") and argv[1:3] == ["serve", "/data/merged"]
+    assert not prof.serve.docker and vllm_command.route(prof.serving) == "pip" and vllm_command.runs_here(prof.serving)
+    assert argv[0] == str(paths.serve_python().parent / "vllm") and argv[1:3] == ["serve", "/data/merged"]
     assert not {"docker", "--hf-overrides", "--api-key"} & set(argv)  # multimodal as released; the key by env only
     s = prof.serve
     for flag, value in (("--tensor-parallel-size", 1), ("--max-model-len", s.max_model_len),
                         ("--max-num-seqs", s.max_num_seqs), ("--gpu-memory-utilization", s.gpu_memory_utilization),
-                        ("--host", serve.HOST), ("--dtype", "bfloat16")):
+                        ("--host", vllm_command.HOST), ("--dtype", "bfloat16")):
         assert argv[argv.index(flag) + 1] == str(value), flag
-    env = serve.environment(prof.serving, api_key="k", lora=True)
-    assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(serve.HOST_COMPILE_CACHE), "MODEL_IMPL_TYPE": "vllm",
+    env = vllm_command.environment(prof.serving, api_key="k", lora=True)
+    assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(vllm_command.HOST_COMPILE_CACHE), "MODEL_IMPL_TYPE": "vllm",
                    "VLLM_API_KEY": "k"}
-    line = serve.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
+    line = vllm_command.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
     assert "VLLM_API_KEY=$VLLM_API_KEY" in line and "sk-secret" not in line
 
 
@@ -182,12 +183,12 @@ def test_colab_command_parses_with_vllm_032s_own_parser(parsed, name):
     assert result["ok"], result.get("error")
     assert result["inexact"] == []
     got = result["values"]
-    assert got["model"] == "/data/merged" and got["served_model_name"] == [serve.SERVED_NAME]
+    assert got["model"] == "/data/merged" and got["served_model_name"] == [vllm_command.SERVED_NAME]
     assert (got["tensor_parallel_size"], got["data_parallel_size"]) == (1, 1)
     assert (got["max_model_len"], got["max_num_batched_tokens"], got["max_num_seqs"]) == (
         s.max_model_len, s.max_num_batched_tokens, s.max_num_seqs)
     assert got["gpu_memory_utilization"] == s.gpu_memory_utilization and got["disable_chunked_mm_input"] is True
-    assert (got["host"], got["port"]) == (serve.HOST, 8123)
+    assert (got["host"], got["port"]) == (vllm_command.HOST, 8123)
 
 
 def test_colab_serving_fits_one_chip_with_room_for_an_eval():
@@ -210,22 +211,22 @@ def test_serve_cli_prints_the_colab_route_not_docker():
     assert f"vllm-tpu=={profiles.get_profile('colab-v5e-1').serve.pip_version}" in out
     assert "uv venv --python 3.12" in out
     assert "/bin/vllm serve /content/gemma-tpu/runs/colab-v5e-1/merged" in out and "--tensor-parallel-size 1" in out
-    assert f"eval --url http://127.0.0.1:{serve.DEFAULT_PORT} --model {serve.SERVED_NAME} --profile colab-v5e-1" in out
+    assert f"eval --url http://127.0.0.1:{vllm_command.DEFAULT_PORT} --model {vllm_command.SERVED_NAME} --profile colab-v5e-1" in out
 
 
 def test_a_step_that_needs_more_chips_than_colab_has_says_so():
     prof = profiles.get_profile("colab-v5e-1")
     four = dataclasses.replace(prof, serve=dataclasses.replace(prof.serve, tensor_parallel=4))
-    with pytest.raises(serve.ServeError, match="tensor_parallel=4, but this runtime has 1 chip. Lower"):
-        serve.command(four.serving, "/data/merged")
-    with pytest.raises(serve.ServeError, match="Docker image on its TPU VM"):  # the docker route is not started here
-        serve.start(profiles.get_profile("v6e-8").serving, "/data/merged")
+    with pytest.raises(vllm_command.ServeError, match="tensor_parallel=4, but this runtime has 1 chip. Lower"):
+        vllm_command.serve_command(four.serving, "/data/merged")
+    with pytest.raises(vllm_command.ServeError, match="Docker image on its TPU VM"):  # the docker route is not started here
+        vllm_server.start(profiles.get_profile("v6e-8").serving, "/data/merged")
 
 
 @pytest.mark.skipif(profiles.tpu_visible(), reason="a TPU is visible: start() would try vllm-tpu for real")
 def test_colab_start_without_a_tpu_says_what_to_do(tmp_path):
-    with pytest.raises(serve.ServeError, match="no TPU is visible here.*--profile smoke-e"):
-        serve.start(profiles.get_profile("colab-v5e-1").serving, tmp_path, log_path=tmp_path / "log")
-    assert serve.tpu_held_by_this_process() == []  # a CPU machine: nothing to hold
+    with pytest.raises(vllm_command.ServeError, match="no TPU is visible here.*rehearse with a CPU target"):
+        vllm_server.start(profiles.get_profile("colab-v5e-1").serving, tmp_path, log_path=tmp_path / "log")
+    assert vllm_server.tpu_held_by_this_process() == []  # a CPU machine: nothing to hold
 
 

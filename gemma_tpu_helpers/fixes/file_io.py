@@ -1,0 +1,223 @@
+"""Files, written so that a crash never leaves half of one: paths (local or gs://), atomic writes of files and
+directories, a lock between processes, log tails and config hashes. Standard library only."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from .errors import GemmaTpuError
+
+
+LOG_TAIL_LINES = 40
+
+
+REMOTE_SCHEMES = ("gs://",)  # paths handed on as they are (Orbax and tensorstore read them natively)
+
+
+class PathArgumentError(GemmaTpuError, ValueError):
+    """A path argument that names nothing (an empty string)."""
+
+
+def is_remote(path) -> bool:
+    """A ``gs://`` path (a string or an ``etils.epath.Path``)."""
+    return os.fspath(path).startswith(REMOTE_SCHEMES)
+
+
+def to_path(path: str | os.PathLike):
+    """``pathlib.Path`` for a local path; ``etils.epath.Path`` (the same API: ``/``, ``exists``, ``iterdir``,
+    ``read_text``, ``open``, ...; gcsfs underneath) for ``gs://...``, the path type Orbax itself uses."""
+    if is_remote(path):
+        _fresh_gcs_listings()
+        from etils import epath
+
+        return epath.Path(os.fspath(path))
+    return Path(path)
+
+
+def _fresh_gcs_listings() -> None:
+    """gcsfs caches folder listings for the life of a process, and ``exists``/``is_file`` answer from them: a step
+    another process saved, or ``done.json`` written since, stays invisible. Off for every gs:// filesystem made
+    after this (fsspec's per-protocol defaults; epath and :func:`local_copy` make theirs through fsspec)."""
+    import fsspec
+
+    fsspec.config.conf.setdefault("gs", {})["use_listings_cache"] = False
+
+
+def absolute_path(path: str | os.PathLike, what: str = "path", remote: bool = False):
+    """``path`` made absolute against the current directory (``~`` expanded, ``..`` folded), once, where it comes
+    in: later code may change directory or hand it to a library that needs an absolute path (Orbax, tensorstore,
+    a server started in its log folder). An empty path raises :class:`PathArgumentError` (it would otherwise mean
+    the current directory).
+
+    ``gs://...``: an ``etils.epath.Path`` where the caller reads and writes it through that API (``remote=True``),
+    else :class:`PathArgumentError` saying so in one line, with the fix (copy it to a local directory)."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise PathArgumentError(f"the {what} is empty; give a directory or file name (relative to the current "
+                                f"directory, or absolute).")
+    if is_remote(text):
+        if not remote:
+            raise PathArgumentError(f"the {what} {text} is on Cloud Storage, and this step reads and writes it as "
+                                    f"local files; copy it to a local directory first (gcloud storage cp -r "
+                                    f"{text} DIR) and pass DIR.")
+        return to_path(text)
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def path_id(path: str | os.PathLike) -> str:
+    """The text that names ``path`` in records (merge_info.json, ...): resolved locally (links followed),
+    the ``gs://`` URL as it is."""
+    return os.fspath(path) if is_remote(path) else str(Path(path).resolve())
+
+
+def cli_path(text: str, remote: bool = False):
+    """An ``argparse`` ``type=`` for path arguments: :func:`absolute_path`, with argparse's own one-line usage
+    error (exit 2) for an empty one, or for a ``gs://`` path where the step takes local files only."""
+    import argparse
+
+    try:
+        return absolute_path(text, remote=remote)
+    except PathArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cli_path_or_gs(text: str):
+    """:func:`cli_path` for arguments that may name Cloud Storage (a run directory, a checkpoint directory)."""
+    return cli_path(text, remote=True)
+
+
+def write_atomic(path: str | os.PathLike, text: str):
+    """Write ``text`` to a temp file beside ``path``, then rename it over ``path``: a reader sees the old file or
+    the new one, never half of one (also when the writer is killed). On ``gs://`` one upload does the same (an
+    object appears whole or not at all)."""
+    return write_lines_atomic(path, [text])
+
+
+def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite: bool = True):
+    """:func:`write_atomic` for text produced piece by piece; ``overwrite=False`` refuses to replace a file."""
+    path = to_path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+    if is_remote(path):  # no rename on Cloud Storage (a copy); a single upload is atomic already
+        path.write_text("".join(chunks), encoding="utf-8")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def local_copy(url: str, cache_dir: str | os.PathLike) -> Path:
+    """A local copy of ``gs://BUCKET/PATH`` (an object, or every object under a folder) in
+    ``cache_dir/BUCKET/PATH``, for readers that take local files only (``datasets``' repository loader). Kept in
+    step with the bucket: an object is fetched again when its generation differs from the copy's, and files gone
+    from the bucket are deleted from the copy. Each file lands whole (temp file, rename)."""
+    import fsspec
+
+    _fresh_gcs_listings()
+    fs = fsspec.filesystem("gs")
+    key = os.fspath(url)[len("gs://"):].rstrip("/")
+    dest = Path(cache_dir) / key
+    if fs.isfile(key):
+        found = {"": fs.info(key)}
+    else:
+        found = {path[len(key) + 1:]: info for path, info in fs.find(key, detail=True).items()
+                 if not path.endswith("/")}
+    if not found:
+        raise PathArgumentError(f"{url} holds nothing: no object of that name and none under it. Check the bucket "
+                                f"and path (gcloud storage ls {url}).")
+    manifest = dest.parent / f".{dest.name}.generations.json"
+    known = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    have = {}
+    for rel, info in sorted(found.items()):
+        target = dest / rel if rel else dest
+        version = str(info.get("generation") or info.get("md5Hash") or info.get("etag"))
+        if known.get(rel) != version or not target.is_file() or target.stat().st_size != info.get("size"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            os.close(fd)
+            try:
+                fs.get_file(info["name"], tmp)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        have[rel] = version
+    if dest.is_dir():  # files deleted from the bucket since the last copy
+        for f in dest.rglob("*"):
+            if f.is_file() and not f.name.startswith(".") and str(f.relative_to(dest)) not in have:
+                f.unlink()
+    write_atomic(manifest, json.dumps(have, indent=1))
+    return dest
+
+
+def temp_dir_beside(path: str | os.PathLike, tag: str = "tmp") -> Path:
+    """A new private directory next to ``path`` (same filesystem, so :func:`install_dir` is a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+
+
+def install_dir(tmp: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Put the finished directory ``tmp`` at ``out_dir`` by renames; an old ``out_dir`` is removed afterwards.
+    Whether replacing it is allowed is the caller's question (ask before building ``tmp``)."""
+    tmp, out_dir = Path(tmp), Path(out_dir)
+    old = None
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.rename(out_dir, old / "x")
+    os.rename(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str = "it"):
+    """Hold an exclusive lock for ``path`` while the block runs: a second process (another notebook, a CLI step)
+    that wants the same artifact waits, then finds it built, instead of building it beside the first and renaming
+    over it. The lock is ``.<name>.lock`` beside ``path`` (advisory ``flock``, freed by the OS if the holder dies).
+    Not re-entrant: take it once per artifact, around the check and the build."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process that is writing {path} ({what}) ...", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def log_tail(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
+    """The last ``n`` lines of a log file, or ``(no log at PATH)``."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def config_hash(config: dict, length: int = 16) -> str:
+    """A short, stable digest of a JSON-able config (key order does not matter)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:length]
+

