@@ -142,7 +142,7 @@ def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
     for shard in sorted(set(index["weight_map"].values())):
         state.update(load_file(str(base / shard)))
     _, arrays = lora_checkpoint.restore_lora(ckpt)
-    for d in merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base)):
+    for d in merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base)):
         w = state[d.hf]
         state[d.hf] = (w.float() + torch.from_numpy(d.delta())).to(w.dtype)
     out.mkdir(parents=True)
@@ -296,7 +296,7 @@ def dots_alone(base: Path, ckpt: Path) -> float:
     from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan
 
     _, arrays = lora_checkpoint.restore_lora(ckpt)
-    deltas = merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))
+    deltas = merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))
     return sum(dot_seconds(d.a, d.b, d.scale, *d.shape, repeat=1) for d in deltas)
 
 
@@ -385,7 +385,7 @@ def shard_profile(base: Path, ckpt: Path) -> str:
 
     _, shards, _ = safetensors_io.base_layout(base)
     _, arrays = lora_checkpoint.restore_lora(ckpt)
-    deltas = {d.hf: d for d in merge_plan.plan(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))}
+    deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))}
     shard = max(shards, key=lambda s: sum(n in deltas for n in shards[s]))
     names = [n for n in shards[shard] if n in deltas]
     header, start = safetensors_io.read_header(base / shard)

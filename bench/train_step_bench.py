@@ -1,6 +1,6 @@
 """`make bench`: the smoke train step through the helpers (train.train) against a bare tunix loop.
 
-Both train the profile's LoRA on the same batches with the same loss and optimizer (overhead.compare checks that
+Both train the profile's LoRA on the same batches with the same loss and optimizer (helper_overhead.compare checks that
 their losses agree); the ratio of median step times after the first, compiling, step is what the helpers add.
 Then the helpers' step against this machine's floor: its tokens/s, and its FLOP rate (plan.analytic_step_flops: the
 matmuls one optimizer step computes, dense attention, the recompute left out) over the host's own matmul rate,
@@ -51,11 +51,11 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="checkpoint to train (default: the profile's base model)")
     args = ap.parse_args()
     profile = profiles.configure_jax(args.profile)
-    from gemma_tpu_helpers.course import overhead
+    from gemma_tpu_helpers.course import helper_overhead
 
     base = Path(args.base) if args.base else base_model.ensure_base(profile)
     with tempfile.TemporaryDirectory(prefix="train_step_bench_") as tmp:
-        table = overhead.compare(profile, base, Path(tmp) / "run", steps=args.steps)
+        table = helper_overhead.compare(profile, base, Path(tmp) / "run", steps=args.steps)
     print(table.round(4).to_string(index=False))
     a = table.attrs
     print(f"median step after the first: helpers {a['helpers_step_s']:.3f} s, bare tunix {a['bare_step_s']:.3f} s")

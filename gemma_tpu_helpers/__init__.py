@@ -20,7 +20,7 @@ imported from another module.
 # another venv); everything else at the top of a module, so the import graph is what the file says.
 TIERS = (
     ("fixes", (
-        ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "inputs")),
+        ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
         ("step", ("lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
@@ -30,7 +30,8 @@ TIERS = (
     ("course", (
         ("config", ("paths", "profiles")),
         ("models", ("hub", "tiny", "base_model")),
-        ("workflows", ("runs", "train", "launch", "learn", "plan", "overhead", "equivalence", "bench", "cost")),
+        ("workflows", ("profile_steps", "train", "launch", "learning_check", "plan", "helper_overhead", "equivalence",
+                       "serving_bench", "cost")),
         ("front", ("logbook", "preflight", "site", "workshop", "exercises", "commands")),
     )),
 )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .course import (base_model, bench, commands, cost, exercises, launch, logbook, plan, preflight, profiles, runs,
-                     site, tiny, train, workshop)
+from .course import (base_model, commands, cost, exercises, launch, logbook, paths, plan, preflight, profile_steps,
+                     profiles, serving_bench, site, tiny, train, workshop)
 from .fixes import data, gemma4, multihost, parity
 from .fixes import mesh as mesh_lib
 from .fixes.errors import run_cli
@@ -125,7 +125,7 @@ def cmd_lora(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
 
-    report = runs.lora_report(prof, regex=args.regex)
+    report = profile_steps.lora_report(prof, regex=args.regex)
     print(report.to_string(index=False))
     if report.attrs.get("experts"):  # an MoE: where most of its parameters are, and that LoRA does not reach them
         print(report.attrs["experts"])
@@ -136,7 +136,7 @@ def cmd_sharding(args) -> int:
     """Step 03: per-device bytes, audit flags and the fix plan for the profile's model on its mesh."""
     prof = profiles.configure_jax(args.profile)
 
-    summary, _, changes = runs.sharding_plan(prof)
+    summary, _, changes = profile_steps.sharding_plan(prof)
     print((summary / 2**30).round(3).to_string())
     print(changes.to_string(index=False) if len(changes) else "no changes needed")
     return 0
@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cost)
 
     p = sub.add_parser("bench", help="10: vllm bench serve QPS sweep (TTFT/TPOT/throughput vs QPS per input length)")
-    bench.add_arguments(p)
-    p.set_defaults(func=bench.main_bench)
+    serving_bench.add_arguments(p)
+    p.set_defaults(func=serving_bench.main_bench)
 
     p = sub.add_parser("solutions", help="workshop: the exercises' tasks and solutions, for teachers (e.g. solutions 02)")
     exercises.add_arguments(p)

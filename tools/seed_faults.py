@@ -80,7 +80,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "serve-base-not-merged",
-        "gemma_tpu_helpers/course/learn.py",
+        "gemma_tpu_helpers/course/learning_check.py",
         '    after = answers(done.model_dir, "after")\n',
         '    after = answers(base_model.ensure_base(profile), "after")\n',
         "the learning check serves (and scores) the base model after training instead of the merged one",

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..fixes import (eval_problems, eval_sample, eval_score, eval_simulate, http_client, merge, peft_export, verify,
                      vllm_command, vllm_server, weight_check)
 from ..fixes.file_io import cli_path, cli_path_or_gs
-from . import learn, paths, preflight, profiles
+from . import learning_check, paths, preflight, profiles
 
 # ---------------------------------------------------------------------------------------------------------------
 # merge
@@ -68,7 +68,7 @@ def main_verify(args) -> int:
     if args.weights:
         return main_verify_weights(args)
     prof = profiles.configure_jax(args.profile or "smoke")
-    res = verify.verify(args.base, args.checkpoint, args.merged, step=args.step, mesh=prof.make_mesh(),
+    res = verify.verify_merge(args.base, args.checkpoint, args.merged, step=args.step, mesh=prof.make_mesh(),
                  seq_len=args.seq_len)
     w = res["weights"]
     print(f"weights: {w['merged_tensors']} merged tensors within rounding of base + ΔW (at most {w['max_ulps']} ulp), "
@@ -342,10 +342,10 @@ def add_learn_arguments(p) -> None:
                         "references)")
     p.add_argument("--held-out", default=None, metavar="A,B,...",
                    help="task ids to score without training on them (default: the next shortest; 'none': none)")
-    p.add_argument("--broken", choices=sorted(learn.BROKEN), default=None,
+    p.add_argument("--broken", choices=sorted(learning_check.BROKEN), default=None,
                    help="break one link of the chain, to see the check fail: " + "; ".join(
-                       f"{k}: {v}" for k, v in learn.BROKEN.items()))
-    p.add_argument("--generator", choices=learn.GENERATORS, default="vllm",
+                       f"{k}: {v}" for k, v in learning_check.BROKEN.items()))
+    p.add_argument("--generator", choices=learning_check.GENERATORS, default="vllm",
                    help="who answers: vLLM's server (default, as notebook 08 serves) or transformers in-process")
     p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>); the "
                    "check works in its learn/ folder")
@@ -354,10 +354,10 @@ def add_learn_arguments(p) -> None:
 def main_learn(args) -> int:
     """Train on K eval problems, merge, serve, score: one line ``pass@1 before X after Y``."""
     prof = profiles.get_profile(args.profile)
-    learn.check_profile(prof)
+    learning_check.check_profile(prof)
     profiles.configure_jax(prof)
     preflight.require(prof)
-    res = learn.learn(prof, tasks=_task_list(args.tasks), held_out=_task_list(args.held_out), run_dir=args.run_dir,
+    res = learning_check.learn(prof, tasks=_task_list(args.tasks), held_out=_task_list(args.held_out), run_dir=args.run_dir,
                       broken=args.broken, generator=args.generator)
     print(res.table().to_string(index=False))
     print("seconds: " + ", ".join(f"{k} {v:g}" for k, v in res.seconds.items()))

@@ -22,7 +22,7 @@ import numbers
 import re
 from typing import Any, Callable
 
-from .bench import PAPER_TRAINING_HOURS
+from .serving_bench import PAPER_TRAINING_HOURS
 from .cost import cost_per_million_output_tokens, price, training_comparison
 from ..fixes.data import codev_like_lengths, token_use_for_lengths
 from ..fixes.errors import GemmaTpuError
@@ -30,12 +30,12 @@ from ..fixes.eval_score import pass_at_k
 from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
 from ..fixes.layout import synthetic_lora
 from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
-from ..fixes.merge_plan import plan
+from ..fixes.merge_plan import plan_merge
 from .profiles import GPU_RECIPE, get_profile
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
 from ..fixes.vllm_command import ServeError
 from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
-from .runs import hbm_per_chip
+from .profile_steps import hbm_per_chip
 from .tiny import tiny_text_config
 
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"
@@ -461,7 +461,7 @@ def _merge_case(target: str):
     cfg = tiny_text_config()
     arrays = synthetic_lora(cfg, [target], _MERGE_RANK, seed=1)
     meta = {"rank": _MERGE_RANK, "alpha": _MERGE_ALPHA, "targets": [target]}
-    (delta,) = [d for d in plan(arrays, meta, cfg) if d.hf.endswith(f"layers.0.self_attn.{target}.weight")]
+    (delta,) = [d for d in plan_merge(arrays, meta, cfg) if d.hf.endswith(f"layers.0.self_attn.{target}.weight")]
     a, b = (arrays[f"{delta.module}/w_lora_{x}"] for x in "ab")
     return a, b, delta.scale, delta.delta()
 
@@ -677,7 +677,7 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         "03.spec", "Fix a sharding annotation",
         f"The 31B's global-layer `k_einsum` weight has shape `{_SPEC_SHAPE}` (global KV heads, hidden, head dim) and "
         f"tunix annotates it `{_SPEC_GIVEN}`. On a mesh `{_SPEC_MESH}` that cannot work. Give the annotation "
-        "`sharding.fix` would choose: the least replication that divides.",
+        "`sharding.fix_shardings` would choose: the least replication that divides.",
         "a tuple of 3 axis names or None", "Change only the entry the mesh cannot divide.",
         (None, "fsdp", None), _judge_03_spec, wrong=(_SPEC_GIVEN, (None, None, None), ("fsdp", "tp", None))),
     Exercise(
@@ -762,7 +762,7 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         wrong=({1: 14 / 40, 5: 1 - math.comb(26, 5) / math.comb(40, 5)},)),
     Exercise(
         "10.ratio", "Read a cost ratio",
-        "The paper's LoRA run took `bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At the course's "
+        "The paper's LoRA run took `serving_bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At the course's "
         "list prices (`profiles.PRICES_USD_PER_HOUR`), how many times the TPU run's cost does the GPU run cost?",
         "a float", "cost = hours x price per hour, on each side.", 5.39 * 22.12 / (3.34 * 16.80), _judge_10_ratio,
         wrong=(5.39 / 3.34, 3.34 * 16.80 / (5.39 * 22.12))),

@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from . import base_model, bench, profiles
+from . import base_model, profiles, serving_bench
 from ..fixes import data, layout, step
 from ..fixes import mesh as mesh_lib
 from ..fixes import remat as remat_lib
@@ -710,7 +710,7 @@ def epoch_rows(profile: Profile, seed: int = 0) -> dict:
     """Rows of one epoch at the profile's ``max_seq_len``, packed vs padded, for CodeV-R1-like example lengths
     (``data.codev_like_lengths``: CodeV-R1's mean 922 and p99 2553 tokens) of the profile's ``max_rows`` (the
     paper's 10,000) examples, all of them trained on (as the paper's 1,249 steps were)."""
-    n = profile.data.max_rows or bench.PAPER_TRAINING_ROWS
+    n = profile.data.max_rows or serving_bench.PAPER_TRAINING_ROWS
     lengths = data.codev_like_lengths(n=n, seed=seed)
     use = data.token_use_for_lengths(lengths, profile.train.max_seq_len)
     return {"examples": int(n), **use}
@@ -757,8 +757,8 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
         "roofline_hours": {k: v * step_s / 3600 for k, v in steps.items()},
     }
     out["roofline_usd"] = usd(out["roofline_hours"])
-    paper_hours = paper_hours if paper_hours is not None else bench.PAPER_TRAINING_HOURS[paper_profile]
-    paper_steps = paper_steps if paper_steps is not None else bench.PAPER_TRAINING_STEPS
+    paper_hours = paper_hours if paper_hours is not None else serving_bench.PAPER_TRAINING_HOURS[paper_profile]
+    paper_steps = paper_steps if paper_steps is not None else serving_bench.PAPER_TRAINING_STEPS
     paper = profiles.get_profile(paper_profile)
     # the paper's run: paper_steps updates of its rows per step (8, each padded to its seq_len), at the 31B's model
     # FLOPs per row (this step's count when the plan is of the paper's model and length)

@@ -86,7 +86,7 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class LearnSpec:
-    """The learning check's settings (``course/learn.py``): the LoRA trained on ``tasks`` eval problems (the
+    """The learning check's settings (``course/learning_check.py``): the LoRA trained on ``tasks`` eval problems (the
     shortest references), each optimizer step one pass over them, then merged, served and scored greedily."""
 
     tasks: int  # K: the problems trained on and scored

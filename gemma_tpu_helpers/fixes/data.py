@@ -23,7 +23,7 @@ import numpy as np
 from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
 from .file_io import is_remote, local_copy
-from .inputs import BATCH_DTYPES
+from .forward_inputs import BATCH_DTYPES
 
 
 @dataclasses.dataclass(frozen=True)

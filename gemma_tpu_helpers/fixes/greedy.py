@@ -7,7 +7,7 @@ many leading tokens agree and whether a divergence sits on a near-tie (fp32 nois
 
 from __future__ import annotations
 
-from .inputs import causal_inputs
+from .forward_inputs import causal_inputs
 
 # The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
 # no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.
@@ -17,7 +17,7 @@ PARITY_TEXT = "always @(posedge clk) begin\n  if (rst) q <= 0;"  # 5+ distinct t
 def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
     """``n`` greedy tokens from the tunix model: full recompute each step, argmax of the last position's logits.
 
-    Positions and the causal mask as in :func:`inputs.causal_inputs`. The sequence is padded to its final length
+    Positions and the causal mask as in :func:`forward_inputs.causal_inputs`. The sequence is padded to its final length
     once, so one jitted forward serves every step (the causal mask keeps the padding after the current position
     out of its logits). With ``return_margins``, also returns the gap between the best and second-best logit at
     each step: a near-tie, well under the fp32 noise between two implementations, can flip an argmax without a bug.

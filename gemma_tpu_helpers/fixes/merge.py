@@ -123,7 +123,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
     step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
     _return_freed_memory()  # TensorStore's read buffers: the peak RSS is then the LoRA + a few blocks
-    deltas = merge_plan.plan(arrays, meta, text)
+    deltas = merge_plan.plan_merge(arrays, meta, text)
     by_name: dict[str, merge_plan.Delta] = {}
     for d in deltas:
         if d.hf in by_name:

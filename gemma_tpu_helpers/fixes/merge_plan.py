@@ -73,7 +73,7 @@ _NOTES = {("attn/kv_einsum", "k_proj"): "k = B[:, 0] (shares A with v)",
           ("attn/k_einsum", "k_proj"): "global k=v layer: K is also V, no v_proj"}
 
 
-def plan(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[Delta]:
+def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[Delta]:
     """Every HF tensor update the checkpoint implies, checked against the LoRA config and the base config.
 
     Raises LoraMismatchError when a module is missing or extra (wrong number of layers), or a shape does not fit

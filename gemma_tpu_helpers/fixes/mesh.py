@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from .inputs import causal_inputs
+from .forward_inputs import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import head_divisibility_problems, load_model
 

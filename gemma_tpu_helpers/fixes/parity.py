@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .inputs import causal_inputs
+from .forward_inputs import causal_inputs
 from .gemma4 import layer_kinds, load_model, read_text_config
 
 # fp32 rounding alone gives ~1e-5 relative on the tiny models; a port bug gives O(1).

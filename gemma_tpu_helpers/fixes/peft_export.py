@@ -18,7 +18,7 @@ from .file_io import absolute_path, install_dir, path_id, temp_dir_beside
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir
-from .merge_plan import plan
+from .merge_plan import plan_merge
 from .parity import load_hf
 
 
@@ -44,7 +44,7 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
     prepare_out_dir(out_dir, overwrite)
     meta = read_lora_config(checkpoint_dir)
     step, arrays = restore_lora(checkpoint_dir, step)
-    deltas = plan(arrays, meta, read_text_config(base_dir))
+    deltas = plan_merge(arrays, meta, read_text_config(base_dir))
     tensors = {}
     for d in deltas:  # d.a = A2 (in, r), d.b = B2 (r, out): PEFT's lora_A = A2ᵀ, lora_B = B2ᵀ (layout.peft_factors)
         key = layout.PEFT_PREFIX + d.hf.removesuffix(".weight")

@@ -11,7 +11,7 @@ Three things go wrong between tunix, qwix and a mesh, and none of them raises un
    and qwix's QLoRA places quantized weights and LoRA params its own way; the metadata says one thing, the array
    lives another way.
 
-:func:`audit` lists every parameter with these checks and bytes per device; :func:`fix` picks the least replication
+:func:`audit` lists every parameter with these checks and bytes per device; :func:`fix_shardings` picks the least replication
 that divides (drops only the offending axis; LoRA A/B take the base weight's axis on their non-rank dims when it
 divides), reports each change, and places the arrays. Abstract models (``nnx.eval_shape``) and
 ``jax.sharding.AbstractMesh`` work too, for plans of the 31B.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import gemma4, lora
-from .inputs import causal_inputs
+from .forward_inputs import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import PATTERN
 
@@ -259,7 +259,7 @@ def divisible_spec(shape, spec, sizes) -> tuple:
     return tuple(out)
 
 
-def fix(model, mesh, apply: bool = True):
+def fix_shardings(model, mesh, apply: bool = True):
     """Correct what :func:`audit` flags, in place; return a table of every change.
 
     - a spec the mesh cannot divide: drop only the offending axis on that dim (least replication);
@@ -340,7 +340,7 @@ def apply_annotations(model, mesh) -> None:
             raise ShardingError(
                 f"{'/'.join(map(str, path))} {tuple(value.shape)} cannot be placed as {_fmt(spec)} on mesh "
                 f"{_mesh_sizes(mesh)}: {str(e).splitlines()[0]} Run sharding.audit(model, mesh) to see every such "
-                f"parameter, and sharding.fix(model, mesh) to drop only the axes that cannot divide (or pick a tp "
+                f"parameter, and sharding.fix_shardings(model, mesh) to drop only the axes that cannot divide (or pick a tp "
                 f"from gemma4.valid_tp_sizes(config))."
             ) from None
         placements.append((v, want))
@@ -380,7 +380,7 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     abstractly by qwix (the 60-layer abstract apply takes minutes; the layers of every period are identical), then
     the per-layer rows are multiplied by the number of periods. Returns ``(summary, audit, changes)``: the summary
     has bytes per device for the base and the LoRA params as annotated, as the paper fixed them (every LoRA param
-    replicated), and after :func:`fix`.
+    replicated), and after :func:`fix_shardings`.
     """
     import jax
     import pandas as pd
@@ -394,7 +394,7 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True)
     mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
     before = audit(model, mesh)
-    changes = fix(model, mesh, apply=False)
+    changes = fix_shardings(model, mesh, apply=False)
     after = audit(model, mesh)
     weight = before["path"].str.startswith("layers/").map({True: periods, False: 1})
 
@@ -421,7 +421,7 @@ def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, 
 
     ``layer_types`` (e.g. ``["sliding_attention", "full_attention"]``) cuts the model to those layers, for fast
     experiments; ``abstract`` builds shapes only (``nnx.eval_shape``). Unlike ``gemma4.load_model``, this does not
-    refuse a mesh that cannot divide the heads: that is what :func:`audit` and :func:`fix` are for.
+    refuse a mesh that cannot divide the heads: that is what :func:`audit` and :func:`fix_shardings` are for.
     """
     from flax import nnx
     from tunix.models.gemma4 import model as gm

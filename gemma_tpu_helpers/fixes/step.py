@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from . import inputs
+from . import forward_inputs
 from . import gemma4, sharding
 from . import mesh as mesh_lib
 from . import remat as remat_lib
@@ -80,7 +80,7 @@ def model_inputs(batch) -> dict:
 
     return dict(input_tokens=jnp.asarray(batch["tokens"]), loss_mask=jnp.asarray(batch["loss_mask"]),
                 positions=jnp.asarray(batch["positions"]), segment_ids=jnp.asarray(batch["segment_ids"]),
-                attention_mask=inputs.attention_mask_from_segments(batch["segment_ids"]))
+                attention_mask=forward_inputs.attention_mask_from_segments(batch["segment_ids"]))
 
 
 def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_mask):
@@ -255,14 +255,14 @@ def batch_axis(mesh, batch: int):
 
 
 def abstract_batch(mesh, batch: int, seq_len: int) -> dict:
-    """A packed micro-batch's shapes and dtypes (``inputs.BATCH_DTYPES``), split over the batch axis."""
+    """A packed micro-batch's shapes and dtypes (``forward_inputs.BATCH_DTYPES``), split over the batch axis."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     sharding = NamedSharding(mesh, P(batch_axis(mesh, batch), None))
     return {k: jax.ShapeDtypeStruct((batch, seq_len), dt, sharding=sharding)
-            for k, dt in inputs.BATCH_DTYPES.items()}
+            for k, dt in forward_inputs.BATCH_DTYPES.items()}
 
 
 def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: int, seq_len: int,

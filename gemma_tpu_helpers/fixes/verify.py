@@ -99,7 +99,7 @@ LOST_SHARE = 0.5  # bf16 storage moving the logits by over half the LoRA's effec
 BOUND_FLOOR = 1e-6
 
 
-def verify(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40, seed: int = 0,
+def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40, seed: int = 0,
            bound: float | None = None) -> dict:
     """Check a merged checkpoint; returns a dict with a row per comparison, the weight check's problems and ``ok``.
 

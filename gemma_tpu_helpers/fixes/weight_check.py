@@ -190,7 +190,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     "problems": [str], "notes", "tensors": [row], ...}``: a row per tensor (``kind`` merged or copied, ``max_ulps``,
     ``excess``, ``ok``). Raises WeightCheckError or CheckpointError
     (a damaged base: one line naming the file) when the check cannot start. ``arrays``: the LoRA of ``step``,
-    already restored by the caller (``verify.verify``), so it is not read from Orbax twice."""
+    already restored by the caller (``verify.verify_merge``), so it is not read from Orbax twice."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
@@ -208,7 +208,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
     if arrays is None or step is None:
         step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
-    deltas = {d.hf: d for d in merge_plan.plan(arrays, meta, text)}
+    deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, meta, text)}
     problems: list[str] = []
     notes: list[str] = []
 

@@ -14,7 +14,7 @@ import pytest
 import support
 from support import REPO
 
-from gemma_tpu_helpers.course import bench, cost
+from gemma_tpu_helpers.course import cost, serving_bench
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
 from gemma_tpu_helpers.course import paths
 
@@ -28,7 +28,7 @@ def _result(**over) -> dict:
     data = {"date": "20260101-000000", "backend": "openai", "num_prompts": 4, "request_rate": 2.0,
             "input_len": "128", "qps": "2", "completed": 4, "failed": 0, "total_input_tokens": 512,
             "total_output_tokens": 64, "duration": 2.0}
-    data.update({f: 1.0 for f in bench.THROUGHPUT_FIELDS + bench.LATENCY_FIELDS})
+    data.update({f: 1.0 for f in serving_bench.THROUGHPUT_FIELDS + serving_bench.LATENCY_FIELDS})
     data.update(over)
     return data
 
@@ -46,7 +46,7 @@ def _children() -> set:
 def test_result_json_becomes_a_row(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(_result(output_throughput=55.5, p99_ttft_ms=40.0)))
     (tmp_path / "b.json").write_text(json.dumps(_result(input_len="64", qps="1")))
-    df = bench.collect(tmp_path)
+    df = serving_bench.collect(tmp_path)
     assert list(df["input_len"]) == [64, 128] and list(df["qps"]) == [1.0, 2.0]
     row = df.iloc[1]
     assert row["output_throughput"] == 55.5 and row["p99_ttft_ms"] == 40.0 and row["completed"] == 4
@@ -55,8 +55,8 @@ def test_result_json_becomes_a_row(tmp_path):
         assert col in df.columns, col
     # without our metadata, input_len comes from the token count and qps from the request rate
     (tmp_path / "c.json").write_text(json.dumps({k: v for k, v in _result().items() if k not in ("input_len", "qps")}))
-    assert bench.read_result(tmp_path / "c.json")["input_len"] == 128
-    assert bench.read_result(tmp_path / "c.json")["qps"] == 2.0
+    assert serving_bench.read_result(tmp_path / "c.json")["input_len"] == 128
+    assert serving_bench.read_result(tmp_path / "c.json")["qps"] == 2.0
 
 
 @pytest.mark.parametrize("content, message", [
@@ -69,21 +69,21 @@ def test_result_json_becomes_a_row(tmp_path):
 def test_malformed_result_is_a_clear_error_naming_the_file(tmp_path, content, message):
     path = tmp_path / "in128_qps2.json"
     path.write_text(content)
-    with pytest.raises(bench.BenchError, match=message) as err:
-        bench.read_result(path)
+    with pytest.raises(serving_bench.BenchError, match=message) as err:
+        serving_bench.read_result(path)
     assert str(path) in str(err.value)
 
 
 def test_missing_result_names_the_file(tmp_path):
-    with pytest.raises(bench.BenchError, match="does not exist") as err:
-        bench.collect([tmp_path / "in128_qps1.json"])
+    with pytest.raises(serving_bench.BenchError, match="does not exist") as err:
+        serving_bench.collect([tmp_path / "in128_qps1.json"])
     assert "in128_qps1.json" in str(err.value)
-    with pytest.raises(bench.BenchError, match="no benchmark result files"):
-        bench.collect(tmp_path)
+    with pytest.raises(serving_bench.BenchError, match="no benchmark result files"):
+        serving_bench.collect(tmp_path)
 
 
 def test_point_arguments_are_the_documented_benchmark(tmp_path):
-    argv = bench.bench_argv("http://127.0.0.1:9", "gemma", "/ckpt", 256, 1.5, 32, 8, tmp_path)
+    argv = serving_bench.bench_argv("http://127.0.0.1:9", "gemma", "/ckpt", 256, 1.5, 32, 8, tmp_path)
 
     def val(flag):
         return argv[argv.index(flag) + 1]
@@ -95,35 +95,35 @@ def test_point_arguments_are_the_documented_benchmark(tmp_path):
     assert val("--base-url") == "http://127.0.0.1:9" and val("--model") == "gemma" and val("--tokenizer") == "/ckpt"
     assert "e2el" in val("--percentile-metrics")
     # the launcher calls the bench sub-command directly: no `vllm` console script, no version lookup
-    assert "BenchmarkServingSubcommand" in bench.LAUNCHER and "importlib.metadata" not in bench.LAUNCHER
+    assert "BenchmarkServingSubcommand" in serving_bench.LAUNCHER and "importlib.metadata" not in serving_bench.LAUNCHER
 
 
 def test_bad_lists_are_rejected():
-    assert bench.parse_list("128, 256", int) == [128, 256]
+    assert serving_bench.parse_list("128, 256", int) == [128, 256]
     for bad in ("", "a,b", "0", "-1", "inf"):
-        with pytest.raises(bench.BenchError, match="positive numbers"):
-            bench.parse_list(bad, float, "qps")
+        with pytest.raises(serving_bench.BenchError, match="positive numbers"):
+            serving_bench.parse_list(bad, float, "qps")
 
 
 @pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv")
 def test_unreachable_server_fails_fast_before_the_sweep(tmp_path):
     url = f"http://127.0.0.1:{vllm_server.free_port()}"
     t0 = time.perf_counter()
-    with pytest.raises(bench.BenchError, match="No OpenAI-compatible server answered at"):
-        bench.sweep(url, "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
-    assert time.perf_counter() - t0 < bench.CONNECT_TIMEOUT_S + 2
+    with pytest.raises(serving_bench.BenchError, match="No OpenAI-compatible server answered at"):
+        serving_bench.sweep(url, "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
+    assert time.perf_counter() - t0 < serving_bench.CONNECT_TIMEOUT_S + 2
     assert not (tmp_path / "out").exists(), "nothing may run (or be written) before the server answers"
 
 
 def test_missing_serve_venv_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv(paths.SERVE_PYTHON_ENV, str(tmp_path / "nope" / "python"))
-    with pytest.raises(bench.BenchError, match="make serve-venv"):
-        bench.sweep("http://127.0.0.1:9", "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
+    with pytest.raises(serving_bench.BenchError, match="make serve-venv"):
+        serving_bench.sweep("http://127.0.0.1:9", "gemma", [128], [1], 8, 2, tmp_path / "out", progress=False)
 
 
 def test_cli_unreachable_server_exits_2_quickly(tmp_path):
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.course.bench", "--url",
+    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.course.serving_bench", "--url",
                            f"http://127.0.0.1:{vllm_server.free_port()}", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
@@ -132,7 +132,7 @@ def test_cli_unreachable_server_exits_2_quickly(tmp_path):
 
 
 def test_paper_reference_and_costs():
-    ref = bench.paper_reference()
+    ref = serving_bench.paper_reference()
     assert {"input_len", "metric", "unit", "tpu_v6e_8", "gpu_2xh100", "source"} <= set(ref.columns)
     assert ref["source"].str.startswith("paper").all()
     ttft = ref[(ref.metric == "median TTFT") & (ref.input_len == 4096)].iloc[0]
@@ -141,13 +141,13 @@ def test_paper_reference_and_costs():
     assert long.tpu_v6e_8 / long.gpu_2xh100 == pytest.approx(1.66, abs=0.005)  # the paper's "+66%"
     short = ref[(ref.metric == "peak output throughput") & (ref.input_len == 512)].iloc[0]
     assert (short.tpu_v6e_8, short.gpu_2xh100) == (1403.0, 1490.0)
-    costs = bench.serving_costs().set_index("platform")
+    costs = serving_bench.serving_costs().set_index("platform")
     # $/h / (tok/s * 3600 s/h) * 1e6, and the paper's Table 9 to its rounding (it went through tokens per hour)
     assert costs.loc["v6e-8, short context (512 in)", "usd_per_million_output_tokens"] == pytest.approx(
         21.52 / (1403 * 3600) * 1e6)
     assert (costs["usd_per_million_output_tokens"] - costs["paper_table9_usd_per_million"]).abs().max() < 0.015
     # the paper's training comparison, reproduced from its inputs: $56.11 vs $119.23, 2.12x
-    train = bench.training_costs()
+    train = serving_bench.training_costs()
     assert list(train["cost_usd"].round(2))[:2] == [56.11, 119.23]
     assert train.attrs["cost_ratio"] == pytest.approx(2.12, abs=0.005)
     assert cost.training_comparison(1.0, 1.61).attrs["cost_ratio"] == pytest.approx(2.12, abs=0.005)
@@ -179,7 +179,7 @@ def real_sweep(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     before = _children()
     t0 = time.perf_counter()
-    df = bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out, progress=False)
+    df = serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out, progress=False)
     seconds = time.perf_counter() - t0
     print(f"\nsweep of {len(df)} points: {seconds:.1f} s\n{df.to_string()}")
     return df, out, seconds, _children() - before
@@ -211,27 +211,27 @@ def test_plot_has_one_line_per_input_length(real_sweep):
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = bench.plot_sweep(real_sweep[0])
+    fig = serving_bench.plot_sweep(real_sweep[0])
     assert len(fig.axes) == 3 and all(len(ax.lines) == 1 for ax in fig.axes)
     assert "TTFT p99" in fig.axes[1].get_title()
-    side = bench.compare_with_paper(real_sweep[0])
+    side = serving_bench.compare_with_paper(real_sweep[0])
     assert list(side["metric"]) == ["peak output throughput", "median TTFT", "median TPOT"]
     assert (side["ours"] > 0).all() and side["our condition"].str.contains(f"/ {OUTPUT_LEN} out").all()
-    costs = bench.serving_costs(real_sweep[0]).set_index("throughput_source")
+    costs = serving_bench.serving_costs(real_sweep[0]).set_index("throughput_source")
     assert costs.loc["this sweep", "output_tok_per_s"] == real_sweep[0]["output_throughput"].max()
 
 
 def test_wrong_model_name_is_a_clear_error(server, tmp_path):
-    with pytest.raises(bench.BenchError, match="does not serve model 'nope'"):
-        bench.sweep(server.base_url, "nope", [128], [1], 8, 2, tmp_path, progress=False)
+    with pytest.raises(serving_bench.BenchError, match="does not serve model 'nope'"):
+        serving_bench.sweep(server.base_url, "nope", [128], [1], 8, 2, tmp_path, progress=False)
 
 
 def test_failing_benchmark_reports_the_log_and_leaves_nothing(server, tmp_path):
     empty = tmp_path / "no-tokenizer-here"
     empty.mkdir()
     before = _children()
-    with pytest.raises(bench.BenchError, match="failed \\(exit code") as err:
-        bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out",
+    with pytest.raises(serving_bench.BenchError, match="failed \\(exit code") as err:
+        serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out",
                     tokenizer=empty, progress=False)
     assert "bench.log" in str(err.value)
     assert not _children() - before
@@ -240,8 +240,8 @@ def test_failing_benchmark_reports_the_log_and_leaves_nothing(server, tmp_path):
 def test_sweep_timeout_stops_the_launcher(server, tmp_path):
     before = _children()
     t0 = time.perf_counter()
-    with pytest.raises(bench.BenchError, match="did not finish within 3 s"):
-        bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out", timeout=3,
+    with pytest.raises(serving_bench.BenchError, match="did not finish within 3 s"):
+        serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1], 8, 2, tmp_path / "out", timeout=3,
                     progress=False)
     assert time.perf_counter() - t0 < 30
     assert not _children() - before

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from support import run_cli
 
-from gemma_tpu_helpers.course import learn, paths, profiles
+from gemma_tpu_helpers.course import learning_check, paths, profiles
 from gemma_tpu_helpers.fixes import data, eval_problems
 from gemma_tpu_helpers.fixes.chat_format import GEMMA3_TURN_TOKENS
 
@@ -33,7 +33,7 @@ def working(tmp_path_factory):
     r = run_cli("learn", "--profile", "smoke", cwd=d, env={"GEMMA_TPU_RUNS": "runs"}, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     run_dir = d / "runs" / "smoke"
-    result = learn.LearnResult.from_json(json.loads((learn.learn_dir(SMOKE, run_dir) / learn.RESULT).read_text()))
+    result = learning_check.LearnResult.from_json(json.loads((learning_check.learn_dir(SMOKE, run_dir) / learning_check.RESULT).read_text()))
     return r.stdout, result, run_dir
 
 
@@ -46,7 +46,7 @@ def test_learn_command_takes_pass_at_1_from_0_to_at_least_075(working):
     assert float(after) >= 0.75, out[-3000:]
     # memorisation: the problems never trained on stay where the base model is
     assert float(held_before) == 0.0 and float(held_after) == 0.0, out[-3000:]
-    assert result.tasks == learn.default_tasks(SMOKE.learn.tasks, SMOKE.learn.held_out)[0]
+    assert result.tasks == learning_check.default_tasks(SMOKE.learn.tasks, SMOKE.learn.held_out)[0]
     assert result.losses[-1] < 0.25 * result.losses[0], result.losses
     assert result.pass_at_1("after") == float(after) and result.generator == "vllm"
 
@@ -56,16 +56,16 @@ def test_vllm_and_transformers_answer_alike_on_the_trained_model(working):
     problem as vLLM's answers did, so a lower score there is the broken link, not the generator."""
     _, result, run_dir = working
     problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=result.tasks + result.held_out)
-    rows = learn.transformers_answers(learn.learn_dir(SMOKE, run_dir) / "merged", problems, SMOKE.learn.max_tokens)
-    scored = learn.score(problems, rows)
+    rows = learning_check.transformers_answers(learning_check.learn_dir(SMOKE, run_dir) / "merged", problems, SMOKE.learn.max_tokens)
+    scored = learning_check.score(problems, rows)
     assert dict(zip(scored["task_id"], scored["category"])) == dict(zip(result.after["task_id"],
                                                                          result.after["category"]))
 
 
-@pytest.mark.parametrize("broken", list(learn.BROKEN))
+@pytest.mark.parametrize("broken", list(learning_check.BROKEN))
 def test_each_broken_link_scores_lower(working, broken, tmp_path):
     _, good, run_dir = working
-    res = learn.learn(SMOKE, tasks=good.tasks, held_out=[], run_dir=tmp_path, broken=broken,
+    res = learning_check.learn(SMOKE, tasks=good.tasks, held_out=[], run_dir=tmp_path, broken=broken,
                       generator="transformers", before=good.before, progress=False, log=lambda *_: None)
     assert res.pass_at_1("after") < good.pass_at_1("after"), (broken, res.table(), good.table())
     if broken in ("gemma3-template", "prompt-mask"):  # it trained, and the loss fell: the link, not the training
@@ -77,8 +77,8 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    problem = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=[learn.default_tasks(1, 0)[0][0]])[0]
-    ids, mask = learn.example(tok, problem, broken="gemma3-template")
+    problem = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=[learning_check.default_tasks(1, 0)[0][0]])[0]
+    ids, mask = learning_check.example(tok, problem, broken="gemma3-template")
     text = tok.decode(ids)
     assert all(t in text for t in GEMMA3_TURN_TOKENS) and "<|turn>" not in text
     assert tok.decode(ids[mask == 1]).startswith("```verilog\n")
@@ -87,22 +87,22 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
     with pytest.raises(data.DataError, match="end-of-turn"):
         data.tokenize_example(tok, eval_problems.prompt_messages(problem) + [{"role": "assistant", "content": "x"}],
                               chat_template=GEMMA3_CHAT_TEMPLATE)
-    good_ids, good_mask = learn.example(tok, problem)
-    flipped_ids, flipped = learn.example(tok, problem, broken="prompt-mask")
+    good_ids, good_mask = learning_check.example(tok, problem)
+    flipped_ids, flipped = learning_check.example(tok, problem, broken="prompt-mask")
     assert np.array_equal(good_ids, flipped_ids) and np.array_equal(flipped, 1 - good_mask)
-    assert tok.decode(good_ids[good_mask == 1]) == learn.answer(problem) + "<turn|>"
+    assert tok.decode(good_ids[good_mask == 1]) == learning_check.answer(problem) + "<turn|>"
 
 
 def test_rows_fill_the_fsdp_axis_and_each_step_sees_every_problem(tiny_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=learn.default_tasks(5, 0)[0])
-    prepared, rows, seq = learn.training_rows(tok, problems, fsdp=4)
+    problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=learning_check.default_tasks(5, 0)[0])
+    prepared, rows, seq = learning_check.training_rows(tok, problems, fsdp=4)
     assert (rows, len(prepared.train), seq % 64) == (8, 8, 0)  # 5 problems -> 8 rows: the fsdp axis splits them
     firsts = {tuple(r[:seq]) for r in prepared.train.tokens}
     assert len(firsts) == 5
-    prof = learn.learn_profile(SMOKE, rows, seq)
+    prof = learning_check.learn_profile(SMOKE, rows, seq)
     assert (prof.train.micro_batch, prof.train.grad_accum, prof.train.max_steps) == (8, 1, SMOKE.learn.steps)
     assert (prof.lora.rank, prof.train.learning_rate) == (SMOKE.learn.rank, SMOKE.learn.learning_rate)
 

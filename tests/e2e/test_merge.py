@@ -14,7 +14,7 @@ from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, shard_tensors
 from gemma_tpu_helpers.fixes import (gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify,
                                      weight_check)
 from gemma_tpu_helpers.fixes.errors import run_cli
-from gemma_tpu_helpers.course import commands, runs
+from gemma_tpu_helpers.course import commands, profile_steps
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
@@ -43,7 +43,7 @@ def merged(tiny_dir, strong, tmp_path_factory):
 
 
 def _expected_delta(arrays, layer, target, kind, scale):
-    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums (independent of merge_plan.plan)."""
+    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums (independent of merge_plan.plan_merge)."""
     p = f"layers/{layer}/"
     if target == "q_proj":
         a, b = arrays[p + "attn/q_einsum/w_lora_a"], arrays[p + "attn/q_einsum/w_lora_b"]
@@ -83,7 +83,7 @@ def test_plan_maps_every_module_once(trained, tiny_dir):
 
     meta = lora_checkpoint.read_lora_config(trained)
     _, arrays = lora_checkpoint.restore_lora(trained)
-    deltas = merge_plan.plan(arrays, meta, gemma4.read_text_config(tiny_dir))
+    deltas = merge_plan.plan_merge(arrays, meta, gemma4.read_text_config(tiny_dir))
     names = [d.hf for d in deltas]
     assert len(names) == len(set(names)) == 7 * LOCAL + 6 * GLOBAL
     assert "model.language_model.layers.5.self_attn.v_proj.weight" not in names
@@ -162,7 +162,7 @@ def test_merge_kernels_agree_on_the_tiny_model(tiny_dir, strong, merged, tmp_pat
 def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh):
     from gemma_tpu_helpers.fixes import parity
 
-    res = verify.verify(tiny_dir, strong, merged, mesh=mesh)
+    res = verify.verify_merge(tiny_dir, strong, merged, mesh=mesh)
     table = verify.verify_table(res)
     print(table.to_string())
     a, b, effect, port = res["rows"]
@@ -174,7 +174,7 @@ def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh
 
 def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch):
     """The check can fail: merge k's update into v_proj and v's into k_proj, and verify must say so."""
-    real_plan = merge_plan.plan
+    real_plan = merge_plan.plan_merge
 
     def swapped(arrays, meta, text):
         deltas = real_plan(arrays, meta, text)
@@ -183,10 +183,10 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
                 d.hf = d.hf.replace("k_proj", "TMP").replace("v_proj", "k_proj").replace("TMP", "v_proj")
         return deltas
 
-    monkeypatch.setattr(merge_plan, "plan", swapped)
+    monkeypatch.setattr(merge_plan, "plan_merge", swapped)
     out = merge.merge_lora(tiny_dir, strong, tmp_path / "bad", progress=False).out_dir
-    monkeypatch.setattr(merge_plan, "plan", real_plan)
-    res = verify.verify(tiny_dir, strong, out, mesh=mesh)
+    monkeypatch.setattr(merge_plan, "plan_merge", real_plan)
+    res = verify.verify_merge(tiny_dir, strong, out, mesh=mesh)
     assert not res["ok"] and res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2
     assert any("k_proj" in p and "ulps from base" in p for p in res["problems"])  # and the weights name the tensors
 
@@ -317,14 +317,14 @@ def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained,
     shutil.copytree(trained, run / "checkpoints")
     (run / "train").mkdir(parents=True)
     (run / "train" / train.DONE).write_text(json.dumps({"steps": STEPS}))
-    out = runs.ensure_merged(smoke, run, progress=False)
+    out = profile_steps.ensure_merged(smoke, run, progress=False)
     assert out == run / "merged" and merge.read_merge_info(out)["step"] == STEPS
     stamp = (out / merge.MERGE_INFO).stat().st_mtime_ns
-    assert runs.ensure_merged(smoke, run, progress=False) == out
+    assert profile_steps.ensure_merged(smoke, run, progress=False) == out
     assert (out / merge.MERGE_INFO).stat().st_mtime_ns == stamp  # cached
     shutil.copytree(run / "checkpoints" / str(STEPS), run / "checkpoints" / str(STEPS + 1))  # a newer step appears
     (run / "train" / train.DONE).write_text(json.dumps({"steps": STEPS + 1}))
-    runs.ensure_merged(smoke, run, progress=False)
+    profile_steps.ensure_merged(smoke, run, progress=False)
     assert merge.read_merge_info(out)["step"] == STEPS + 1
 
 

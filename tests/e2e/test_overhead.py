@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import overhead
+from gemma_tpu_helpers.course import helper_overhead
 
 
 def test_bare_tunix_loop_computes_what_the_helpers_compute(smoke, tiny_dir, tmp_path):
-    table = overhead.compare(smoke, tiny_dir, tmp_path / "run", steps=3)
+    table = helper_overhead.compare(smoke, tiny_dir, tmp_path / "run", steps=3)
     assert list(table["step"]) == [1, 2, 3]
     # Same model, LoRA init, batches, loss and optimizer: if either loop trained something else, this fails.
     assert table.attrs["max_loss_diff"] < 1e-5, table
@@ -21,7 +21,7 @@ def test_bare_tunix_loop_computes_what_the_helpers_compute(smoke, tiny_dir, tmp_
 
 def test_compare_refuses_a_used_run_dir_and_too_few_steps(smoke, tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="steps must be at least 2"):
-        overhead.compare(smoke, tiny_dir, tmp_path / "a", steps=1)
+        helper_overhead.compare(smoke, tiny_dir, tmp_path / "a", steps=1)
     (tmp_path / "b" / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="already holds a run"):
-        overhead.compare(smoke, tiny_dir, tmp_path / "b", steps=3)
+        helper_overhead.compare(smoke, tiny_dir, tmp_path / "b", steps=3)

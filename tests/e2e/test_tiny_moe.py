@@ -7,7 +7,7 @@ import pytest
 import support
 from support import have_iverilog, run_cli
 
-from gemma_tpu_helpers.course import base_model, profiles, runs, tiny
+from gemma_tpu_helpers.course import base_model, profile_steps, profiles, tiny
 from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, vllm_client, vllm_command, vllm_server
 
 MOE = "26b-a4b"
@@ -234,7 +234,7 @@ def test_tpu_profiles_train_the_26b_on_fsdp2_tp2_with_the_papers_batch(name, chi
     assert dict(p.hardware.mesh) == {"fsdp": 2, "tp": 2} and p.hardware.chip == chip
     assert not gemma4.head_divisibility_problems(text, dict(p.hardware.mesh))
     assert p.train.micro_batch % 2 == 0 and p.train.micro_batch * p.train.grad_accum == 8  # the paper's 8 rows
-    hbm = runs.hbm_per_chip(p)  # the merged model served TP4 on the same 4 chips
+    hbm = profile_steps.hbm_per_chip(p)  # the merged model served TP4 on the same 4 chips
     assert hbm["chips"] == 4 and hbm["fits"] and 11 < hbm["weights_gib"] < 12
 
 

@@ -22,7 +22,7 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     train.train(smoke, run_dir=tmp_path / "run", base_dir=base, max_steps=2, checkpoint_every=2, progress=False)
     ckpt = tmp_path / "run" / "checkpoints"
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
-    res = verify.verify(base, ckpt, merged, mesh=mesh)
+    res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
     print(verify.verify_table(res).to_string())
     rows = {r["comparison"][:3]: r for r in res["rows"]}
     assert res["ok"] and res["stored_dtype"] == "BF16" and res["weights"]["ok"], verify.verify_table(res).to_string()
@@ -31,7 +31,7 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     print(f"changed {res['weights']['changed_share']:.1%} of the targeted elements")
     assert not res["notes"]  # bf16 keeps most of this LoRA's effect (2 steps at smoke's rate: 0.42 of the logits)
     weak = lora_ckpt(base, tmp_path / "weak", std=1e-3)  # a ΔW mostly under bf16's rounding: the merge loses it
-    res = verify.verify(base, weak, merge.merge_lora(base, weak, tmp_path / "weak_merged", progress=False).out_dir,
+    res = verify.verify_merge(base, weak, merge.merge_lora(base, weak, tmp_path / "weak_merged", progress=False).out_dir,
                         mesh=mesh)
     assert res["ok"] and any("of the LoRA's own effect" in n for n in res["notes"]), res["notes"]
     assert res["weights"]["changed_share"] < weight_check.KEPT_SHARE  # and the weight check, which runs on the 31B
@@ -41,7 +41,7 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     strong = tmp_path / "strong"
     lora_checkpoint.write_lora_checkpoint(strong, verify.perturbed_lora(arrays), lora_checkpoint.read_lora_config(ckpt),
                                           step=3)
-    real_plan = merge_plan.plan
+    real_plan = merge_plan.plan_merge
 
     def swapped(arrays, meta, text):  # a plan that puts k's update into v_proj and v's into k_proj
         deltas = real_plan(arrays, meta, text)
@@ -50,8 +50,8 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
                 d.hf = d.hf.replace("k_proj", "TMP").replace("v_proj", "k_proj").replace("TMP", "v_proj")
         return deltas
 
-    monkeypatch.setattr(merge_plan, "plan", swapped)  # merge and weight check share the plan: only logits can tell
+    monkeypatch.setattr(merge_plan, "plan_merge", swapped)  # merge and weight check share the plan: only logits can tell
     bad = merge.merge_lora(base, strong, tmp_path / "bad", progress=False).out_dir
-    res = verify.verify(base, strong, bad, mesh=mesh)
+    res = verify.verify_merge(base, strong, bad, mesh=mesh)
     assert res["weights"]["ok"] and not res["ok"], verify.verify_table(res).to_string()
     assert res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2

@@ -237,7 +237,7 @@ def test_the_fast_tier_trains_no_run_and_starts_no_server():
                           if a.arg in E2E_FIXTURES]
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in {
-                        ("support", "walk"), ("learn", "learn")}:
+                        ("support", "walk"), ("learning_check", "learn")}:
                 found.append(f"{path.name}:{node.lineno} runs {E2E_CALLS[node.func.attr]}")
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in E2E_CALLS:
                 found.append(f"{path.name}:{node.lineno} runs {E2E_CALLS[node.func.id]}")

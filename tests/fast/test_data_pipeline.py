@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from support import SHIPPED, run_cli
 
-from gemma_tpu_helpers.fixes import data, inputs
+from gemma_tpu_helpers.fixes import data, forward_inputs
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_packing_keeps_every_token_once_with_its_own_positions(tokenizer):
 
 def test_attention_mask_is_block_diagonal_causal():
     seg = np.array([[1, 1, 2, 2, 2, 0]])
-    m = np.asarray(inputs.attention_mask_from_segments(seg))[0]
+    m = np.asarray(forward_inputs.attention_mask_from_segments(seg))[0]
     expected = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
                          [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]], bool)
     assert (m == expected).all()

@@ -138,10 +138,10 @@ def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
     result = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False)
     expected = {layout.hf_key(L.index, r) for L in layout.layers(text) for r in layout.rows_for(L)}
     assert result.merged_tensors == len(expected)
-    assert {d.hf for d in merge_plan.plan(arrays, meta, text)} == expected
+    assert {d.hf for d in merge_plan.plan_merge(arrays, meta, text)} == expected
     assert not [k for k in expected if int(k.split(".")[3]) in gemma4.kv_shared_layers(text) and "_proj" in k
                 and k.split(".")[-2] in ("k_proj", "v_proj")]
-    res = verify.verify(base, ckpt, result.out_dir, mesh=mesh)
+    res = verify.verify_merge(base, ckpt, result.out_dir, mesh=mesh)
     assert res["ok"] and res["lora_effect_rel"] > 100 * parity.DEFAULT_REL_BOUND, verify.verify_table(res)
     adapter = peft_export.export_peft_adapter(ckpt, tmp_path / "adapter", base)
     tokens = parity.sample_tokens(text["vocab_size"], 24)

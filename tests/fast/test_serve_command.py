@@ -11,7 +11,7 @@ import pytest
 import support
 from support import run_cli
 
-from gemma_tpu_helpers.course import profiles, runs
+from gemma_tpu_helpers.course import profile_steps, profiles
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
 from gemma_tpu_helpers.course import paths
 
@@ -111,7 +111,7 @@ def test_an_abbreviated_flag_is_caught_although_argparse_accepts_it(parsed):
 
 def test_hbm_per_chip_arithmetic(v6e):
     """The figures in the v6e-8 profile's comment: 31B text weights and one full-length sequence's KV per chip."""
-    hbm = runs.hbm_per_chip(v6e)
+    hbm = profile_steps.hbm_per_chip(v6e)
     assert hbm["params"] == 30_697_345_340
     # K and V per token per chip: 50 sliding layers x 2 x (16/8 heads) x 256 x 2 B + 10 global x 2 x 1 x 512 x 2 B
     assert hbm["kv_bytes_per_token"] == 50 * 2 * 2 * 256 * 2 + 10 * 2 * 1 * 512 * 2 == 122_880
@@ -125,14 +125,14 @@ def test_hbm_per_chip_arithmetic(v6e):
 def test_hbm_arithmetic_fails_where_it_should(v6e):
     # all 16K-token sequences at the bound do not fit when the weights take most of the chip: bf16 on TP2
     tp2 = dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=2))
-    assert runs.hbm_per_chip(tp2)["weights_gib"] > 28 and not runs.hbm_per_chip(tp2)["fits"]
+    assert profile_steps.hbm_per_chip(tp2)["weights_gib"] > 28 and not profile_steps.hbm_per_chip(tp2)["fits"]
     # the alternative reported working: TP4 with fp8 weights and fp8 KV also fits (one replica of two)
     tp4 = dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=4, kv_cache_dtype="fp8"))
-    assert runs.hbm_per_chip(tp4, weight_dtype="fp8")["fits"]
+    assert profile_steps.hbm_per_chip(tp4, weight_dtype="fp8")["fits"]
     with pytest.raises(vllm_command.ServeError, match="tensor_parallel=6 does not divide 16 KV heads"):
-        runs.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
+        profile_steps.hbm_per_chip(dataclasses.replace(v6e, serve=dataclasses.replace(v6e.serve, tensor_parallel=6)))
     with pytest.raises(vllm_command.ServeError, match="not a TPU profile"):
-        runs.hbm_per_chip(profiles.get_profile("smoke"))
+        profile_steps.hbm_per_chip(profiles.get_profile("smoke"))
 
 
 def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
@@ -141,14 +141,14 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
             continue
         chips = prof.hardware.num_devices // prof.hardware.hosts
         assert prof.serve.tensor_parallel <= chips, name
-        assert runs.hbm_per_chip(prof)["fits"], name
+        assert profile_steps.hbm_per_chip(prof)["fits"], name
         argv = vllm_command.serve_command(prof.serving, "/data/merged")
         if name.startswith("colab-"):  # no Docker on Colab
             assert vllm_command.route(prof.serving) == "pip" and "docker" not in argv and argv[1] == "serve", name
         else:
             assert vllm_command.route(prof.serving) == "docker" and argv[:2] == ["docker", "run"], name
     v5p = profiles.get_profile("v5p-8")
-    assert runs.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
+    assert profile_steps.hbm_per_chip(v5p)["weights_gib"] == pytest.approx(14.3, abs=0.05)
     too_wide = dataclasses.replace(v5p, serve=dataclasses.replace(v5p.serve, tensor_parallel=8))
     with pytest.raises(vllm_command.ServeError, match="one of its hosts has 4 chips"):
         vllm_command.serve_command(too_wide.serving, "/data/merged")
@@ -193,7 +193,7 @@ def test_colab_command_parses_with_vllm_032s_own_parser(parsed, name):
 
 def test_colab_serving_fits_one_chip_with_room_for_an_eval():
     """One chip: the bf16 text weights and the KV cache of a 4096-token sequence (prompt + 2048 new tokens)."""
-    e2b, e4b = (runs.hbm_per_chip(profiles.get_profile(n)) for n in COLAB)
+    e2b, e4b = (profile_steps.hbm_per_chip(profiles.get_profile(n)) for n in COLAB)
     assert e2b["chips"] == e4b["chips"] == 1 and e2b["max_model_len"] == 4096
     assert e2b["weights_gib"] == pytest.approx(8.66, abs=0.01) and e2b["budget_gib"] == pytest.approx(16 * 0.85)
     assert e4b["weights_gib"] == pytest.approx(14.00, abs=0.01) and e4b["budget_gib"] == pytest.approx(32 * 0.85)

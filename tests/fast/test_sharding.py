@@ -49,7 +49,7 @@ def test_copied_base_spec_on_lora_params_is_flagged_and_derived_back(lora_loaded
     flagged = sharding.flagged(df)
     assert wrong_rank and (~flagged["rank ok"]).sum() == wrong_rank
     assert set(flagged["path"]) == changed
-    changes = sharding.fix(model, mesh)
+    changes = sharding.fix_shardings(model, mesh)
     assert set(changes["path"]) >= changed
     assert sharding.flagged(sharding.audit(model, mesh)).empty
     for path, v in nnx.iter_graph(model):
@@ -78,10 +78,10 @@ def test_heads_tp_cannot_divide_flagged_then_fixed_and_compiled(one_global_kv_he
     assert list(bad["path"]) == ["layers/1/attn/k_einsum/w"]
     assert "dim 0 (1) by tp=2" in bad["flag"].iloc[0]
     assert (before["applied"] == False).all()  # noqa: E712  tunix created every variable unsharded
-    with pytest.raises(sharding.ShardingError, match="sharding.fix"):
+    with pytest.raises(sharding.ShardingError, match="sharding.fix_shardings"):
         sharding.apply_annotations(model, mesh)
 
-    changes = sharding.fix(model, mesh)
+    changes = sharding.fix_shardings(model, mesh)
     k = changes.set_index("path").loc["layers/1/attn/k_einsum/w"]
     assert k["spec after"] == "(None, 'fsdp', None)"  # only tp dropped: still sharded 4 ways on fsdp
     after = sharding.audit(model, mesh)

@@ -152,14 +152,14 @@ def test_the_logits_bound_is_calibrated_by_the_port(tmp_path, mesh):
     base = tiny.write_tiny_model(tmp_path / "base", seed=5, layers=12)
     ckpt = lora_ckpt(base, tmp_path / "ckpt", std=1e-3)  # a trained-size LoRA
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
-    res = verify.verify(base, ckpt, merged, mesh=mesh)
+    res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
     port = res["rows"][3]["rel"]
     assert res["ok"], verify.verify_table(res).to_string()
     assert port > parity.DEFAULT_REL_BOUND / 4 and res["bound"] == verify.PORT_FACTOR * port
     assert res["lora_effect_rel"] > 10 * res["bound"]  # the LoRA's effect is far above the bound: a dropped one shows
     name = gemma4.KEY_PREFIX + "layers.7.self_attn.o_proj.weight"
     _corrupt_element(_shard_of(merged, name), name, 0.5)
-    res = verify.verify(base, ckpt, merged, mesh=mesh)
+    res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
     assert not res["ok"] and name in res["problems"][0], res["problems"]
 
 

@@ -518,7 +518,7 @@ def main_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m gemma_tpu_helpers.course.bench ...`` (the same as the ``bench`` sub-command)."""
+    """``python -m gemma_tpu_helpers.course.serving_bench ...`` (the same as the ``bench`` sub-command)."""
     p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers bench",
                                               description=main_bench.__doc__))
     return run_cli(main_bench, p.parse_args(argv))
