@@ -9,7 +9,8 @@ project" lines name those files; ``tests/e2e/test_copy_fix.py`` copies them into
 
 ``course/``: the course on top of the fixes. Profiles (composed of the fixes' spec dataclasses), run directories, the
 Hub and the base checkpoint, the tiny replica, the ``ensure_*`` caching, training runs, the AOT plan, benchmarks and
-cost, preflight, the site, the workshop, the exercises and the CLI (``__main__``).
+cost, preflight, the site, the workshop, the exercises and the CLI's steps (``cli`` and ``commands_*``, run by
+``__main__``).
 
 The course imports the fixes, never the other way round. Inside each tier a module imports only from its own layer or
 the ones below it. ``tests/fast/test_architecture.py`` checks both, and that there is no import cycle and no private name
@@ -20,7 +21,8 @@ imported from another module.
 # another venv); everything else at the top of a module, so the import graph is what the file says.
 TIERS = (
     ("fixes", (
-        ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs")),
+        ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs",
+                  "partition_specs")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
         ("step", ("lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
@@ -32,7 +34,8 @@ TIERS = (
         ("models", ("hub", "tiny", "base_model")),
         ("workflows", ("profile_steps", "train", "launch", "learning_check", "plan", "helper_overhead", "equivalence",
                        "serving_bench", "cost")),
-        ("front", ("logbook", "preflight", "site", "workshop", "exercises", "commands")),
+        ("front", ("logbook", "preflight", "site", "workshop", "exercises", "cli", "commands_model",
+                   "commands_train", "commands_serve", "commands_course")),
     )),
 )
 # Every module as "<tier>.<module>" in its layer, lowest layer first; the CLI (``python -m gemma_tpu_helpers``) last.

@@ -3,22 +3,17 @@
 Prices are parameters with a date, not facts: the defaults are list prices (on-demand, us-central1) from
 :data:`profiles.PRICES_USD_PER_HOUR` as of :data:`profiles.PRICES_DATE`. Pass ``prices={"v5p-8": 12.0}`` (or
 ``--price v5p-8=12.0`` on the command line) to use yours; a new name adds a platform.
-
-The paper's training comparison: the same LoRA run took 1.61x as long on 2xH100 as on a v5p-8, and
-1.61 x $22.12 / $16.80 = 2.12x the cost.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Mapping
 
-from ..fixes.errors import GemmaTpuError, run_cli
+from ..fixes.errors import GemmaTpuError
 from .profiles import PRICES_DATE, PRICES_USD_PER_HOUR
 
 DEFAULT_TPU = "v5p-8"
@@ -140,55 +135,3 @@ def serving_comparison(throughputs: Mapping[str, float | str | os.PathLike],
     df.attrs["prices_date"] = PRICES_DATE
     return df
 
-
-# ---------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``cost`` sub-command's arguments."""
-    p.add_argument("--tpu-hours", type=float, help="hours the training run took on the TPU")
-    p.add_argument("--gpu-hours", type=float, help="hours the same run took on the GPUs")
-    p.add_argument("--tpu", default=DEFAULT_TPU, help=f"TPU platform (default {DEFAULT_TPU})")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU platform (default {DEFAULT_GPU})")
-    p.add_argument("--price", action="append", default=[], metavar="NAME=USD",
-                   help=f"override or add a price in USD/hour (repeatable); defaults: "
-                        f"{', '.join(f'{k}={v:.2f}' for k, v in PRICES_USD_PER_HOUR.items())} ({PRICES_DATE})")
-    p.add_argument("--throughput", type=float, help="serving output tokens/s (vllm bench serve's output_throughput)")
-    p.add_argument("--platform", help="platform that served --throughput")
-    return p
-
-
-def main_cost(args) -> int:
-    """``cost``: the training-cost comparison and/or USD per million output tokens."""
-    prices = parse_price_overrides(args.price)
-    training = args.tpu_hours is not None or args.gpu_hours is not None
-    serving = args.throughput is not None or args.platform is not None
-    if not training and not serving:
-        raise CostError("give --tpu-hours and --gpu-hours (training), or --throughput and --platform (serving)")
-    if training and (args.tpu_hours is None or args.gpu_hours is None):
-        raise CostError("the training comparison needs both --tpu-hours and --gpu-hours")
-    if serving and (args.throughput is None or args.platform is None):
-        raise CostError("the serving cost needs both --throughput and --platform")
-    train_df = training_comparison(args.tpu_hours, args.gpu_hours, args.tpu, args.gpu, prices) if training else None
-    serve_df = serving_comparison({args.platform: args.throughput}, prices) if serving else None
-    note = f" (overridden: {', '.join(sorted(prices))})" if prices else ""
-    print(f"prices: list prices of {PRICES_DATE}, on-demand, us-central1{note}")
-    if train_df is not None:
-        print(train_df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-        print(f"time ratio (GPU/TPU): {train_df.attrs['time_ratio']:.2f}")
-        print(f"cost ratio (GPU/TPU): {train_df.attrs['cost_ratio']:.2f}")
-    if serve_df is not None:
-        row = serve_df.iloc[0]
-        print(f"{row['platform']}: {row['output_tok_per_s']:.1f} output tok/s at ${row['usd_per_hour']:.2f}/h = "
-              f"${row['usd_per_million_output_tokens']:.2f} per million output tokens")
-    return 0
-
-
-def main(argv=None) -> int:
-    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers.course.cost", description=main_cost.__doc__))
-    return run_cli(main_cost, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

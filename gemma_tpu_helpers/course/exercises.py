@@ -1,16 +1,9 @@
 """Self-checking exercises ("Your turn") for notebooks 01-10.
 
-A learner writes an answer in a marked cell and calls ``exercises.check("02.regex", answer)``. The checker judges
-the answer with the course's own helpers where it can (``gemma4.head_divisibility_problems``, ``lora.tunix_module``,
-``merge.plan``, ``eval_score.pass_at_k``, ``cost.training_comparison`` ...) and says *right*, or *wrong* with why
-and a hint, never the solution. ``answer = None`` (the cell as shipped) gives *not attempted*, so an unanswered
-notebook still runs under ``make demo`` and nbmake.
-
-Teachers: ``python -m gemma_tpu_helpers solutions 02`` prints notebook 02's tasks with their solutions
-(:func:`solution`, :func:`format_solutions`). ``tests/fast/test_exercises.py`` proves that every exercise accepts its
-solution and rejects each of its typical wrong answers.
-
-This module imports nothing heavy at import time; a checker imports what it needs.
+A learner writes an answer in a marked cell and calls ``exercises.check("02.regex", answer)``: *right*, or *wrong*
+with why and a hint (never the solution), judged with the course's own helpers where it can. ``answer = None`` (the
+cell as shipped) is *not attempted*, so an unanswered notebook still runs. Teachers: :func:`format_solutions`
+(``python -m gemma_tpu_helpers solutions 02``). Nothing heavy is imported at import time.
 """
 
 from __future__ import annotations
@@ -836,11 +829,3 @@ def format_solutions(notebook: str | int | None = None) -> str:
                       + (f"\n-- why: {ex.right_note}" if ex.right_note else ""))
     return "\n\n".join(blocks)
 
-
-def add_arguments(p) -> None:
-    p.add_argument("notebook", nargs="?", default=None, help="notebook number, e.g. 02 (default: all)")
-
-
-def main_solutions(args) -> int:
-    print(format_solutions(args.notebook))
-    return 0

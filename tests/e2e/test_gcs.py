@@ -146,7 +146,7 @@ def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tmp_path):
 def test_runs_root_on_a_bucket(gcs, monkeypatch):
     """GEMMA_TPU_RUNS=gs://...: run directories go to the bucket; the base and the merged model stay local."""
     from gemma_tpu_helpers.course import profiles
-    from gemma_tpu_helpers.course.commands import merge_paths
+    from gemma_tpu_helpers.course.commands_train import merge_paths
 
     monkeypatch.setenv("GEMMA_TPU_RUNS", f"{gcs}/runs")
     smoke = profiles.get_profile("smoke")

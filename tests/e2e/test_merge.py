@@ -13,8 +13,8 @@ from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, shard_tensors
 
 from gemma_tpu_helpers.fixes import (gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify,
                                      weight_check)
-from gemma_tpu_helpers.fixes.errors import run_cli
-from gemma_tpu_helpers.course import commands, profile_steps
+from gemma_tpu_helpers.course import commands_train, profile_steps
+from gemma_tpu_helpers.course.cli import run_cli
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
@@ -217,15 +217,15 @@ def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
 
 def test_step_and_cli(tiny_dir, trained, tmp_path):
     p = argparse.ArgumentParser()
-    commands.add_merge_arguments(p)
+    commands_train.merge_arguments(p)
     out = tmp_path / "m1"
-    assert commands.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--step",
-                                             str(EVERY), "--out", str(out)])) == 0
+    assert commands_train.run_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--step",
+                                                  str(EVERY), "--out", str(out)])) == 0
     assert merge.read_merge_info(out)["step"] == EVERY
-    assert run_cli(commands.main_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
-                                                   str(out)])) == 2  # not empty, no --overwrite: a message
-    assert commands.main_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
-                                          str(out), "--overwrite"])) == 0
+    assert run_cli(commands_train.run_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained),
+                                                           "--out", str(out)])) == 2  # not empty, no --overwrite: a message
+    assert commands_train.run_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
+                                                  str(out), "--overwrite"])) == 0
     assert merge.read_merge_info(out)["step"] == STEPS
 
 

@@ -20,7 +20,7 @@ from support import REPO
 
 from gemma_tpu_helpers.fixes import adapters as lora_adapters
 from gemma_tpu_helpers.fixes import greedy, http_client, vllm_client, vllm_command, vllm_server
-from gemma_tpu_helpers.course import commands, paths, profiles
+from gemma_tpu_helpers.course import commands_serve, paths, profiles
 
 SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
@@ -241,15 +241,15 @@ def test_greedy_parity_with_jax(server, tunix_model, mesh, tiny_dir):
 
 
 def test_lora_adapter_changes_the_answer(server, tiny_dir):
-    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands_serve.SMOKE_QUESTION)
     base = server.complete_ids(ids, 8)["token_ids"]
     tuned = server.complete_ids(ids, 8, model="verilog")["token_ids"]
     assert base != tuned
-    assert server.chat(commands.SMOKE_QUESTION, model="verilog", max_tokens=16)["text"]
+    assert server.chat(commands_serve.SMOKE_QUESTION, model="verilog", max_tokens=16)["text"]
 
 
 def test_lora_adapter_matches_peft_without_global_k(server, tiny_dir, adapters):
-    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands_serve.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog-local-k", tiny_dir, adapters["verilog-local-k"], ids)
     assert gap < 1e-3, gap
 
@@ -259,7 +259,7 @@ def test_known_vllm_gap_lora_on_global_k_eq_v_layers(server, tiny_dir, adapters)
 
     When this fails, upstream has fixed it: drop the caveat in notebook 08 and adapters.targets_without_global_k.
     """
-    ids = vllm_client.prompt_ids(tiny_dir, commands.SMOKE_QUESTION)
+    ids = vllm_client.prompt_ids(tiny_dir, commands_serve.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)
     assert gap > 1e-3, f"vLLM now serves global-layer k_proj LoRA like PEFT (gap {gap:.1e}): upstream fixed it"
 

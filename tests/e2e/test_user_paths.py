@@ -17,12 +17,13 @@ import pytest
 from support import REPO, run_cli
 
 from gemma_tpu_helpers import __main__ as cli
+from gemma_tpu_helpers.course.cli import build_parser
 from gemma_tpu_helpers.fixes import eval_problems, vllm_command
 from gemma_tpu_helpers.course import paths, profiles
 
 CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")
-STEPS = set(cli.build_parser()._subparsers._group_actions[0].choices)
+STEPS = set(build_parser(cli.COMMANDS)._subparsers._group_actions[0].choices)
 # The order the documented commands run in (each needs what an earlier one made: train builds runs/smoke/base).
 ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "parity", "merge", "verify", "eval", "cost",
          "solutions", "launch"]
@@ -73,7 +74,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
 
 def parses(argv) -> bool:
     try:
-        cli.build_parser().parse_args(argv)
+        build_parser(cli.COMMANDS).parse_args(argv)
         return True
     except SystemExit:
         return False

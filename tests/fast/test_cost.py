@@ -5,6 +5,7 @@ import json
 import pytest
 from support import run_cli
 
+from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import cost, profiles
 
 
@@ -87,18 +88,18 @@ def test_bad_input_is_a_clear_error(call, match):
         call()
 
 
-def test_main_cost_in_process(capsys):
-    assert cost.main(["--tpu-hours", "10", "--gpu-hours", "16.1"]) == 0
+def test_cost_command_in_process(capsys):
+    assert cli.main(["cost", "--tpu-hours", "10", "--gpu-hours", "16.1"]) == 0
     out = capsys.readouterr().out
     assert "cost ratio (GPU/TPU): 2.12" in out and "2026-05" in out
-    assert cost.main(["--throughput", "1000", "--platform", "x", "--price", "x=36"]) == 0
+    assert cli.main(["cost", "--throughput", "1000", "--platform", "x", "--price", "x=36"]) == 0
     out = capsys.readouterr().out
     assert "$10.00 per million output tokens" in out and "overridden: x" in out
     for argv, msg in [([], "give --tpu-hours"), (["--tpu-hours", "1"], "both --tpu-hours and --gpu-hours"),
                       (["--throughput", "5"], "both --throughput and --platform"),
                       (["--tpu-hours", "-1", "--gpu-hours", "2"], "TPU hours"),
                       (["--throughput", "5", "--platform", "a100"], "Unknown platform")]:
-        assert cost.main(argv) == 2
+        assert cli.main(["cost", *argv]) == 2
         assert msg in capsys.readouterr().err
 
 

@@ -24,7 +24,7 @@ from support import run_cli
 
 from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import commands, paths
+from gemma_tpu_helpers.course import commands_serve, paths
 
 
 def _have_iverilog():
@@ -733,16 +733,16 @@ def test_presets_are_the_official_protocol():
                           "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}}
     args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
                                               "top_k": None, **kw})
-    assert commands.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
-    assert commands.sampling_settings(args(preset="official-sampled")) == eval_sample.PRESETS["official-sampled"]
-    assert commands.sampling_settings(args(preset="official-sampled", n=20, top_k=0)) == eval_sample.PRESETS["official-sampled"]
-    assert commands.sampling_settings(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
+    assert commands_serve.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
+    assert commands_serve.sampling_settings(args(preset="official-sampled")) == eval_sample.PRESETS["official-sampled"]
+    assert commands_serve.sampling_settings(args(preset="official-sampled", n=20, top_k=0)) == eval_sample.PRESETS["official-sampled"]
+    assert commands_serve.sampling_settings(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
                                                                     "top_k": 0}
-    assert commands.sampling_settings(args(temperature=0.8, top_k=40))["top_k"] == 40
+    assert commands_serve.sampling_settings(args(temperature=0.8, top_k=40))["top_k"] == 40
     with pytest.raises(eval_problems.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
-        commands.sampling_settings(args(preset="official-greedy", temperature=0.8))
+        commands_serve.sampling_settings(args(preset="official-greedy", temperature=0.8))
     with pytest.raises(eval_problems.EvalError, match="--preset official-sampled sets --top-k 0; drop --top-k 64"):
-        commands.sampling_settings(args(preset="official-sampled", top_k=64))
+        commands_serve.sampling_settings(args(preset="official-sampled", top_k=64))
 
 
 @needs_iverilog

@@ -9,8 +9,9 @@ import pytest
 from support import shard_tensors
 from gemma_tpu_helpers.fixes import (gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify,
                                      weight_check)
-from gemma_tpu_helpers.fixes.errors import GemmaTpuError, run_cli
-from gemma_tpu_helpers.course import commands
+from gemma_tpu_helpers.fixes.errors import GemmaTpuError
+from gemma_tpu_helpers.course import commands_train
+from gemma_tpu_helpers.course.cli import run_cli
 
 
 def _one_tensor_shard(path: Path, w: np.ndarray, name: str = "w") -> None:
@@ -104,14 +105,14 @@ def test_ulp_distance():
 def test_cli_paths_from_the_profile(tmp_path, monkeypatch, capsys):
     """--profile fills what is not given from runs/<profile>/; without it the three paths are required."""
     p = argparse.ArgumentParser()
-    commands.add_merge_arguments(p)
+    commands_train.merge_arguments(p)
     monkeypatch.setenv("GEMMA_TPU_RUNS", str(tmp_path))
     run = tmp_path / "smoke-e"
-    assert commands.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
+    assert commands_train.merge_paths(p.parse_args(["--profile", "smoke-e"])) == (run / "base", run / "checkpoints",
                                                                         run / "merged")
     monkeypatch.chdir(tmp_path)  # a path given is taken relative to where the user is, once, as it comes in
-    assert commands.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == tmp_path / "x"
-    assert run_cli(commands.main_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
+    assert commands_train.merge_paths(p.parse_args(["--profile", "smoke-e", "--out", "x"]))[2] == tmp_path / "x"
+    assert run_cli(commands_train.run_merge, p.parse_args(["--base", "b", "--checkpoint", "c"])) == 2
     assert "--profile" in capsys.readouterr().err
 
 

@@ -7,8 +7,9 @@ import math
 import pytest
 from support import run_cli
 
+from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import base_model, plan, profiles, tiny
-from gemma_tpu_helpers.fixes import errors, gemma4
+from gemma_tpu_helpers.fixes import gemma4
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -33,7 +34,7 @@ def test_extrapolation_is_an_exact_line_fit():
 
 
 def test_unknown_policy_is_a_clear_error(capsys):
-    assert errors.run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="selective"), None) == 2
+    assert cli.main(["plan", "--profile", "v5p-8", "--aot", "--remat", "selective"]) == 2
     err = capsys.readouterr().err
     assert "Unknown remat policy 'selective'" in err and "none, block, decoder." in err
 
@@ -41,12 +42,12 @@ def test_unknown_policy_is_a_clear_error(capsys):
 def test_missing_libtpu_says_pip_install(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    assert errors.run_cli(lambda _: plan.main_plan("v5p-8", aot=True, remat="block"), None) == 2
+    assert cli.main(["plan", "--profile", "v5p-8", "--aot", "--remat", "block"]) == 2
     assert "pip install libtpu" in capsys.readouterr().err
 
 
 def test_plan_without_aot_prints_the_estimate(capsys):
-    assert plan.main_plan("v5p-8", aot=False) == 0
+    assert cli.main(["plan", "--profile", "v5p-8"]) == 0
     out = capsys.readouterr().out
     assert "LoRA params (replicated)" in out and "--aot" in out
 
@@ -144,19 +145,9 @@ def test_extrapolation_fits_the_costs_too():
 def test_cli_plan_31b_six_layers_short_sequence():
     """The real 31B per-layer shapes (6 layers, seq 512) through the CLI entry point, in a subprocess."""
     r = run_cli("plan", "--profile", "v5p-8", "--aot", "--remat", "block", "--seq-len", "512", "--layers", "6",
-                env={"GEMMA_TPU_PROFILE": "v5p-8"}) if _cli_wired() else None
-    if r is None:
-        rc = plan.main_plan("v5p-8", aot=True, remat="block", seq_len=512, layers=6)
-        assert rc == 0
-        return
+                env={"GEMMA_TPU_PROFILE": "v5p-8"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "FITS" in r.stdout and "compiled   6 layers" in r.stdout
-
-
-def _cli_wired() -> bool:
-    from gemma_tpu_helpers import __main__
-
-    return "plan" in __main__.build_parser()._subparsers._group_actions[0].choices
 
 
 @needs_libtpu

@@ -1,0 +1,109 @@
+"""The command line: each step defined once, in one pattern (course/cli.py, course/commands_*.py), every parser
+builds, and bad input as a new user types it is one line on stderr, exit 2, no traceback."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+import gemma_tpu_helpers
+from gemma_tpu_helpers import __main__ as main_module
+from gemma_tpu_helpers.course import cli
+from gemma_tpu_helpers.fixes import data
+
+PKG = Path(gemma_tpu_helpers.__file__).parent
+CLI_MODULES = sorted([PKG / "course" / "cli.py", *(PKG / "course").glob("commands_*.py")])
+MAX_FUNCTION_LINES = 60
+
+
+def one_line_error(r) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    return r.stderr
+
+
+# ------------------------------------------------------------------------------------------- as a new user typed it
+
+def test_data_stats_on_an_empty_file(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    line = one_line_error(run_cli("data-stats", "--source", "empty.jsonl", cwd=tmp_path))
+    assert line.startswith("error: ") and "--source" in line and "empty.jsonl is an empty file" in line
+
+
+def test_the_data_fix_says_an_empty_file_is_empty(tmp_path):
+    """A notebook or a copied fix (no CLI in between): the data fix's own error, not datasets' StopIteration."""
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(data.DataError, match="empty.jsonl is empty"):
+        data.load_rows(str(tmp_path / "empty.jsonl"))
+
+
+def test_serve_on_a_port_out_of_range(tmp_path):
+    line = one_line_error(run_cli("serve", "--model", "DIR", "--port", "99999", cwd=tmp_path))
+    assert "--port" in line and "from 1 to 65535, got '99999'" in line
+
+
+def test_train_with_negative_max_steps(tmp_path):
+    line = one_line_error(run_cli("train", "--max-steps", "-3", cwd=tmp_path))
+    assert "--max-steps" in line and "a positive integer, got '-3'" in line and "packed" not in line
+
+
+# ------------------------------------------------------------------------------------------- validated when parsed
+
+@pytest.mark.parametrize("argv, flag", [
+    (["launch", "--workers", "0"], "--workers"),
+    (["train", "--checkpoint-every", "0"], "--checkpoint-every"),
+    (["train", "--process-id", "-1"], "--process-id"),
+    (["train", "--join-timeout", "0"], "--join-timeout"),
+    (["eval", "--url", "u", "--n", "0"], "--n"),
+    (["eval", "--url", "u", "--top-k", "-1"], "--top-k"),
+    (["eval", "--url", "u", "--workers", "x"], "--workers"),
+    (["eval", "--url", "u", "--k", "0,1"], "--k"),
+    (["serve", "--model", "m", "--timeout", "nan"], "--timeout"),
+    (["tiny-model", "out", "--layers", "0"], "--layers"),
+    (["tiny-model", "out", "--seed", "-1"], "--seed"),
+    (["plan", "--seq-len", "0"], "--seq-len"),
+    (["bench", "--url", "u", "--num-prompts", "0"], "--num-prompts"),
+    (["data-stats", "--show-example", "-1"], "--show-example"),
+])
+def test_a_bad_value_is_one_line_at_parse_time(argv, flag, capsys):
+    assert main_module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"argument {flag}" in err, err
+
+
+def test_zero_where_zero_means_something():
+    args = cli.build_parser(main_module.COMMANDS).parse_args(["eval", "--url", "u", "--top-k", "0"])
+    assert args.top_k == 0
+    args = cli.build_parser(main_module.COMMANDS).parse_args(["train", "--process-id", "0", "--max-steps", "1"])
+    assert (args.process_id, args.max_steps) == (0, 1)
+
+
+# ------------------------------------------------------------------------------------------------ one pattern, once
+
+def test_each_step_is_defined_once_and_its_parser_builds():
+    names = [c.name for c in main_module.COMMANDS]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    choices = cli.build_parser(main_module.COMMANDS)._subparsers._group_actions[0].choices
+    assert list(choices) == names
+    for c in main_module.COMMANDS:
+        assert c.name in choices[c.name].format_help()
+        assert c.run.__name__ == "run_" + c.name.replace("-", "_"), c
+
+
+def test_only_the_command_modules_add_arguments():
+    """No second pattern grows back: sub-commands and their arguments are added in course/cli.py and
+    course/commands_*.py alone (a vLLM launcher script inside a string does not count)."""
+    found = [f"{path.relative_to(PKG)}:{node.lineno}" for path in sorted(PKG.rglob("*.py")) if path not in CLI_MODULES
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr in ("add_argument", "add_parser", "add_subparsers")]
+    assert not found, found
+
+
+def test_no_long_function_in_the_cli():
+    long = [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)" for path in CLI_MODULES
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
