@@ -1,9 +1,6 @@
-"""The base checkpoint a profile trains on, and where it comes from: the tiny replica (built here) or the Hugging
-Face Hub (downloaded, or resumed). Also the profile's text config without reading a file, a small checkpoint for
-host-side checks, and a tokenizer directory without the weights.
-
-Above ``gemma4`` (the config mapping and loader), ``tiny`` (the replica builder) and ``hub`` (downloads), which
-know nothing of each other.
+"""The base checkpoint a profile trains on: the tiny replica (built here) or the Hugging Face Hub's (downloaded or
+resumed). Also the profile's text config without reading a file, a small checkpoint for host-side checks, and a
+tokenizer directory without the weights. It joins ``gemma4``, ``tiny`` and ``hub``, which know nothing of each other.
 """
 
 from __future__ import annotations

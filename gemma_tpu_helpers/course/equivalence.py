@@ -1,9 +1,8 @@
 """Is the TPU run the GPU recipe? A settings table, and a loss-curve parity run against HF PEFT (notebook 06).
 
-The paper says both runs used "identical hyperparameters"; its reviewers' main objection was that this was never
-shown. :func:`settings_table` puts the two recipes side by side per optimizer update. :func:`peft_parity` trains
-the tiny model both ways - HF PEFT on torch CPU and tunix + qwix on the device mesh - from the same LoRA initial
-values, on the same rows, with the same optimizer, and compares the loss curves.
+:func:`settings_table` puts the two recipes side by side per optimizer update. :func:`peft_parity` trains the tiny
+model both ways (HF PEFT on torch CPU, tunix + qwix on the device mesh) from the same LoRA init, rows and optimizer,
+and compares the loss curves.
 """
 
 from __future__ import annotations

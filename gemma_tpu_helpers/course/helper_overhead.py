@@ -1,9 +1,8 @@
 """What do the helpers cost? The train step through :func:`train.train` against a bare tunix loop (notebook 06).
 
-The bare loop is the least a tunix user writes for the same run: tunix's own safetensors loader, raw
-``qwix.apply_lora_to_model``, tunix's own ``PeftTrainer`` step with the same loss, optimizer, batches and gradient
-accumulation (``step.loss_fn``, ``step.build_optimizer``), and nothing else (no checks, metrics file, hooks that read the loss, evaluation or checkpoints). Both loops compute
-the same thing, so their losses agree; the step-time ratio is what the helpers add.
+The bare loop is the least a tunix user writes for the same run (tunix's loader and ``PeftTrainer``, raw qwix LoRA,
+the same loss, optimizer and batches) and nothing else: no checks, metrics file, evaluation or checkpoints. The
+losses agree; the step-time ratio is what the helpers add.
 """
 
 from __future__ import annotations

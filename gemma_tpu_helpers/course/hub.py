@@ -1,14 +1,9 @@
-"""Fetching from the Hugging Face Hub: the base checkpoint (what ``base_model.ensure_base`` downloads) and the tokenizer
-alone (for the steps that only tokenize).
+"""Fetching from the Hugging Face Hub: the base checkpoint (``base_model.ensure_base``) and the tokenizer alone.
 
-Before a byte of weights moves, :func:`download` asks the Hub for the repository's metadata and checks, in order:
-offline mode, the network, the repo id, a token and the licence for a gated repo, and the free disk of the target
-against the files' sizes. Each failure is a :class:`HubError` whose message is one line saying what was wrong and
-what to do; the CLI prints it and exits with code 2.
-
-The files go into the target directory itself (``runs/<profile>/base`` or ``--base DIR``), not into the Hub cache
-under ``HF_HOME``: the serving container mounts the checkpoint directory, and the Hub cache's symlinks would point
-outside it. ``HF_HOME`` keeps the token and the Hub's own small caches.
+Before any weights move, :func:`download` checks offline mode, the network, the repo id, a gated repo's token and
+licence, and the free disk; each failure is a :class:`HubError` with a one-line fix (the CLI exits with code 2).
+Files go into the target directory itself, not the Hub cache under ``HF_HOME``: the serving container mounts that
+directory, and the cache's symlinks would point outside it.
 """
 
 from __future__ import annotations

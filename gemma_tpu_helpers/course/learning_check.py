@@ -1,21 +1,10 @@
 """The learning check (notebooks 06 and 09, ``python -m gemma_tpu_helpers learn``): does the whole chain turn
-training into a better model?
+training into a better model? A LoRA is trained on K eval problems exactly as the eval sends them, merged, served
+with vLLM and sampled greedily; iverilog scores pass@1 before and after.
 
-The LoRA is trained on K problems of the eval set, each exactly as the eval sends it (VerilogEval's system prompt,
-``eval_problems.build_prompt`` as the user turn, under the checkpoint's own chat template) with its reference, in a
-```verilog fence, as the answer. The LoRA is merged into the base's safetensors, the merged model is served with vLLM
-and sampled greedily, and iverilog scores the answers. The base model is scored the same way first, so the check
-prints pass@1 before and after.
-
-**This is memorisation, and it says so.** The problems scored are the problems trained on. "Overfit a handful of
-examples first" is the standard first check of a training pipeline. A model that cannot learn four examples by heart
-has a broken link somewhere: the loss mask, the chat template, the merge, or what is served. A chain that can shows
-that every link carries the training through to the served answers. It says nothing about generalisation: scoring the
-problems a model was trained on is contamination in a real eval. The held-out problems, scored beside them, show it:
-they stay where the base model is.
-
-``broken=`` breaks one link, to show that the check can fail (tests/e2e/test_learn.py), each scoring lower than the
-working chain (:data:`BROKEN`).
+This is memorisation on purpose (the problems scored are those trained on): a chain that cannot learn four examples
+by heart has a broken link. Held-out problems, scored beside them, show it says nothing about generalisation.
+``broken=`` breaks one link (:data:`BROKEN`) to show that the check can fail.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def record(run_dir: str | Path, step: str, /, **figures) -> dict:
     if not is_main():
         data = json.loads(path.read_text()) if path.is_file() else {}
         return {**data, step: figures}
-    with file_io.locked(path, "the course's figures"):  # two notebooks recording at once keep both steps
+    with file_io.locked(path, "the course's figures"):
         data = json.loads(path.read_text()) if path.is_file() else {}
         data[step] = figures
         file_io.write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
@@ -103,12 +103,10 @@ _IPC_PATH_MAX = 103
 
 
 def kernel_config():
-    """The config of the kernels that run the notebooks (``make demo``, nbmake through ``notebooks/conftest.py``):
-    the ``ipc`` transport, whose Unix sockets lie in Jupyter's runtime directory (private to the user), instead of
-    TCP on localhost, which ipykernel (7.x) warns about on every start ("Kernel is running over TCP without
-    encryption", once per notebook). The socket path is absolute: jupyter_client's default for ipc is the relative
-    ``kernel-ipc``, which the kernel (in the notebook's folder) and the client (in the caller's) resolve apart.
-    Where there are no Unix sockets (Windows), or the path would be too long for one, jupyter's default (TCP)."""
+    """The config of the kernels that run the notebooks (``make demo``, nbmake): the ``ipc`` transport in Jupyter's
+    private runtime directory, since ipykernel 7 warns about unencrypted TCP on every start. The socket path is
+    absolute (jupyter_client's relative default resolves apart in kernel and client); TCP where there are no Unix
+    sockets or the path would be too long."""
     import secrets
 
     from jupyter_core.paths import jupyter_runtime_dir

@@ -1,13 +1,8 @@
 """Pre-flight for TPU profiles: what the machine must offer before a step starts, checked without importing JAX.
 
-``setup --profile v5p-8`` prints every check (:func:`checks`); the steps that need the TPU (``mesh``, ``train``)
-start with :func:`require`, which raises :class:`PreflightError` with one line per failure. On a machine without a
-TPU that line says so and points to ``--profile smoke`` and ``plan --aot``; JAX is never asked to find the TPU, so
-libtpu prints none of its warnings.
-
-Checks: the TPU type and chip count (PCI ids, as JAX reads them) against the profile; other processes holding the
-TPU (its device files, the libtpu lock); free disk for the checkpoint and its merge; free RAM for loading it; the
-Python, jax and libtpu versions against the pinned stack.
+``setup --profile v5p-8`` prints every check (:func:`checks`: TPU type and chip count, other processes holding it,
+free disk and RAM, the pinned versions); the steps that need the TPU start with :func:`require`, which raises
+:class:`PreflightError` with one line per failure. JAX is never asked to find the TPU, so libtpu prints no warnings.
 """
 
 from __future__ import annotations
@@ -171,7 +166,7 @@ def mem_available() -> int | None:
 
 
 def check_ram(profile) -> Check:
-    """tunix's loader maps every shard of the checkpoint on the host before placing it on the chips."""
+    """Free host RAM for the checkpoint: tunix's loader maps every shard on the host before placing it on the chips."""
     size, avail = checkpoint_bytes(profile), mem_available()
     if size is None or avail is None:
         return Check("ram", "skip", "unknown checkpoint size or free memory")

@@ -32,8 +32,7 @@ ENV_VAR = "GEMMA_TPU_PROFILE"
 # would hang the first metadata request for minutes.
 HUB_TIMEOUT_S = 30
 # Download sizes to plan disk with when the Hub cannot be asked (pre-flight offline); the Hub's metadata wins when it
-# answers. The 31B-it: 30.7 B text parameters (gemma4.param_count) in bf16 = 61.4 GB, plus the vision tower (27 layers,
-# hidden 1152), rounded up; the 26B-A4B-it: 25.2 B text parameters = 50.5 GB, plus the same vision tower.
+# answers. bf16 text weights plus the vision tower, rounded up.
 DOWNLOAD_BYTES_FALLBACK = {"google/gemma-4-31B-it": 63 * 10**9, "google/gemma-4-26B-A4B-it": 52 * 10**9}
 PREFLIGHT_PROBE_TIMEOUT_S = 20  # the TPU VM's metadata server and `tpu-info`, asked only where a TPU is visible
 PYTHON_MIN = (3, 11)  # what the pinned stack (requirements*.txt) is built and tested for
@@ -48,9 +47,8 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
 # Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
 CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12, "v5e": 197e12}
 CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
-# What XLA may allocate per chip, GiB: the "available HBM" of libtpu 0.0.52's compile-time OOM (a v5e has 16 GiB and
-# XLA uses 15.75 of it). A plan fits only under this figure; tests/fast/test_plan.py asks libtpu for it again. Google lists
-# the v5p at 95 GB (hbm_gib_per_chip below); libtpu gives XLA 95.73 GiB of it, so the chip has 96 GiB.
+# What XLA may allocate per chip, GiB (the "available HBM" of libtpu's compile-time OOM, below the nominal HBM): a plan
+# fits only under it. tests/fast/test_plan.py asks libtpu for it again.
 CHIP_HBM_USABLE_GIB = {"v5p": 95.73, "v6e": 31.24, "v5e": 15.75}
 
 
@@ -185,16 +183,8 @@ _PAPER_TRAIN = TrainSpec(
     keep_checkpoints=3,
     remat="block",
 )
-# The real CodeV-R1 SFT rows: codev_r1_sft.jsonl, the "sft" config of zhuyaoyu/CodeV-R1-dataset (87K rows with
-# columns system, prompt, response: the three LLaMA-Factory's config in the CodeV-R1 repository maps; no rename).
-# - max_rows: the paper trained on the first 10,000 rows (its 1,249 steps of 8 rows, after dropping overlong ones;
-#   we also hold out eval_fraction and pack, so our step count differs).
-# - target "verilog": the paper's code trained on the fenced Verilog of the <answer> only (no reasoning, no prose);
-#   evaluation extracts the same fence.
-# - system "none": the paper sent no system turn (its chat template dropped the system message it built). The rows'
-#   own `system` field is not used either: the CodeV-R1 authors' R1-style system prompts ask for <think>/<answer>
-#   tags, which these targets strip, so training on it would teach the model to disregard its system prompt.
-#   Gemma 4 renders a system message as a real system turn; set system="fixed" with a system_prompt to send one.
+# The real CodeV-R1 SFT rows, as the paper trained on them: the first 10,000, the <answer>'s fenced Verilog only, and no
+# system turn (the rows' R1-style system prompt asks for <think>/<answer> tags that this target strips).
 _REAL_DATA = DataSpec(
     source="zhuyaoyu/CodeV-R1-dataset",
     config="sft",
@@ -202,22 +192,8 @@ _REAL_DATA = DataSpec(
     target="verilog",
     system="none",
 )
-# The merged 31B on a v6e-8: one replica over all 8 chips (TP8), bf16 weights and KV cache, as the vllm/vllm-tpu
-# Trillium recipe for Gemma 4 (TP8, max-model-len 16384, --disable-chunked-mm-input) and tpu-inference's v6e-8 CI
-# (TP8, 4096 batched tokens) run it. Why not TP4 x DP2 with fp8 weights (the other configuration reported working):
-# fp8 weights are a second, lossy conversion of the merged model, so the evaluation would no longer score the
-# fine-tune itself, and the fp8 rules go through tpu-inference's own --additional_config, outside vLLM's flags.
-# TP8 replicates the 4 global KV heads (one per chip) and shards the 16 sliding ones (two per chip).
-# Per chip, as vllm_command.hbm_per_chip computes it (text weights; 32 GiB HBM x 0.90 = 28.8 GiB for vLLM):
-#   weights  30.70 B params x 2 B / 8 chips, + the replicated global K heads            =  7.17 GiB
-#   KV cache per token: 50 sliding layers x 2 (K,V) x 2 heads x 256 x 2 B = 102,400 B
-#                     + 10 global layers  x 2 (K,V) x 1 head  x 512 x 2 B =  20,480 B  = 122,880 B
-#   one 16,384-token sequence: 1.875 GiB if the sliding layers keep all 16,384 tokens (the bound used here),
-#                              0.41 GiB with their 1,024-token window (vLLM's hybrid KV cache manager)
-#   free for the KV cache 28.8 - 7.17 = 21.6 GiB: 11 full-length sequences at the bound (52 windowed); the
-#   vision tower (27 layers, hidden 1152) and XLA's compiled programs come out of the 3.2 GiB kept back and
-#   of that margin. The OOM reported at TP8 on v6e was tpu-inference's multimodal benchmark at 0.98 utilization;
-#   0.90 is the value its CI moved to for the same compiled-program footprint.
+# The merged 31B on a v6e-8: TP8, bf16 weights and KV cache, as vLLM-TPU's Gemma 4 recipe and tpu-inference's CI serve
+# it (not fp8: a second, lossy conversion would no longer score the fine-tune itself). Per-chip HBM: hbm_per_chip.
 _V6E_SERVE = ServeSpec(
     tensor_parallel=8,
     max_model_len=16384,
@@ -226,18 +202,11 @@ _V6E_SERVE = ServeSpec(
     kv_cache_dtype="auto",
     disable_chunked_mm_input=True,
 )
-# Serving on the training slice (a smoke test of the merged model on the v5p VM): one host's 4 chips, TP4; with
-# 95 GiB per chip the bf16 weights take 14.3 GiB each (vllm_command.hbm_per_chip).
+# Serving on the training slice (a smoke test of the merged model on the v5p VM): one host's 4 chips, TP4.
 _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
 
-# Colab TPU runtimes: one chip each (v5e-1 with 16 GiB of HBM, v6e-1 with 32 GiB), no Docker. The paper's recipe on
-# the E models; only max_seq_len and the model change (see notebook 04's fit table for the AOT figures).
-# Serving there: vllm-tpu from pip in the serving venv (docker=False), one chip (TP1). The sizes are the ones
-# tpu-inference's CI serves google/gemma-4-E2B-it and -E4B-it with on one v6e chip (TP1, max-model-len 4096,
-# max-num-seqs 64; .buildkite/models/google_gemma-4-E{2,4}B-it.yml): 16384 / 256 ran out of HBM in the decode
-# precompile, and E4B needed --gpu-memory-utilization 0.85 (E2B ran at 0.94), so 0.85 for both. 4096 tokens hold
-# an eval prompt and its 2048 new tokens. Per chip (vllm_command.hbm_per_chip, text weights): E2B 8.66 GiB of the v5e's
-# 13.6, E4B 14.0 GiB of the v6e's 27.2; the audio and vision towers come out of the rest.
+# Colab TPU runtimes: one chip, no Docker (vllm-tpu from pip in the serving venv). The sizes are tpu-inference's CI's
+# for E2B/E4B on one chip (larger ones ran out of HBM; E4B needs 0.85); 4096 tokens hold a prompt and 2048 new ones.
 _COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=4096, max_num_batched_tokens=2048,
                          gpu_memory_utilization=0.85, disable_chunked_mm_input=True, docker=False, max_num_seqs=64)
 
@@ -277,9 +246,8 @@ _SMOKE_TRAIN = TrainSpec(
 )
 # the same call as the real id (config "sft" of the replica); the target keeps the answer's prose
 _SMOKE_DATA = DataSpec(source=str(paths.SHIPPED_REPLICA), config=paths.SHIPPED_CONFIG, target="answer", system="none")
-# The learning check on the smoke profiles, the quickest setting measured here that takes the 4 trained problems to
-# pass@1 1.0 (2-core machine; steps, lr, rank -> pass@1: 40, 3e-3, r8 -> 1.0; 30, 6e-3, r16 -> 1.0; 24, 6e-3, r16
-# -> 0.75; 16, 8e-3, r32 -> 0.75; 20, 6e-3, r32 -> 1.0 in about 90 s of steps on the smoke mesh).
+# The learning check on the smoke profiles: the quickest setting measured here that takes the 4 trained problems to
+# pass@1 1.0 (about 90 s of steps on a 2-core machine).
 _SMOKE_LEARN = LearnSpec(tasks=4, held_out=4, steps=20, learning_rate=6e-3, rank=32, alpha=64, max_tokens=320)
 _SMOKE_SERVE = ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_tokens=1024, gpu_memory_utilization=0.1,
                          enforce_eager=True)
@@ -387,22 +355,17 @@ PROFILES: dict[str, Profile] = {
             data=_REAL_DATA,
             serve=_V5P_SERVE,
         ),
-        # seq 3072 does not fit v5e-1 (XLA: 17.65 GiB of temporaries alone). At 2048 (AOT, LoRA r64, of the 15.75 GiB
-        # XLA can use): BLOCK remat peaks at 15.36 GiB (0.39 spare), DECODER at 14.12 (1.63 spare, the roofline step
-        # 2.13 s instead of 1.99), no remat runs out (20.71 GiB of temporaries): DECODER, for the margin.
+        # seq 3072 does not fit a v5e chip; at 2048 DECODER remat leaves the most HBM spare (notebook 04's AOT table).
         _colab("v5e", 16.0, "google/gemma-4-E2B-it", 2048,
                "Gemma 4 E2B LoRA training on a Colab TPU v5e-1 (one chip, 16 GiB), the paper's recipe at seq 2048 "
                "with DECODER remat.", remat="decoder"),
         _colab("v6e", 32.0, "google/gemma-4-E4B-it", 3072,
                "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
-        # Gemma 4 26B-A4B (MoE): 2 global KV heads allow tp <= 2, so 4 chips are fsdp=2 x tp=2, 2 rows per micro-step
-        # (one per fsdp shard) x 4: the paper's 8 rows per update. 50.5 GB of bf16 text weights: a v5p-8 holds them
-        # with room; v6e slices on one host are 1, 4 or 8 chips, and one chip (31.24 GiB) cannot hold them, so a v6e-4
-        # is the smallest. QLoRA cannot take it to one chip: the experts (45.6 GB) stay bf16 (plan.one_chip_moe).
+        # Gemma 4 26B-A4B (MoE): its 2 global KV heads allow tp <= 2. A v6e-4 is the smallest one-host v6e slice that
+        # holds its bf16 weights; QLoRA cannot take it to one chip, the experts stay bf16 (plan.one_chip_moe).
         _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe."),
-        # AOT (train step, seq 3072, 2 rows): BLOCK peaks at 35.64 GiB a chip, 4.4 over the 31.24 XLA can use;
-        # DECODER at 16.78 (14.5 spare)
+        # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does
         _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, dataclasses.replace(_V5P_SERVE, max_model_len=8192),
              "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
              "recipe under DECODER remat: the smallest v6e slice that holds the model.", remat="decoder"),
@@ -486,10 +449,8 @@ def as_dict(profile: Profile) -> dict:
     return dataclasses.asdict(profile)
 
 
-# The paper's GPU baseline (PyTorch + TRL SFTTrainer + FSDP on 2xH100), as its report states it: "identical
-# hyperparameters: effective batch size 8, sequence length 4,096, LoRA r=64, alpha=64, AdamW, cosine, peak 1e-4,
-# 100 warmup", with the loss over the full sequence (prompt tokens included). The per-device batch and accumulation
-# are not stated; 1 x 4 on 2 GPUs is what gives the effective batch of 8.
+# The paper's GPU baseline (PyTorch + TRL SFTTrainer + FSDP on 2xH100) as its report states it; the per-device batch
+# and accumulation are not stated: 1 x 4 on 2 GPUs gives its effective batch of 8.
 GPU_RECIPE = {
     "platform": "2xH100",
     "world_size": 2,

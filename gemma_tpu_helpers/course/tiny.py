@@ -1,12 +1,7 @@
-"""The tiny Gemma 4: random weights, the 31B's structure, a replica of the real checkpoint's files.
-
-Its config is :data:`gemma4.GEMMA4_31B_TEXT_CONFIG` with smaller numbers (same fields, same 5:1 sliding/global
-pattern, k=v global layers with fewer KV heads, softcap, tied embedding, proportional partial rope on full
-attention), plus a small vision tower, saved by ``Gemma4ForConditionalGeneration`` so the keys sit under
-``model.language_model.`` / ``model.vision_tower.`` / ``model.embed_vision.`` in several safetensors shards with an
-index, as in ``google/gemma-4-31B-it``. The tokenizer is a ``GemmaTokenizer`` (BPE with byte fallback) trained on
-the shipped Verilog data, with Gemma 4's special tokens at their real ids, the real ``tokenizer_config.json``
-fields, ``chat_template.jinja``, ``generation_config.json`` and ``processor_config.json`` (:mod:`chat_format`).
+"""The tiny Gemma 4: random weights with a real model's structure (31B, E2B, E4B or 26B-A4B) in a replica of the real
+checkpoint's files: sharded safetensors under the real keys, a small vision (and audio) tower, and a Gemma tokenizer
+trained on the shipped Verilog data with Gemma 4's special tokens at their real ids.
+:func:`ensure_tiny_model` builds it on first use and caches it; :func:`tiny_text_config` gives its config alone.
 """
 
 from __future__ import annotations

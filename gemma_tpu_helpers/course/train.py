@@ -28,9 +28,8 @@ from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
 from .profiles import Profile
 
 METADATA = "lora_config.json"
-# Cloud Storage takes about one write per second to the same object name (more fail with 429 and retries); fast
-# steps, or an eval line right after a step's line, would exceed it: on gs:// metrics.jsonl is uploaded at most this
-# often, and once more when training stops however it stops
+# Cloud Storage takes about one write per second to one object name (more fail with 429): on gs:// metrics.jsonl is
+# uploaded at most this often, and once more when training stops however it stops
 GCS_REWRITE_S = 2.0
 DONE = "done.json"  # in <run>/train/: written when a run reaches its last step
 
@@ -224,12 +223,9 @@ def total_steps(profile: Profile, train_rows: int) -> int:
 def _apply_lora(model, profile: Profile, seed: int):
     """The profile's LoRA on ``model``, then its remat policy (``remat.lora_then_remat``: the only working order).
 
-    qwix creates the LoRA params by running the model once on a dummy batch. That runs under ``nnx.jit`` (the same
-    params: the random init does not depend on how it runs): eagerly, every op of that forward is dispatched on its
-    own to every device (8.4 s on the smoke mesh against 3.3 s compiled), and with more than one process an eager
-    forward cannot unpack an array that spans several processes. A jitted init returns the LoRA params replicated;
-    in one process they are then placed as annotated (``sharding.apply_annotations``), as an eager init places them,
-    so that training runs the program ``plan`` compiles."""
+    qwix creates the LoRA params by running the model once; that runs under ``nnx.jit`` (same params), since an eager
+    forward dispatches every op alone to every device and cannot unpack an array that spans processes. In one
+    process the replicated params are then placed as annotated, so training runs the program ``plan`` compiles."""
     import jax
     from flax import nnx
 
