@@ -13,13 +13,8 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
                       b_std: float = 0.05) -> Path:
     """A PEFT LoRA adapter for ``base_dir`` with random non-zero B (so it changes the outputs), for serving tests.
 
-    Both factors come from ``seed`` alone (A like PEFT's default init, uniform in +-1/sqrt(fan_in)), so the adapter
-    is the same whatever ran before in the process (PEFT draws A from torch's global generator).
-
-    Loaded with transformers as the multimodal-layout model, so the keys read
-    ``base_model.model.model.language_model.layers.N.<module>.lora_{A,B}.weight``: vLLM's ``Gemma4ForCausalLM``
-    maps ``model.language_model.`` to ``model.``, the same way it maps the base checkpoint. Global (k=v) layers have
-    no ``v_proj``, so PEFT puts no adapter there.
+    Both factors come from ``seed`` alone (PEFT would draw A from torch's global generator). Keys are in the
+    multimodal layout (``base_model.model.model.language_model.layers.N...``), which vLLM maps as it maps the base.
     """
     import torch
     from peft import LoraConfig, get_peft_model
@@ -42,11 +37,8 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
 
 
 def targets_without_global_k(model_dir, targets=None) -> str:
-    """A PEFT ``target_modules`` regex: ``targets`` everywhere, except ``k_proj`` on the global (k=v) layers.
-
-    vLLM 0.32 applies a LoRA on a k=v layer's ``k_proj`` to the K slice of its fused ``qkv_proj`` only, while the
-    model (HF, tunix) uses that projection for V too; see :func:`lora_reference_gap`. Merged weights have no such gap.
-    """
+    """A PEFT ``target_modules`` regex: ``targets`` everywhere, except ``k_proj`` on the global (k=v) layers, where
+    vLLM 0.32 applies the LoRA to K only while the model uses that projection for V too (merged weights are fine)."""
     local = [i for i, k in enumerate(layer_kinds(read_text_config(model_dir))) if k == "local"]
     return peft_target_modules(targets or LoraSpec.targets, k_layers=local)
 

@@ -1,21 +1,14 @@
 """What the real Gemma 4 -it tokenizer files hold, for the tiny replica to copy: special tokens at their real ids,
-the named tokens of ``tokenizer_config.json``, ``generation_config.json``'s fields, and the chat templates.
+named tokens, ``generation_config.json``, and chat templates. Plain data: no JAX, torch or transformers.
 
-The templates are ours, written from the documented behaviour of the published ``chat_template.jinja`` (Gemma 4
-prompt-format docs; copies kept by llama.cpp and ollama), for the parts this course uses: a native system turn,
-``<bos>`` from the template, ``<|turn>ROLE\\n`` + trimmed content + ``<turn|>\\n`` with assistant renamed ``model``,
-reasoning (``<|channel>...<channel|>``) stripped from earlier model turns, and the generation prompt
-``<|turn>model\\n``, which on the 26B/31B with thinking off ends in an empty thought channel. Tool declarations and
-tool calls are not reproduced. :data:`GEMMA3_CHAT_TEMPLATE` is Gemma 3's format, kept to teach the port trap (the
-paper's code trained with it and evaluated with Gemma 4's).
-
-No JAX, torch or transformers here: plain data.
+The templates are ours, from the documented behaviour of the published one, for the parts used here (no tools).
+:data:`GEMMA3_CHAT_TEMPLATE` is Gemma 3's format, kept to show the port trap.
 """
 
 from __future__ import annotations
 
-# id -> token, as in google/gemma-4-31B-it's tokenizer.json (and E2B/E4B: the tokenizer is shared). Ids 0-2, 50,
-# 105 and 106 are firm; the others agree across several independent published copies. DESIGN.md lists them.
+# id -> token, as in google/gemma-4-31B-it's tokenizer.json (shared by E2B/E4B). Ids 0-2, 50, 105 and 106 are firm;
+# the others agree across several independent published copies.
 SPECIAL_TOKEN_IDS: dict[int, str] = {
     0: "<pad>",
     1: "<eos>",

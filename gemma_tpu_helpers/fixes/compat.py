@@ -1,32 +1,7 @@
-"""Compatibility shims for the pinned tunix / qwix, all in this one module.
+"""Shims for bugs of the pinned tunix (0.1.7) and qwix (0.1.8), one function pair each (patch, unpatch).
 
-Nothing here runs at import time: every shim is applied by an explicit call (``lora.apply_lora(qlora=...)`` calls
-:func:`patch_gemma4_qlora_einsum` for you) and can be undone. ``tests/fast/test_lora.py`` runs the unpatched path and
-expects it to fail (``xfail(strict=True)``): when upstream fixes the bug that test starts passing, pytest reports
-it as XPASS-strict, and the shim can be deleted.
-
-Shims
------
-``gemma4_qlora_einsum`` (tunix 0.1.7, qwix 0.1.8)
-    tunix's Gemma 4 ``Einsum.__call__`` does ``w = jnp.astype(self.w.value, self.dtype)``. After qwix QLoRA
-    (``weight_qtype="nf4"``) the weight is a ``qwix ... ptq.WithAux`` holding the quantized array, and
-    ``jnp.astype`` rejects it: ``TypeError: astype requires ndarray or scalar arguments, got <class
-    'qwix._src.providers.ptq.WithAux'>`` at the first training step (model application during
-    ``apply_lora_to_model`` still works, because the weight is quantized only afterwards). ``WithAux.astype`` is no
-    way out either (qwix 0.1.8 raises ``Unsupported type: QArray``). The shim skips the cast for a quantized weight
-    and hands it to ``jnp.einsum`` as it is: qwix intercepts that einsum and does the nf4 matmul (the weight's
-    dtype is the model's param dtype already).
-
-``gemma4_moe_router`` (tunix 0.1.7; fixed on tunix main by e31e280, 2026-06-12)
-    The 26B-A4B's router must see the residual stream as it enters the feed-forward part (normed by the router's own
-    scale-less RMS norm), and the experts ``pre_feedforward_layernorm_2`` of it: so transformers, vLLM,
-    tpu-inference and google-deepmind/gemma since ab5a660 ("Avoid double normalisation in MoE router"). tunix 0.1.7
-    hands the router the experts' normed input instead, and picks experts with ``approx_max_k`` (approximate on
-    TPU). With the released checkpoint's learned norm the router then picks other experts: on the tiny replica
-    (its MoE norms and scales random near 1, as trained ones are not 1) logits differ from transformers' by 66% of
-    their scale, and by 2e-5 with the shim. It replaces the MoE decoder layer's ``block`` with the same sequence of
-    modules, the router fed the residual, and uses exact ``top_k``. Applied by ``gemma4.to_tunix_config`` for an
-    MoE config.
+Nothing is patched at import: ``lora.apply_lora(qlora=...)`` and ``gemma4.to_tunix_config`` (MoE) call the patches.
+The tests run the unpatched path as a strict xfail, so an upstream fix shows up as XPASS and the shim can go.
 """
 
 from __future__ import annotations
@@ -43,7 +18,11 @@ def _einsum_cls():
 
 
 def patch_gemma4_qlora_einsum() -> bool:
-    """Make tunix's Gemma 4 ``Einsum`` accept a qwix-quantized weight. Idempotent; True if it changed anything."""
+    """Make tunix's Gemma 4 ``Einsum`` accept a qwix-quantized weight. Idempotent; True if it changed anything.
+
+    tunix casts the weight with ``jnp.astype``, which rejects qwix's QLoRA ``WithAux`` at the first train step;
+    the patch hands the quantized weight to ``jnp.einsum`` uncast, which qwix intercepts for the nf4 matmul.
+    """
     if "gemma4_qlora_einsum" in _ORIGINALS:
         return False
     import jax.numpy as jnp
@@ -107,7 +86,11 @@ def _moe_call(self, x, router_input=None):
 
 def patch_gemma4_moe_router() -> bool:
     """Feed tunix's Gemma 4 MoE router the residual, as the released 26B-A4B expects. Idempotent; True if it
-    changed anything."""
+    changed anything.
+
+    tunix 0.1.7 routes on the experts' normed input with approximate top-k, so the real checkpoint picks other
+    experts; transformers and vLLM route on the residual (fixed on tunix main by e31e280).
+    """
     if "gemma4_moe_router" in _ORIGINALS:
         return False
     from tunix.models.gemma4 import model as gm

@@ -1,11 +1,8 @@
-"""Instruction data in the CodeV-R1 SFT schema (``system``, ``prompt``, ``response``).
+"""Instruction data in the CodeV-R1 SFT schema (``system``, ``prompt``, ``response``), made into packed rows.
 
-One path for every source: a local .jsonl/.json/.parquet file, a local copy of a dataset repository, or a Hugging
-Face dataset id (the real ``zhuyaoyu/CodeV-R1-dataset``) all go through ``datasets.load_dataset``, so a copy of the
-repository loads with the same call as the real id: ``load_dataset(<repo>, "sft", split="train")``.
-
-A real response is DeepSeek-R1 output: ``<think>...</think>`` reasoning, then ``<answer>...</answer>`` around prose
-and a fenced ```` ```verilog ```` block. :func:`training_target` picks what is trained on.
+Every source (a local file, a local copy of a dataset repository, a Hub id) loads through ``datasets.load_dataset``.
+:func:`prepare` is the whole pipeline: load, split, pick what is trained on (:func:`training_target`), tokenise with
+an assistant-only loss mask, pack. :func:`batches` then feeds the packed rows to training.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ class DataSpec:
     config: str | None = None  # the dataset's config: CodeV-R1 declares "sft" and "rl" and has no default
     split: str = "train"
     max_rows: int | None = None  # keep the first rows only (None: all)
-    # What is trained on from a response (data.training_target): "answer" (reasoning dropped, <answer> unwrapped,
-    # prose kept), "verilog" (only the fenced Verilog blocks) or "full" (as it is, tags and reasoning included).
+    # What is trained on from a response (training_target): "answer", "verilog" or "full".
     target: str = "answer"
     # The system turn: "none", "fixed" (system_prompt) or "row" (the row's own `system` field, else system_prompt).
     system: str = "none"
@@ -71,6 +67,8 @@ def _load_dataset_args(source: str, config: str | None = None, cache_dir: str | 
             raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(_FILE_BUILDERS)}.")
         if config:
             raise DataError(f"{path} is a single file: it has no configs, so drop config={config!r}.")
+        if path.stat().st_size == 0:  # datasets' json builder fails on it with a bare StopIteration
+            raise DataError(f"{path} is empty: a data file needs at least one row.")
         return (builder,), {"data_files": str(path)}
     if path.is_dir():  # a local dataset directory
         source = str(path)
@@ -133,9 +131,6 @@ def load_rows(source: str, split: str = "train", columns: dict[str, str] | None 
     return ds
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Chat format, loss mask, packing (notebook 05)
-
 THINK_RE = re.compile(r"<think>.*?</think>\s*", re.S)
 ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.S)  # an unclosed <answer> runs to the end
 VERILOG_FENCE_RE = re.compile(r"```(?:verilog|systemverilog)[^\n]*\n(.*?)```", re.S | re.I)
@@ -146,15 +141,9 @@ SYSTEM_SOURCES = ("none", "fixed", "row")
 def training_target(response: str, target: str = "answer") -> str:
     """What is trained on from a CodeV-R1 response (``<think>...</think>`` then ``<answer>...</answer>``).
 
-    - ``"full"``: the response as it is, reasoning and tags included.
-    - ``"answer"``: the reasoning removed and the ``<answer>`` tags unwrapped: the first ``<answer>`` block's content
-      (up to the end when it is never closed), else everything after the reasoning. Prose around the fence stays.
-    - ``"verilog"``: only the fenced Verilog blocks of the answer, in order, re-fenced as ```` ```verilog ````
-      (the paper kept the first one; a second block, e.g. a submodule, is kept here too). An answer without a
-      fence stays as it is.
-
-    Reasoning cut off before ``</think>`` leaves no answer: the result is ``""`` (:func:`prepare` drops such rows).
-    """
+    ``"full"``: all of it; ``"answer"``: the first ``<answer>`` block's content (else what follows the reasoning),
+    prose included; ``"verilog"``: the answer's fenced Verilog blocks only, all of them (an answer without one stays
+    as it is). Reasoning cut off before ``</think>`` leaves ``""`` (:func:`prepare` drops such rows)."""
     if target not in TARGETS:
         raise DataError(f"target must be one of {TARGETS}, not {target!r}.")
     if target == "full":
@@ -173,12 +162,8 @@ def training_target(response: str, target: str = "answer") -> str:
 def to_messages(row: dict, strip_think: bool = True, system_prompt: str | None = None, system: str = "fixed",
                 target: str | None = None) -> list[dict]:
     """A row as chat messages: an optional system turn, the user's prompt, the assistant's training target.
-
-    - ``system``: where the system turn comes from: ``"none"`` (no system turn), ``"fixed"`` (``system_prompt``,
-      when given) or ``"row"`` (the row's own ``system`` field, else ``system_prompt``). Gemma 4's template renders
-      it as a native system turn.
-    - ``target``: see :func:`training_target`; by default ``"answer"`` (``"full"`` when ``strip_think`` is False).
-    """
+    ``system``: "none", "fixed" (``system_prompt``, when given) or "row" (the row's ``system``, else
+    ``system_prompt``). ``target``: see :func:`training_target`; default "answer" ("full" without ``strip_think``)."""
     if system not in SYSTEM_SOURCES:
         raise DataError(f"system must be one of {SYSTEM_SOURCES}, not {system!r}.")
     response = training_target(row["response"], target or ("answer" if strip_think else "full"))
@@ -247,13 +232,9 @@ def _template_name(tokenizer, chat_template) -> str:
 
 
 def split_answer(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[str, str, str]:
-    """``(prompt, answer, end_of_turn)`` as the chat template renders a conversation that ends in the answer.
-
-    ``prompt`` is what the model sees at inference: the earlier turns plus the generation prompt (on Gemma 4
-    26B/31B with thinking off, that ends in an empty thought channel, which the rendered answer turn lacks);
-    ``answer`` is the last message's content as the template writes it (trimmed, reasoning stripped). Raises a
-    :class:`DataError` naming the template when the answer cannot be located: never a guess.
-    """
+    """``(prompt, answer, end_of_turn)`` as the chat template renders a conversation ending in the answer: ``prompt``
+    as the model sees it at inference, ``answer`` as the template writes it. Raises :class:`DataError` naming the
+    template when the answer cannot be located: never a guess."""
     import os
 
     if not messages or messages[-1].get("role") != "assistant":
@@ -286,13 +267,9 @@ def split_answer(tokenizer, messages: list[dict], chat_template: str | None = No
 
 
 def tokenize_example(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and an assistant-only loss mask: 1 on the answer's tokens and its closing end-of-turn token.
-
-    The sequence is what the model sees at inference followed by the answer: the prompt with its generation prompt
-    (:func:`split_answer`), the answer, and the end-of-turn token (``<turn|>`` on Gemma 4). Each part is tokenised
-    on its own, as at inference, with exactly one ``<bos>`` (the template's). Works for Gemma 4 31B-style,
-    E2B/E4B-style and Gemma 3-style templates; ``chat_template`` overrides the tokenizer's.
-    """
+    """Token ids and an assistant-only loss mask (1 on the answer and its end-of-turn token) of the prompt as at
+    inference, then the answer, each tokenised on its own, with one ``<bos>``. ``chat_template`` overrides the
+    tokenizer's."""
     prompt, answer, eot = split_answer(tokenizer, messages, chat_template)
     p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     a_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
@@ -339,11 +316,8 @@ def show_row(spec: DataSpec, tokenizer, index: int) -> dict:
 
 
 def compare_chat_formats(tokenizer, messages: list[dict]):
-    """The paper's port trap, as a table: the same chat through Gemma 4's template and through Gemma 3's.
-
-    For each: the rendered prompt's turn markers, how the tokenizer splits the opening marker (one special token,
-    or plain-text pieces), and whether a loss mask can be built (the error if not).
-    """
+    """The same chat through Gemma 4's template and through Gemma 3's (the paper's port trap): how the tokenizer
+    splits each turn marker, and whether a loss mask can be built (pandas)."""
     import pandas as pd
 
     rows = []
@@ -364,13 +338,9 @@ TOKENIZE_BATCH = 256  # rows per batched tokenizer call in tokenize_rows
 
 
 def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
-    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` for each text, in one batched call.
-
-    A tokenizer backed by the Rust ``tokenizers`` library whose encoding a plain call would not change (its own
-    ``_encode_plus``; no truncation, padding or special-token splitting set on the Rust tokenizer) is called through
-    the Rust tokenizer's ``encode_batch_fast``: the same ids, without the character offsets that a plain call
-    computes and then drops (about a quarter of the tokenising time). Any other tokenizer gets the plain call.
-    """
+    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` for each text, in one batched call: through
+    ``encode_batch_fast`` where that gives the same ids (a plain Rust-backed tokenizer), which skips the character
+    offsets a plain call computes and drops (about a quarter of the tokenising time)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     rust = getattr(tokenizer, "backend_tokenizer", None)
@@ -383,11 +353,9 @@ def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = True,
                   system_prompt: str | None = None, spec=None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids, mask) per row, exactly as :func:`tokenize_example` gives them; ``spec`` (a profile's DataSpec) sets the
-    system turn and the target when given. The prompts and answers are tokenised in batches of ``TOKENIZE_BATCH``
-    rows (one call of the Rust tokenizer each, :func:`_encode_texts`) instead of two calls per row. A batch is
-    tokenised on a second thread while the chat template renders the next one: the Rust tokenizer lets go of the
-    GIL, the template (Python) holds it, so the two overlap."""
+    """(ids, mask) per row, as :func:`tokenize_example` gives them; ``spec`` (a DataSpec) sets the system turn and
+    target. Batches are tokenised on a second thread while the template renders the next (the Rust tokenizer
+    releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm.auto import tqdm
@@ -416,14 +384,10 @@ def tokenize_rows(rows, tokenizer, strip_think: bool = True, progress: bool = Tr
     return out
 
 
-# The arrays of a packed micro-batch (``batches`` yields them, ``step.model_inputs`` reads them) and their dtypes.
 @dataclasses.dataclass
 class Packed:
-    """Fixed-length rows holding one or more examples each.
-
-    ``segment_ids`` numbers the examples in a row from 1 (0 is padding); ``positions`` restart at 0 for each
-    example. Together they give each example its own positions and a block-diagonal causal mask.
-    """
+    """Fixed-length rows holding one or more examples each: ``segment_ids`` number them from 1 (0 is padding),
+    ``positions`` restart at 0 for each; together they give the block-diagonal causal mask."""
 
     tokens: np.ndarray  # [rows, max_seq_len] int32
     loss_mask: np.ndarray  # [rows, max_seq_len] int8: 1 where the token is an assistant target
@@ -541,10 +505,8 @@ NO_CONFIG = "none"  # with_source's config for a source without configs
 
 
 def with_source(spec: DataSpec, source: str | None = None, config: str | None = None) -> DataSpec:
-    """``spec`` reading its data from ``source`` (a local copy of the dataset's repository, another dataset id, or a
-    file) and/or with another ``config`` (``"none"``: the source has no configs). A copy of the same repository keeps
-    the spec's config, as the original needs it (CodeV-R1 declares ``sft`` and ``rl`` and has no default); a single
-    file has no configs, so it drops it."""
+    """``spec`` reading from ``source`` (a copy of the repository, another dataset id, or a file) and/or with another
+    ``config`` (``"none"``: no configs). Without a ``config`` a file drops the spec's, anything else keeps it."""
     if source is None and config is None:
         return spec
     if config is None:
@@ -564,8 +526,7 @@ def load_profile_rows(spec):
 
 
 def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, progress: bool = True) -> Prepared:
-    """Load, split (``seed``), normalise, tokenise and pack to ``max_seq_len`` the data ``spec`` names (the whole
-    notebook-05 pipeline)."""
+    """Load, split (``seed``), normalise, tokenise and pack to ``max_seq_len`` the data ``spec`` names."""
     rows = load_profile_rows(spec)
     kept = rows.filter(lambda r: bool(training_target(r["response"], spec.target).strip()))
     train_rows, eval_rows = split_rows(kept, spec.eval_fraction, seed)
@@ -580,14 +541,10 @@ def prepare(spec: DataSpec, tokenizer, max_seq_len: int, seed: int = 0, progress
 
 def batches(packed: Packed, global_batch: int, seed: int, epochs: int = 1, shuffle: bool = True,
             rows: slice | None = None):
-    """A grain ``MapDataset`` of this process's share of each global batch (deterministic for a seed).
+    """A re-iterable grain ``MapDataset`` of this process's share of each global batch (deterministic for a seed).
 
-    Every process shuffles and batches the same way, then keeps ``rows`` of each global batch: the rows its own
-    devices hold (``multihost.process_rows(mesh, global_batch)``; ``slice(None)`` for the whole batch). By default
-    process ``i`` of ``n`` keeps the ``i``-th of ``n`` contiguous blocks, which is what a mesh with the batch axis
-    across the processes holds. ``train`` assembles the global arrays from the pieces. Re-iterable, so it also
-    serves as an eval set.
-    """
+    Every process shuffles and batches alike, then keeps ``rows`` of each batch: those its devices hold
+    (``multihost.process_rows``); by default process ``i`` of ``n`` keeps the ``i``-th of ``n`` contiguous blocks."""
     import grain
     import jax
 

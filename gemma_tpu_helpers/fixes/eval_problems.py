@@ -1,5 +1,5 @@
-"""VerilogEval problems (the v2 three-file layout: ``<task>_prompt.txt``, ``<task>_ref.sv``, ``<task>_test.sv``): load
-them, turn one into a spec-to-RTL chat prompt, and pull the Verilog out of a model's answer."""
+"""VerilogEval problems (v2 layout: ``<task>_prompt.txt``, ``<task>_ref.sv``, ``<task>_test.sv``): load them, turn
+one into a spec-to-RTL chat prompt, and pull the Verilog out of a model's answer."""
 
 from __future__ import annotations
 
@@ -36,12 +36,8 @@ class Problem:
 
 
 def load_problems(directory: str | os.PathLike, tasks: Iterable[str] | None = None) -> list[Problem]:
-    """Problems in the VerilogEval v2 three-file layout, sorted by task id.
-
-    Any folder with ``<task>_prompt.txt``, ``<task>_ref.sv`` and
-    ``<task>_test.sv`` per task works, e.g. VerilogEval v2's ``dataset_spec-to-rtl``. An optional
-    ``problems.jsonl`` (``task_id``, ``kind``, ``description``) adds metadata. ``tasks`` keeps only those ids.
-    """
+    """Problems of a folder in the VerilogEval v2 layout (e.g. ``dataset_spec-to-rtl``), sorted by task id; an
+    optional ``problems.jsonl`` adds ``kind`` and ``description``. ``tasks`` keeps only those ids."""
     directory = Path(directory)
     if not directory.is_dir():
         raise EvalError(f"Problem folder {directory} does not exist (expected VerilogEval files such as "
@@ -87,8 +83,8 @@ def load_problems(directory: str | os.PathLike, tasks: Iterable[str] | None = No
 
 
 def prompt_messages(problem: Problem, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict]:
-    """The chat messages sent for a problem: VerilogEval's system prompt and :func:`build_prompt` as the user turn.
-    Gemma 4 has a native system turn; the model's template renders it (``vllm_client.rendered_prompt`` shows the text)."""
+    """The chat messages sent for a problem: VerilogEval's system prompt (a native system turn on Gemma 4) and
+    :func:`build_prompt` as the user turn."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return messages + [{"role": "user", "content": build_prompt(problem)}]
 
@@ -138,13 +134,9 @@ def _strip_think(text: str) -> str:
 
 
 def extract_verilog(text: str | None) -> str | None:
-    """The Verilog in a model's answer, or None when there is none.
-
-    Order: the first closed ```verilog / ```systemverilog / ``` block that holds a module (one with
-    ``module TopModule`` wins); else an unterminated fence (an answer cut off by max_tokens); else bare
-    ``module ... endmodule`` text. Reasoning is removed first: Gemma 4's thought channel ``<|channel>...<channel|>``
-    and ``<think>...</think>``.
-    """
+    """The Verilog in a model's answer (reasoning removed first), or None when there is none: the first closed
+    Verilog fence holding a module (``module TopModule`` wins), else an unterminated one (cut off by max_tokens),
+    else bare ``module ... endmodule`` text."""
     if not text:
         return None
     text = _strip_think(text)

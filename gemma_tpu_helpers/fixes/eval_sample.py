@@ -17,10 +17,8 @@ class ServerError(GemmaTpuError, RuntimeError):
     """The OpenAI-compatible server could not be reached or refused a request."""
 
 
-# The official protocol (VerilogEval v2's README): pass@1 from n=1 at temperature 0 (top_p 0.01), and from n=20 at
-# temperature 0.85 (top_p 0.95), with no top-k. Its own generator defaults to max_tokens 1024; a reasoning model needs
-# more. top_k is sent because vLLM fills a request's unset sampling fields from the served checkpoint's
-# generation_config.json (Gemma 4: top_k 64, top_p 0.95); 0 is vLLM's "no top-k" (SamplingParams.top_k).
+# VerilogEval v2's protocol, with no top-k: top_k is sent, as vLLM's "no top-k" (0), because vLLM fills unset fields
+# from the checkpoint's generation_config.json (Gemma 4: top_k 64).
 NO_TOP_K = 0
 
 
@@ -54,18 +52,12 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
                        connect_timeout: float = 10.0, top_p: float | None = None, concurrency: int = 8,
                        system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True,
                        stop_token_ids: Sequence[int] | None = None, top_k: int | None = None) -> list[dict]:
-    """Ask ``/v1/chat/completions`` for ``n`` answers per problem (one request per problem, ``n`` choices).
+    """Ask ``/v1/chat/completions`` for ``n`` answers per problem; rows ``task_id, sample_index, completion,
+    finish_reason`` ("length": cut off by ``max_tokens``).
 
-    ``top_p``/``top_k``: sent when not None (``top_k`` 0: no top-k); vLLM fills unset ones from the served
-    checkpoint's ``generation_config.json`` (Gemma 4: top_k 64, top_p 0.95).
-
-    ``stop_token_ids``: the model's stop ids (``data.stop_token_ids(tokenizer)``: its ``generation_config.json``
-    eos ids, ``<eos> <turn|> <|tool_response>`` on Gemma 4); vLLM also reads them from the served checkpoint.
-
-    Returns rows ``task_id, sample_index, completion, finish_reason`` (``finish_reason == "length"``: the answer
-    was cut off by ``max_tokens``). The server is checked first, so an unreachable one fails within
-    ``connect_timeout`` seconds; ``timeout`` bounds each generation request. ``api_key`` defaults to
-    ``$VLLM_API_KEY`` (the variable the vLLM server reads its ``--api-key`` from).
+    ``top_p``/``top_k`` are sent when not None (vLLM fills unset ones from the checkpoint). An unreachable server
+    fails within ``connect_timeout`` seconds; ``timeout`` bounds each request; ``api_key`` defaults to
+    ``$VLLM_API_KEY``. Raises :class:`ServerError` or :class:`EvalError`.
     """
     from tqdm.auto import tqdm
 

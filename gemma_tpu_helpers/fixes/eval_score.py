@@ -1,5 +1,5 @@
-"""Score answers: the unbiased pass@k, tables and a failure chart, and the simulator's ceiling (a calibration: which
-references pass as answers), printed beside each pass@k."""
+"""Score answers: the unbiased pass@k, tables and a failure chart, and the simulator's ceiling (a calibration:
+which references pass as answers), printed beside each pass@k."""
 
 from __future__ import annotations
 
@@ -79,14 +79,9 @@ def pass_at_k_table(results, ks: Sequence[int] = (1, 5)) -> dict[int, float]:
 
 def score_completions(problems: Sequence[Problem], completions, ks: Sequence[int] = (1, 5),
                       timeout: float = DEFAULT_TIMEOUT, workers: int = 2, progress: bool = True):
-    """Simulate every completion and compute pass@k.
-
-    ``completions``: rows (dicts or a DataFrame) with ``task_id`` and ``completion`` (optional
-    ``sample_index``); several rows per task are its n samples. Returns ``(results, scores)``: one row per sample
-    (``task_id, sample_index, category, passed, mismatches, samples, detail, log_tail, seconds, finish_reason,
-    completion``) and
-    ``{k: pass@k}``, the mean over the tasks that have completions (NaN where a task has fewer than k samples).
-    """
+    """Simulate every completion; return ``(results, {k: pass@k})``: one row per sample, and the mean over the tasks
+    (NaN where a task has fewer than k samples). ``completions``: rows (dicts or a DataFrame) with ``task_id`` and
+    ``completion``; several rows per task are its n samples."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -230,14 +225,9 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
 def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None = None,
               timeout: float = DEFAULT_TIMEOUT, workers: int = 2, refresh: bool = False,
               progress: bool = True) -> Calibration:
-    """Score every problem's reference as a completion: the toolchain's ceiling on this problem set.
-
-    A reference that fails (a construct the simulator does not support, a testbench that times out, a testbench
-    that does not compile) marks a problem no model can pass with this toolchain; later scores are also given
-    over the calibrated rest. With ``cache_dir`` the result is kept in
-    ``cache_dir/calibration-<problems digest>-iverilog-<version>.json`` and reused (same problems, simulator
-    version and timeout) unless ``refresh``.
-    """
+    """Score every problem's reference as a completion: a failing one marks a problem no model can pass with this
+    toolchain. With ``cache_dir`` the result is cached per problem set, simulator version and timeout, and reused
+    unless ``refresh``."""
     from tqdm.auto import tqdm
 
     if not problems:
@@ -280,9 +270,8 @@ def find_calibration(problems: Sequence[Problem], cache_dir: str | os.PathLike |
 
 
 def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | None = None) -> list[str]:
-    """The printed score: one ``pass@k`` line per k with the simulator version, raw and, given a calibration,
-    over the calibrated problems, e.g. ``pass@1: 0.6410 (ceiling 0.9744; 0.6579 over the 152 calibrated
-    problems) [iverilog 12.0]``. A version other than the required one adds a warning line."""
+    """The printed score: one ``pass@k`` line per k, raw and, given a calibration, over the calibrated problems,
+    with the simulator version (a warning line for another version than the required one)."""
     version = simulator_version()
     tasks = sorted(results["task_id"].unique())
     min_n = int(results.groupby("task_id").size().min())

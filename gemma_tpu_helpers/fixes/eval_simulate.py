@@ -161,12 +161,9 @@ def _first_error(log: str) -> str:
 
 
 def simulate(sample_code: str | None, problem: Problem, timeout: float = DEFAULT_TIMEOUT) -> SimResult:
-    """Run one sample through the official VerilogEval harness and classify the outcome.
-
-    ``sample_code`` must define ``module TopModule`` (None or blank: ``no_code``). ``timeout`` bounds the
-    simulation, as VerilogEval's ``timeout 30`` does, and the compile separately; on expiry the whole process group
-    is killed. ``official`` is the letter VerilogEval's own analyzer gives the same outcome (:func:`official_letter`).
-    """
+    """Run one sample through the official VerilogEval harness and classify it (``official``: VerilogEval's letter).
+    ``sample_code`` must define ``module TopModule``; ``timeout`` bounds the simulation (VerilogEval's ``timeout 30``)
+    and the compile separately, killing the process group on expiry."""
     result, full_log = _simulate(sample_code, problem, timeout)
     # No code: VerilogEval compiles an empty sample, and its testbench then finds no TopModule ('m').
     result.official = "m" if result.category == "no_code" else official_letter(full_log, sample_code)

@@ -32,8 +32,7 @@ def is_remote(path) -> bool:
 
 
 def to_path(path: str | os.PathLike):
-    """``pathlib.Path`` for a local path; ``etils.epath.Path`` (the same API: ``/``, ``exists``, ``iterdir``,
-    ``read_text``, ``open``, ...; gcsfs underneath) for ``gs://...``, the path type Orbax itself uses."""
+    """``pathlib.Path`` for a local path; for ``gs://...`` an ``etils.epath.Path`` (the same API; Orbax's type)."""
     if is_remote(path):
         _fresh_gcs_listings()
         from etils import epath
@@ -43,22 +42,17 @@ def to_path(path: str | os.PathLike):
 
 
 def _fresh_gcs_listings() -> None:
-    """gcsfs caches folder listings for the life of a process, and ``exists``/``is_file`` answer from them: a step
-    another process saved, or ``done.json`` written since, stays invisible. Off for every gs:// filesystem made
-    after this (fsspec's per-protocol defaults; epath and :func:`local_copy` make theirs through fsspec)."""
+    """Turn off gcsfs's listings cache for every gs:// filesystem made after this: ``exists`` answers from it,
+    so a file another process wrote since stays invisible for the life of the process."""
     import fsspec
 
     fsspec.config.conf.setdefault("gs", {})["use_listings_cache"] = False
 
 
 def absolute_path(path: str | os.PathLike, what: str = "path", remote: bool = False):
-    """``path`` made absolute against the current directory (``~`` expanded, ``..`` folded), once, where it comes
-    in: later code may change directory or hand it to a library that needs an absolute path (Orbax, tensorstore,
-    a server started in its log folder). An empty path raises :class:`PathArgumentError` (it would otherwise mean
-    the current directory).
-
-    ``gs://...``: an ``etils.epath.Path`` where the caller reads and writes it through that API (``remote=True``),
-    else :class:`PathArgumentError` saying so in one line, with the fix (copy it to a local directory)."""
+    """``path`` made absolute (``~`` expanded) once, where it comes in, before anything changes directory or needs
+    an absolute path. ``gs://...``: an ``etils.epath.Path`` with ``remote``, else refused. Raises
+    :class:`PathArgumentError` for that and for an empty path (which would mean the current directory)."""
     text = os.fspath(path)
     if not str(text).strip():
         raise PathArgumentError(f"the {what} is empty; give a directory or file name (relative to the current "
@@ -96,8 +90,7 @@ def cli_path_or_gs(text: str):
 
 def write_atomic(path: str | os.PathLike, text: str):
     """Write ``text`` to a temp file beside ``path``, then rename it over ``path``: a reader sees the old file or
-    the new one, never half of one (also when the writer is killed). On ``gs://`` one upload does the same (an
-    object appears whole or not at all)."""
+    the new one, never half of one. On ``gs://`` one upload does the same."""
     return write_lines_atomic(path, [text])
 
 
@@ -124,10 +117,8 @@ def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite
 
 
 def local_copy(url: str, cache_dir: str | os.PathLike) -> Path:
-    """A local copy of ``gs://BUCKET/PATH`` (an object, or every object under a folder) in
-    ``cache_dir/BUCKET/PATH``, for readers that take local files only (``datasets``' repository loader). Kept in
-    step with the bucket: an object is fetched again when its generation differs from the copy's, and files gone
-    from the bucket are deleted from the copy. Each file lands whole (temp file, rename)."""
+    """A local copy of ``gs://BUCKET/PATH`` (an object or a folder) in ``cache_dir/BUCKET/PATH``, for readers of
+    local files only; kept in step with the bucket by object generation, files gone from it deleted."""
     import fsspec
 
     _fresh_gcs_listings()
@@ -191,10 +182,9 @@ def install_dir(tmp: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, what: str = "it"):
-    """Hold an exclusive lock for ``path`` while the block runs: a second process (another notebook, a CLI step)
-    that wants the same artifact waits, then finds it built, instead of building it beside the first and renaming
-    over it. The lock is ``.<name>.lock`` beside ``path`` (advisory ``flock``, freed by the OS if the holder dies).
-    Not re-entrant: take it once per artifact, around the check and the build."""
+    """Hold an exclusive lock for ``path`` while the block runs, so a second process that wants the same artifact
+    waits and then finds it built. An advisory ``flock`` on ``.<name>.lock`` beside it (freed if the holder dies);
+    not re-entrant: take it once, around the check and the build."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "a") as f:

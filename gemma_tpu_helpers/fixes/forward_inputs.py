@@ -1,5 +1,5 @@
-"""The inputs a Gemma 4 forward takes besides the tokens: positions and the causal mask, for plain rows and for
-packed rows (several examples per row, told apart by segment ids). One builder for every forward in the course."""
+"""Positions and causal masks for a Gemma 4 forward, for plain rows and for packed rows (examples told apart by
+segment ids): one builder for every forward."""
 
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ def attention_mask_from_segments(segment_ids):
 
 
 def causal_inputs(tokens):
-    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows (one example per row, no padding): the
-    packed-row inputs with a single segment, so every forward in the course takes its mask from one builder."""
+    """``(tokens, positions, causal mask)`` as JAX arrays for unpacked rows (one example per row, no padding)."""
     import jax.numpy as jnp
 
     tokens = jnp.asarray(tokens)

@@ -1,7 +1,5 @@
-"""One mapping from a Hugging Face Gemma 4 ``config.json`` to a tunix ``ModelConfig``, and a checked loader.
-
-The same functions serve the tiny smoke checkpoint and the real ``google/gemma-4-31B-it``: the tiny model's
-config is derived from :data:`GEMMA4_31B_TEXT_CONFIG` with smaller numbers, so tests walk the 31B's code paths.
+"""The one mapping from a Hugging Face Gemma 4 ``config.json`` to a tunix ``ModelConfig``, and a checked loader
+(:func:`load_model`). The released text configs are here as dicts; a tiny test model is one with smaller numbers.
 """
 
 from __future__ import annotations
@@ -48,10 +46,8 @@ GEMMA4_31B_TEXT_CONFIG: dict = {
     "bos_token_id": 2,
 }
 
-# The text configs of google/gemma-4-E2B-it and -E4B-it (published config.json; tunix's gemma4_e2b / gemma4_e4b agree):
-# per-layer input embeddings (a vocab x layers x 256 table), the last layers reuse an earlier layer's K/V
-# (num_kv_shared_layers), E2B doubles the MLP on those shared layers, no k=v, one or two KV heads. E2B's sliding/global
-# period is 4:1, E4B's 5:1.
+# google/gemma-4-E2B-it and -E4B-it (tunix's presets agree): per-layer input embeddings, the last layers reuse an
+# earlier layer's K/V (num_kv_shared_layers; E2B doubles their MLP), no k=v.
 _E_COMMON = {
     k: v for k, v in GEMMA4_31B_TEXT_CONFIG.items()
     if k not in ("hidden_size", "intermediate_size", "num_hidden_layers", "layer_types", "num_key_value_heads",
@@ -72,9 +68,8 @@ GEMMA4_E4B_TEXT_CONFIG: dict = dict(
     vocab_size_per_layer_input=262144, num_kv_shared_layers=18, use_double_wide_mlp=False,
     max_position_embeddings=131072,
 )
-# The text config of google/gemma-4-26B-A4B-it: a mixture of experts. Each layer has the dense MLP (2112 wide) and,
-# beside it, a router and 128 experts (704 wide, gate/up packed as `experts.gate_up_proj` [E, 2*704, D] and
-# `experts.down_proj` [E, D, 704]) of which 8 run per token; 2 global KV heads (tp <= 2 on full-attention layers).
+# google/gemma-4-26B-A4B-it: each layer has the dense MLP and beside it a router and 128 experts, 8 run per token
+# (`experts.gate_up_proj` [E, 2F, D], `experts.down_proj` [E, D, F]); 2 global KV heads, so tp <= 2.
 GEMMA4_26B_A4B_TEXT_CONFIG: dict = dict(
     GEMMA4_31B_TEXT_CONFIG, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30, num_attention_heads=16,
     num_key_value_heads=8, num_global_key_value_heads=2, layer_types=list(GEMMA4_31B_TEXT_CONFIG["layer_types"][:30]),
@@ -85,8 +80,7 @@ TEXT_CONFIGS = {"31b": GEMMA4_31B_TEXT_CONFIG, "e2b": GEMMA4_E2B_TEXT_CONFIG, "e
 
 PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period (31B, E4B)
 KEY_PREFIX = "model.language_model."
-# The -it checkpoints also hold the vision (31B, E2B/E4B) and audio (E2B/E4B) towers beside the language model. The
-# text path loads none of them; the merge copies them as they are.
+# The -it checkpoints' vision and audio towers: the text model loads none of them; the merge copies them as they are.
 MULTIMODAL_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 
 
@@ -123,10 +117,8 @@ def layer_kinds(text_config: dict) -> list[str]:
 
 
 def kv_shared_layers(text_config: dict) -> dict[int, int]:
-    """Layer -> the earlier layer whose K/V it reads, for the KV-shared layers (E2B/E4B; empty for the 31B).
-
-    transformers: a shared layer has no k_proj/v_proj/k_norm/v_norm and reads the last unshared layer of its own type.
-    """
+    """Layer -> the earlier layer whose K/V it reads (E2B/E4B; empty for the 31B): as in transformers, the last
+    unshared layer of its own type."""
     types = text_config["layer_types"]
     first = text_config["num_hidden_layers"] - (text_config.get("num_kv_shared_layers") or 0)
     if first == len(types):
@@ -169,10 +161,8 @@ def attn_dims(c: dict, kind: str) -> tuple[int, int]:
 
 
 def param_count(c: dict) -> int:
-    """Parameters of a Gemma 4 text model as tunix holds them (tied embedding counted once).
-
-    E2B/E4B add the per-layer input embedding (vocab x layers x P), its projections and norms; E2B doubles the
-    MLP of the KV-shared layers, whose k/v weights tunix keeps (unused) and which are counted too."""
+    """Parameters of a Gemma 4 text model as tunix holds them: tied embedding once, the KV-shared layers' unused
+    k/v weights included (tunix keeps them)."""
     d, n = c["hidden_size"], c["num_attention_heads"]
     pl, layers = c.get("hidden_size_per_layer_input") or 0, c["num_hidden_layers"]
     shared = kv_shared_layers(c)
@@ -336,9 +326,8 @@ def read_shard_header(path: str | Path) -> tuple[dict, int]:
 
 
 def checkpoint_layout(model_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
-    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a safetensors checkpoint: the index (or the
-    single ``model.safetensors``), and every shard's header read and checked against it. Raises CheckpointError,
-    naming the file, for a missing, truncated or foreign shard and for an index the shards do not match."""
+    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a safetensors checkpoint, every shard's header
+    checked against the index. Raises CheckpointError naming the file that is missing, truncated or foreign."""
     model_dir = Path(model_dir)
     index_path = model_dir / INDEX
     fix = refetch_hint(model_dir)
@@ -381,8 +370,7 @@ def check_checkpoint(model_dir: str | Path) -> dict:
 
 
 def checked_layout(model_dir: str | Path) -> tuple[dict, tuple[dict, dict[str, list[str]], dict[str, dict]]]:
-    """:func:`check_checkpoint`'s checks, returning ``(text config, checkpoint_layout(model_dir))``: for a caller
-    that needs the layout too (the weight check), so every shard header is read once, not twice."""
+    """:func:`check_checkpoint`, returning ``(text config, checkpoint_layout(model_dir))`` (headers read once)."""
     model_dir = Path(model_dir)
     text = read_text_config(model_dir)
     if not any(model_dir.glob("*.safetensors")):
@@ -402,11 +390,8 @@ def checked_layout(model_dir: str | Path) -> tuple[dict, tuple[dict, dict[str, l
 
 
 def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str = "none"):
-    """Load a HF Gemma 4 checkpoint into a sharded tunix model on ``mesh``.
-
-    Checks the key layout and that the mesh divides every sharded head count before tunix sees the files,
-    so errors name the tensor and the mesh axis instead of failing deep inside the loader.
-    """
+    """Load a HF Gemma 4 checkpoint into a sharded tunix model on ``mesh``. Raises CheckpointError, naming the
+    tensor and mesh axis, for a bad layout or a mesh that cannot divide the heads, before tunix reads the files."""
     from tunix.models.gemma4 import params_safetensors
 
     text = check_checkpoint(model_dir)
@@ -419,9 +404,7 @@ def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str =
         )
     cfg = to_tunix_config(text, dtype=dtype, remat=remat)
     with _towers_skipped_quietly():
-        # dtype= too: tunix's loader keeps each tensor's file dtype otherwise, whatever the config's param_dtype says
-        # (the real checkpoints are bf16: an fp32 load for verify or parity got bf16 weights, and qwix then gave the
-        # LoRA bf16 factors, 2% off the fp32 reference on a strong LoRA)
+        # dtype=: else tunix keeps each tensor's file dtype (bf16 in the releases), whatever param_dtype says
         return params_safetensors.create_model_from_safe_tensors(str(model_dir), cfg, mesh=mesh,
                                                                  dtype=cfg.param_dtype)
 

@@ -1,27 +1,22 @@
-"""Greedy parity (notebook 08): vLLM's greedy tokens equal the JAX (tunix) model's on the same checkpoint.
+"""Greedy parity: vLLM's greedy tokens equal the JAX (tunix) model's on the same checkpoint.
 
-:func:`jax_greedy` decodes with the tunix model, the server's ``complete_ids`` (``vllm_client.Client``) with vLLM, from the
-same token ids; :func:`parity_table` lines them up with each side's top-2 gap and :func:`parity_summary` says how
-many leading tokens agree and whether a divergence sits on a near-tie (fp32 noise, not a bug).
+:func:`jax_greedy` and ``vllm_client.Client.complete_ids`` decode from the same ids; :func:`parity_table` and
+:func:`parity_summary` line them up and say whether a divergence sits on a near-tie (fp32 noise, not a bug).
 """
 
 from __future__ import annotations
 
 from .forward_inputs import causal_inputs
 
-# The parity prompt: raw text, no chat template. On the random tiny model it yields a varied greedy continuation with
-# no near-ties (smallest top-2 logit gap ~0.02, vs ~1e-4 fp32 noise); chat prompts tend to repeat one token.
+# Raw text, no chat template: on the random tiny model it gives a varied continuation with no near-ties (chat
+# prompts tend to repeat one token).
 PARITY_TEXT = "always @(posedge clk) begin\n  if (rst) q <= 0;"  # 5+ distinct tokens in 20 on the replica
 
 
 def jax_greedy(model, mesh, token_ids, n: int, return_margins: bool = False):
-    """``n`` greedy tokens from the tunix model: full recompute each step, argmax of the last position's logits.
-
-    Positions and the causal mask as in :func:`forward_inputs.causal_inputs`. The sequence is padded to its final length
-    once, so one jitted forward serves every step (the causal mask keeps the padding after the current position
-    out of its logits). With ``return_margins``, also returns the gap between the best and second-best logit at
-    each step: a near-tie, well under the fp32 noise between two implementations, can flip an argmax without a bug.
-    """
+    """``n`` greedy tokens from the tunix model, recomputing the whole padded sequence each step (one jitted
+    forward; the causal mask hides the padding). ``return_margins``: also each step's top-2 logit gap, since a
+    near-tie under fp32 noise can flip an argmax without a bug."""
     import jax
     import numpy as np
     from flax import nnx

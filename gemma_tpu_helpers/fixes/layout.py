@@ -1,37 +1,9 @@
-"""The tunix <-> Hugging Face LoRA layout of Gemma 4, as one table (:data:`ROWS`), and the functions over it.
+"""The tunix <-> Hugging Face LoRA layout of Gemma 4 as one table, :data:`ROWS`, and the functions over it.
 
-qwix names LoRA params after *tunix* modules (``layers/5/attn/k_einsum/w_lora_a``); Hugging Face, PEFT and vLLM name
-them after the checkpoint's projections (``model.language_model.layers.5.self_attn.k_proj.weight``). Every place
-that needs the mapping reads it here: the qwix regex and the coverage report (``lora``), the LoRA parameter count
-(``plan``), the merge's plan of ΔW per HF tensor (``merge_plan``), the PEFT keys (``peft_export``,
-``equivalence``) and the remat step's provider (``remat``).
-
-One :class:`Row` per (HF target, tunix module). D hidden, N heads, K KV heads, H head dim (global layers: the global
-KV heads and head dim), F intermediate (doubled on E2B's KV-shared layers), r rank; HF weights are ``[out, in]``:
-
-=========  ======================  ===============  =========  ============  ======  ===============================
-HF target  tunix module            tunix weight     LoRA A     LoRA B        B part  layers it applies to
-=========  ======================  ===============  =========  ============  ======  ===============================
-q_proj     attn/q_einsum/w         (N, D, H)        (D, r)     (r, N, H)             all
-k_proj     attn/kv_einsum/w        (2, K, D, H)     (D, r)     (r, 2, K, H)  B[:,0]  not KV-shared, not k=v
-k_proj     attn/k_einsum/w         (K, D, H)        (D, r)     (r, K, H)             global k=v (31B), not KV-shared
-v_proj     attn/kv_einsum/w        (the k_proj row's module: k and v share one A)  B[:,1]  not KV-shared, not k=v
-o_proj     attn/attn_vec_einsum/w  (N, H, D)        (N, H, r)  (r, D)                all
-gate_proj  mlp/gate_proj/kernel    (D, F)           (D, r)     (r, F)                all
-up_proj    mlp/up_proj/kernel      (D, F)           (D, r)     (r, F)                all
-down_proj  mlp/down_proj/kernel    (F, D)           (F, r)     (r, D)                all
-=========  ======================  ===============  =========  ============  ======  ===============================
-
-ΔW, the same rule for every row: ``A2 = A.reshape(-1, r)`` (in, r), ``B2 = B[:, part].reshape(r, -1)`` (r, out),
-``ΔW = (alpha/r) · (A2 · B2)ᵀ`` [out, in]. PEFT stores ``lora_A = A2ᵀ`` (r, in) and ``lora_B = B2ᵀ`` (out, r) under
-``base_model.model.model.language_model.layers.<i>.<self_attn|mlp>.<target>.lora_{A,B}.weight``.
-
-No row on a KV-shared layer (E2B/E4B's last layers) has k/v: it reads an earlier layer's K/V, transformers has no
-k_proj/v_proj there, and tunix's ``kv_einsum`` there is never called, so qwix gives it no LoRA. A global k=v layer
-(31B) has no v_proj: V is K. A new model family is new rows (a new module, or a new ``applies`` predicate over
-:class:`Layer`), and a new :class:`Layer` field if its layers differ in a way the rows must see.
-
-Standard library only at import time (numpy inside the functions that build arrays).
+qwix names LoRA params after tunix modules (``layers/5/attn/k_einsum/w_lora_a``); Hugging Face, PEFT and vLLM after
+the checkpoint's projections (``...layers.5.self_attn.k_proj.weight``). Every mapping between the two reads this table:
+one :class:`Row` per (HF target, tunix module), with its shapes and the layers it applies to. A new model family is
+new rows, and a new :class:`Layer` field if its layers differ in a way the rows must see.
 """
 
 from __future__ import annotations

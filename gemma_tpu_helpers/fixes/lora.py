@@ -1,13 +1,8 @@
 """LoRA on tunix's Gemma 4 by Hugging Face / PEFT target names, with a coverage report that cannot be silent.
 
-qwix selects modules by a regex over *tunix* module paths (``layers/5/attn/k_einsum``), not by the Hugging Face
-names everyone writes (``q_proj``, ``v_proj`` ...). A regex of HF names matches nothing and qwix says nothing; a
-regex of tunix names copied from another Gemma misses ``k_einsum``, which only exists on Gemma 4's global k=v layers.
-:func:`apply_lora` takes HF names, maps them per layer, applies qwix, and raises if a requested target got no
-LoRA anywhere. :func:`coverage_of_regex` runs a raw qwix regex through the same report.
-
-The layout (which tunix module, param and shapes each HF target has, per layer kind) is :mod:`layout`'s table;
-this module applies it with qwix and reports what got LoRA.
+qwix selects modules by a regex over *tunix* paths, and says nothing when it matches none (HF names) or misses some
+(``k_einsum``, only on Gemma 4's global k=v layers). :func:`apply_lora` takes HF names, maps them through
+:mod:`layout`, and raises if a target got no LoRA; :func:`coverage_of_regex` reports on a raw qwix regex.
 """
 
 from __future__ import annotations
@@ -38,9 +33,8 @@ _TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum":
                 "attn_vec_einsum": "o_proj"}
 
 
-# The MoE's (26B-A4B) own weights: HF name -> tunix param (relative to a decoder layer). The experts are 3-D tensors
-# run through jax.lax.ragged_dot, which qwix 0.1.8's LoraProvider does not intercept (it wraps dot_general, einsum
-# and convolutions): a LoRA rule that names them matches the module, and only the router's einsum gets LoRA.
+# The MoE's (26B-A4B) own weights: HF name -> tunix param under a decoder layer. qwix 0.1.8 gives the experts no LoRA
+# (ragged_dot, which it does not intercept): a rule naming the MoE adapts only the router's einsum.
 MOE_WEIGHTS = {"experts.gate_up_proj": "moe/gating_einsum", "experts.down_proj": "moe/linear",
                "router.proj": "moe/router_logits"}
 EXPERTS_WHY = ("3-D expert tensors run through jax.lax.ragged_dot, which qwix's LoraProvider does not intercept: "
@@ -57,12 +51,10 @@ class LoraCoverageError(GemmaTpuError, RuntimeError):
 
 
 def tunix_module(target: str, kind: str, k_eq_v: bool, kv_shared: bool = False) -> str | None:
-    """The tunix module (relative to a decoder layer) that a HF target lives in, or None when the layer has none.
+    """The tunix module (under a decoder layer) that a HF target lives in, or None when the layer has none.
 
-    ``kind`` is ``"local"`` or ``"global"``; ``k_eq_v`` says whether global layers share K and V (Gemma 4 31B);
-    ``kv_shared`` marks a KV-shared layer (E2B/E4B's last layers): it reads an earlier layer's K and V, so its
-    k/v projection (tunix keeps a ``kv_einsum`` there, never called; the checkpoint's k_proj/v_proj are unused)
-    has nothing to adapt, and qwix, which wraps the modules a forward pass calls, gives it no LoRA.
+    ``kind``: "local" or "global"; ``k_eq_v``: global layers share K and V (31B); ``kv_shared``: the layer reads an
+    earlier layer's K/V (E2B/E4B), so its k/v projection never runs and gets no LoRA.
     """
     if target not in HF_TARGETS:
         raise LoraConfigError(_unknown_message([target]))
@@ -102,12 +94,8 @@ def regex_for(targets) -> str:
 
 
 def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
-    """PEFT's ``target_modules`` for the language model only, as one regex (PEFT full-matches it on module names).
-
-    Plain names (``["q_proj", ...]``) would also match the vision tower's ``q_proj`` / ``o_proj`` / MLP modules in the
-    -it checkpoints (``model.vision_tower.encoder.layers.N...``), which PEFT cannot wrap (they are clippable
-    linears) and which the course never trains. ``k_layers`` limits ``k_proj`` to those layer indices (None: all).
-    """
+    """PEFT's ``target_modules`` as one regex over the language model only: plain names would also match the
+    vision tower's modules, which PEFT cannot wrap. ``k_layers`` limits ``k_proj`` to those layers (None: all)."""
     targets = validate_targets(targets)
     parent = {r.target: r.hf_module.split(".")[0] for r in layout.ROWS}  # self_attn or mlp
     attn = [t for t in targets if parent[t] == "self_attn" and (t != "k_proj" or k_layers is None)]
@@ -146,9 +134,6 @@ def target_table(text_config: dict, rank: int | None = None):
                          "LoRA A": str(row.a(layer, r)) if row else "-", "LoRA B": str(row.b(layer, r)) if row else "-",
                          "note": row.note if row else note})
     return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------------------------- the model side
 
 
 def _path_str(path) -> str:
@@ -193,10 +178,7 @@ def _layer_info(model) -> list[tuple[str, bool, int | None]]:
 
 def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
     """Each layer x each HF target: the tunix module, whether it has LoRA, its LoRA parameter count (pandas).
-
-    When k_proj and v_proj share one ``kv_einsum``, its LoRA parameters are counted on the k_proj row only, so the
-    column sums to the model's LoRA parameter count.
-    """
+    A shared ``kv_einsum`` is counted on the k_proj row only, so the column sums to the model's count."""
     import pandas as pd
 
     targets = validate_targets(targets)
@@ -338,16 +320,12 @@ def _run_qwix(model, provider, seed: int, abstract: bool):
 
 def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
                qlora: str | None = None, tile_size: int | None = None, seed: int = 0, abstract: bool = False):
-    """Apply (Q)LoRA to a tunix Gemma 4 by HF target names; return ``(lora_model, coverage report)``.
+    """Apply (Q)LoRA to a tunix Gemma 4 by HF target names; return ``(lora_model, coverage report)``, the report's
+    ``attrs`` holding ``lora_params``, ``base_params`` and ``regex``. The input model is not changed.
 
-    - ``targets``: HF/PEFT names (``q_proj`` ... ``down_proj``); unknown names raise :class:`LoraConfigError`.
-    - ``qlora="nf4"`` quantizes the frozen base (QLoRA); ``tile_size`` must divide the contracted dims (default:
-      the largest that does). It applies :func:`compat.patch_gemma4_qlora_einsum` (tunix cannot run a quantized
-      Einsum otherwise).
-    - ``abstract=True`` works on shapes only (``nnx.eval_shape``): for reports and sharding plans of big models.
-
-    Raises :class:`LoraCoverageError` when a requested target got LoRA in no layer. The input model is not changed.
-    The report's ``attrs`` hold ``lora_params``, ``base_params``, ``regex`` and ``unused_rules``.
+    ``qlora="nf4"`` quantizes the frozen base (and applies the compat shim tunix needs for it); ``tile_size`` must
+    divide the contracted dims (default: the largest that does). ``abstract``: shapes only (``nnx.eval_shape``).
+    Raises :class:`LoraConfigError` for bad arguments, :class:`LoraCoverageError` when a target got LoRA nowhere.
     """
     targets = validate_targets(targets)
     if qlora is not None:
@@ -375,11 +353,8 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
 
 
 def coverage_of_regex(model, regex: str, rank: int = 8, alpha: float = 16.0, seed: int = 0, abstract: bool = True):
-    """Run raw qwix with ``regex`` (no checks, as a user would) and report what got LoRA, per layer x HF target.
-
-    This is how a wrong regex looks: ``HF_NAMES_REGEX`` gives LoRA to nothing and ``PAPER_REGEX`` misses every
-    global layer's ``k_einsum``, and qwix raises no error in either case. ``attrs["unused_rules"]`` is qwix's own
-    (rule-level) check, which only notices the first. Abstract by default (shapes only, fast).
+    """Run raw qwix with ``regex`` (no checks) and report what got LoRA, per layer x HF target; shapes only by
+    default. ``attrs["unused_rules"]`` is qwix's own check, which sees a regex matching nothing, not a partial miss.
     """
     provider = make_provider(rank=rank, alpha=alpha, regex=regex)
     base = base_param_count(model)

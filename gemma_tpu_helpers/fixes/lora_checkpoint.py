@@ -1,13 +1,8 @@
-"""The LoRA side of a tunix run's Orbax checkpoints: which steps there are, the LoRA config, the LoRA arrays.
+"""The LoRA side of a tunix run's Orbax checkpoints: its steps, its LoRA config, its LoRA arrays.
 
-tunix's ``PeftTrainer`` saves ``<checkpoints>/<step>/model_params`` (the ``nnx.LoRAParam`` state only) and our
-training writes ``<checkpoints>/lora_config.json`` (targets, rank, alpha: the only source of rank and alpha).
-:func:`restore_lora` reads the arrays as host numpy arrays: no model, no accelerator, no mesh. On a multi-host run the
-checkpoint was written by several processes; Orbax reassembles each global array when it restores it as a numpy
-array, so one host (any machine that can read the directory) reads it alone. :func:`write_lora_checkpoint` writes
-the same layout (for checks, benchmarks and the merge notebook's strong-signal check).
-
-Needs numpy, and orbax-checkpoint when reading or writing arrays.
+tunix's ``PeftTrainer`` saves ``<checkpoints>/<step>/model_params`` (the ``nnx.LoRAParam`` state); training writes
+``<checkpoints>/lora_config.json``, the only record of rank and alpha. :func:`restore_lora` reads the arrays on the
+host, with no model, accelerator or mesh; :func:`write_lora_checkpoint` writes the same layout.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import numpy as np
 from .errors import GemmaTpuError
 from .file_io import absolute_path, is_remote, to_path
 
-METADATA = "lora_config.json"  # = train.METADATA (not imported: train pulls in more than reading a LoRA needs)
+METADATA = "lora_config.json"  # what training writes beside the steps
 PARAMS_ITEM = "model_params"
 
 
@@ -105,12 +100,9 @@ def _strip_value(path: str) -> str:
 
 
 def restore_lora(checkpoint_dir: str | Path, step: int | None = None) -> tuple[int, dict[str, np.ndarray]]:
-    """``(step, {"layers/0/attn/q_einsum/w_lora_a": array, ...})``: the LoRA params as host numpy arrays.
-
-    Reads only ``<step>/model_params`` (not the optimizer state), with every leaf restored as ``np.ndarray``: no
-    device, no mesh, no sharding. A checkpoint written by several processes (multi-host training) restores the same
-    way: Orbax reassembles each global array from the pieces the processes wrote.
-    """
+    """``(step, {"layers/0/attn/q_einsum/w_lora_a": array, ...})``: the LoRA params (not the optimizer state) as
+    host numpy arrays, also from a multi-host checkpoint (Orbax reassembles each global array). Raises
+    LoraCheckpointError for a missing, incomplete or damaged step."""
     import orbax.checkpoint as ocp
 
     step, item = resolve_step(checkpoint_dir, step)

@@ -1,23 +1,9 @@
-"""Merge a trained LoRA from tunix's Orbax checkpoints into the base's sharded safetensors, streamed (notebook 07).
+"""Merge a trained LoRA from tunix's Orbax checkpoints into the base's sharded safetensors, streamed.
 
-The paper's merge loaded every base shard into RAM (about 62 GB for the 31B in bf16), restored the whole trained model
-on the accelerator, and wrote one ``model.safetensors``. Here, one module per concern:
-
-- :mod:`lora_checkpoint` restores **only the LoRA arrays** from ``<checkpoints>/<step>/model_params``, as host numpy
-  arrays (no model, no accelerator, no mesh; a multi-host checkpoint is read by one host), and rank, alpha and
-  targets from ``<checkpoints>/lora_config.json`` (written by training), never from flags.
-- :mod:`merge_plan` turns them into one ΔW per HF tensor, by :mod:`layout`'s table, checked against the base config.
-- :mod:`safetensors_io` **streams the base one shard at a time**: headers kept, untouched tensors copied byte for
-  byte, each targeted tensor read alone and merged in fp32 row blocks (XLA on the host CPU, or the numpy reference).
-  Peak memory is the LoRA arrays plus a few blocks. Shard names and ``model.safetensors.index.json`` are kept.
-- This module puts it together: config, generation config, tokenizer and chat template are copied; everything is
-  written to a temporary directory next to ``out_dir`` and renamed at the end (``file_io.install_dir``), so a crash (a
-  full disk, a kill) never leaves a directory that looks complete. ``merge_info.json`` records what was merged.
-- :mod:`verify` checks the result against transformers and tunix; :mod:`peft_export` writes the same LoRA as an
-  unmerged PEFT adapter (for ``vllm --enable-lora`` and ``peft.PeftModel``).
-
-Every error raised on purpose is a ``GemmaTpuError`` and a ``ValueError`` (``MergeError`` here,
-``LoraCheckpointError``, ``LoraMismatchError``, ``SafetensorsError`` from the modules it calls).
+:func:`merge_lora` restores only the LoRA arrays (:mod:`lora_checkpoint`), plans one ΔW per HF tensor
+(:mod:`merge_plan`) and streams the base one shard at a time (:mod:`safetensors_io`), so peak memory is the LoRA
+plus a few blocks. Everything is written to a temporary directory beside ``out_dir`` and renamed at the end: a crash
+never leaves a directory that looks complete. ``merge_info.json`` records what was merged.
 """
 
 from __future__ import annotations
@@ -36,7 +22,7 @@ from .errors import GemmaTpuError
 from .file_io import absolute_path, config_hash, install_dir, path_id, temp_dir_beside
 
 MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
-SKIP_FILES = {"tiny_model.json"}  # tiny.py's cache stamp: the merged dir is not a tiny.py cache
+SKIP_FILES = {"tiny_model.json"}  # a tiny replica's cache stamp: the merged dir is not that cache
 
 
 class MergeError(GemmaTpuError, ValueError):
@@ -102,13 +88,11 @@ class MergeResult:
 def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None,
                overwrite: bool = False, progress: bool = True, kernel: str = "xla") -> MergeResult:
     """Merge the LoRA of ``checkpoint_dir`` (latest step, or ``step``) into ``base_dir``; write ``out_dir``.
+    ``kernel``: "xla" (XLA on the host CPU) or "numpy" (the reference arithmetic).
 
-    ``kernel``: ``"xla"`` computes each targeted tensor with XLA on the host CPU (the default), ``"numpy"`` with the
-    numpy reference arithmetic (see :func:`safetensors_io.write_merged_shard`).
-
-    Raises before anything is written: ``LoraCheckpointError`` (bad checkpoint), ``SafetensorsError`` (bad base),
-    ``LoraMismatchError`` (a LoRA that does not fit the base), :class:`MergeError`; :class:`OutputExistsError` for a non-empty ``out_dir`` without ``overwrite``. On any failure while
-    writing (e.g. ``OSError`` ENOSPC) the temp dir is removed and ``out_dir`` is left as it was.
+    Raises before writing anything: ``LoraCheckpointError``, ``SafetensorsError``, ``LoraMismatchError``,
+    :class:`MergeError`, :class:`OutputExistsError` (a non-empty ``out_dir`` without ``overwrite``). A failure while
+    writing (e.g. a full disk) removes the temp dir and leaves ``out_dir`` as it was.
     """
     # A host-side step: in a multi-process program, call it from one process only (it reads every host's shards).
     if kernel not in safetensors_io.MERGE_KERNELS:

@@ -15,14 +15,9 @@ class MeshError(GemmaTpuError, ValueError):
 
 
 def make_mesh(shape: tuple[int, ...], axes: tuple[str, ...], devices=None):
-    """A ``jax.sharding.Mesh`` of ``shape`` with axis names ``axes`` and ``AxisType.Auto`` axes.
-
-    ``jax.make_mesh`` defaults to Explicit axes in this JAX, and tunix's embedding gather then fails, so the
-    axis types are set here. The shape's product must equal the number of devices. After
-    ``multihost.initialize`` these are the devices of all processes (``jax.devices()`` is global), in process order,
-    so the first axis (fsdp) runs across the processes and the last (tp) over neighbouring devices (inside one host
-    when tp divides the devices per host).
-    """
+    """A ``jax.sharding.Mesh`` of ``shape`` with axis names ``axes``, Auto axis types (with JAX's default, Explicit,
+    tunix's embedding gather fails). Raises MeshError unless the shape's product is the number of devices (of all
+    processes, in process order: the first axis runs across processes, the last over neighbouring devices)."""
     import jax
 
     shape = tuple(shape)
@@ -83,12 +78,10 @@ def tp_table(text_config: dict, tp_sizes=(1, 2, 4, 8)):
 
 @contextlib.contextmanager
 def trainer_context(mesh):
-    """The mesh context tunix's ``PeftTrainer`` needs: ``with mesh:``.
+    """The mesh context tunix's ``PeftTrainer`` needs: ``with mesh:``, its deprecation warnings silenced.
 
-    tunix 0.1.7 reads the legacy physical-mesh context to shard batches and the optimizer state. Under
-    ``jax.set_mesh(mesh)`` alone, training still runs but every batch is replicated and the optimizer state is not
-    sharded, silently. Using both crashes in the optimizer-sharding step. JAX calls ``with mesh:`` deprecated; this
-    helper keeps that warning out of the way until tunix reads ``jax.set_mesh``.
+    tunix 0.1.7 shards batches and optimizer state from this legacy context: under ``jax.set_mesh`` alone both
+    are silently replicated, and using both crashes.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*with mesh:.*context manager has been deprecated")
@@ -100,9 +93,8 @@ def trainer_context(mesh):
 def trainer_batch_sharding(model, mesh, context: str = "trainer", seq_len: int = 16):
     """Run one tunix ``PeftTrainer`` step and return the sharding its batch had *inside* the jitted step.
 
-    ``context``: "trainer" (:func:`trainer_context`, right) or "set_mesh" (``jax.set_mesh`` alone, the trap).
-    The step's loss inspects the input's sharding with ``jax.debug.inspect_array_sharding``. The model is trained
-    for one SGD step with a tiny learning rate: pass a copy if you need it untouched.
+    ``context``: "trainer" (:func:`trainer_context`) or "set_mesh" (``jax.set_mesh`` alone, the trap). The model
+    takes one tiny SGD step: pass a copy if you need it untouched.
     """
     import jax
     import jax.numpy as jnp

@@ -1,19 +1,8 @@
-"""Several hosts, one program: ``jax.distributed`` set-up, process-0-only writes, and the pod launcher.
+"""Several hosts, one program: ``jax.distributed`` set-up, process-0-only writes, and a batch's rows per process.
 
-On a TPU pod slice (v5p-16 and up) every host runs the same program. JAX's multi-controller runtime joins them:
-after :func:`initialize`, ``jax.devices()`` lists the devices of *all* hosts, a mesh spans them, and each jitted step
-runs on all of them at once. What changes for the course's helpers:
-
-- each process feeds only the rows of a global batch that its own devices hold (:func:`process_rows`), and the
-  global arrays are assembled from those pieces (``jax.make_array_from_process_local_data``, in ``train``);
-- Orbax checkpoints are written by all processes together, to one directory every host can read (a shared
-  filesystem, or ``gs://BUCKET/PATH``, which Orbax writes to natively);
-- only process 0 writes metrics, plots, ``done.json`` and reports (:func:`is_main`).
-
-``jax.distributed.initialize`` ends the process with a C++ fatal error (no Python exception) when a process is
-missing or the coordinator cannot be reached. :func:`initialize` therefore runs a small pre-flight handshake first, on
-the coordinator's port + 1, so that those cases raise :class:`MultihostError` with the cause and the fix, within
-``timeout_s``.
+After :func:`initialize`, ``jax.devices()`` lists every host's devices and a mesh spans them: each process feeds the
+rows its devices hold (:func:`process_rows`), all write Orbax checkpoints together to a directory every host reads,
+and only process 0 writes files and reports (:func:`is_main`, :func:`main_first`).
 """
 
 from __future__ import annotations
@@ -45,9 +34,6 @@ def cpu_xla_flags(num_devices: int, current: str = "") -> str:
 class MultihostError(GemmaTpuError, RuntimeError):
     pass
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Joining the processes
 
 def _split(coordinator: str) -> tuple[str, int]:
     host, sep, port = coordinator.rpartition(":")
@@ -143,12 +129,11 @@ def _worker_handshake(host: str, port: int, num_processes: int, process_id: int,
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
                local_devices: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-    """Join this process to the others (``jax.distributed.initialize``), with clear errors in bounded time.
+    """Join this process to the others (``jax.distributed.initialize``), raising :class:`MultihostError` within
+    ``timeout_s`` where JAX would die with a C++ fatal error: a handshake on the coordinator's port + 1 comes first.
 
-    ``coordinator`` is process 0's ``HOST:PORT`` (port + 1 is used for a pre-flight handshake). ``None`` or
-    ``"auto"``: let JAX detect the cluster (a Cloud TPU pod slice, SLURM, ...), no handshake. ``local_devices``
-    (CPU only): the number of virtual CPU devices of this process; it must be set before JAX creates its backend,
-    so call this before any JAX computation. On CPU the cross-process collectives are gloo.
+    ``coordinator``: process 0's ``HOST:PORT``, or None / "auto" for JAX's own detection (a pod slice, SLURM; no
+    handshake). ``local_devices``: virtual CPU devices of this process, so call this before any JAX computation.
     """
     if coordinator in (None, "auto"):
         import jax
@@ -186,9 +171,7 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
 def is_main() -> bool:
     """True in process 0, and in any single-process program: the one process that writes files and reports.
-
-    Never starts JAX's backend itself (so it is safe to call before :func:`initialize`).
-    """
+    Safe before :func:`initialize` (it never starts JAX's backend)."""
     if "jax" not in sys.modules:
         return True
     import jax
@@ -203,12 +186,9 @@ MAIN_FIRST_TIMEOUT_S = 24 * 3600  # how long the others wait for process 0 (a 62
 
 
 def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S):
-    """``fn()`` in process 0 first, then in the others, which find its work done (a download into a directory all
-    hosts share, e.g. the base checkpoint: one download per pod, not one per host racing into the same files).
-
-    The others wait on the distributed runtime's key-value store (what ``jax.distributed`` joined), not on the
-    filesystem: a bucket mounted with gcsfuse has no locks. If ``fn`` fails in process 0, the others raise
-    MultihostError naming its error instead of waiting. One process (or none joined): just ``fn()``."""
+    """``fn()`` in process 0 first, then in the others, which find its work done (e.g. one download into a shared
+    directory per pod). They wait on the distributed runtime's key-value store, not on files (gcsfuse has no locks),
+    and raise MultihostError naming process 0's error if ``fn`` failed there."""
     import jax
 
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
@@ -236,10 +216,7 @@ def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S):
 
 def process_rows(mesh, global_batch: int, axis: str = "fsdp") -> slice:
     """The rows of a global batch that this process's devices hold when the batch is sharded over ``axis``.
-
-    One process: all rows. Processes along ``axis``: a contiguous block each. Raises when the batch does not divide
-    over ``axis`` or the process's rows are not one block (a mesh whose device order interleaves the processes).
-    """
+    Raises MultihostError when the batch does not divide over ``axis`` or the rows are not one block."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     size = dict(mesh.shape).get(axis, 1)
@@ -255,9 +232,3 @@ def process_rows(mesh, global_batch: int, axis: str = "fsdp") -> slice:
         raise MultihostError(f"this process's devices hold rows {blocks} of the batch, not one block: build the mesh "
                              f"with mesh.make_mesh (devices in process order).")
     return slice(start, stop)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The launcher: the same command on every worker
-
-

@@ -23,17 +23,11 @@ from .parity import load_hf
 
 
 def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = None, overwrite: bool = False) -> Path:
-    """Write the checkpoint's LoRA as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``).
+    """Write the checkpoint's LoRA as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``), in
+    the multimodal-layout key names vLLM 0.32 and ``PeftModel.from_pretrained`` accept.
 
-    Keys are ``base_model.model.model.language_model.layers.N.{self_attn,mlp}.<target>.lora_{A,B}.weight``, with
-    ``lora_A`` = A2ᵀ (r, in) and ``lora_B`` = B2ᵀ (out, r), and ``lora_alpha``/``r`` from ``lora_config.json``, so
-    PEFT's ΔW = (alpha/r)·B·A equals the merge's. This is the naming vLLM 0.32 accepted for Gemma 4 (see
-    ``serve.make_test_adapter``); the multimodal-layout base loads it with ``PeftModel.from_pretrained``.
-
-    Caveat (vLLM): on a global k=v layer, a ``k_proj`` LoRA is applied by vLLM 0.32 to the K slice of its fused
-    ``qkv_proj`` only, while the model (tunix, transformers + PEFT, and the merged weights) uses that projection for V
-    too. So an unmerged adapter with global ``k_proj`` LoRA is served as a slightly different model; serve the merged
-    weights (they have no such gap), or train without global k (``serve.targets_without_global_k``).
+    Caveat: vLLM 0.32 applies a global k=v layer's ``k_proj`` LoRA to K only, though the model uses it for V too;
+    serve the merged weights instead, or train without it (``adapters.targets_without_global_k``).
     """
     from peft import LoraConfig
     from safetensors.numpy import save_file
@@ -77,9 +71,3 @@ def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:
     model = PeftModel.from_pretrained(load_hf(base_dir), str(adapter_dir)).eval()
     with torch.no_grad():
         return model(input_ids=torch.as_tensor(tokens, dtype=torch.long)).logits.double().numpy()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The CLI (wired in __main__.py)
-
-

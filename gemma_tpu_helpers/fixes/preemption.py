@@ -1,24 +1,16 @@
-"""Spot and preemptible TPUs: on the preemption notice (SIGTERM, then about 30 s), stop at a step boundary that every
-process agrees on, with a checkpoint of that step, instead of losing everything since the last periodic checkpoint.
-
-How to use it in a training loop (``course/train.py`` does this through a tunix hook)::
+"""Spot and preemptible TPUs: on the preemption notice (SIGTERM, then about 30 s), stop at a step every process
+agrees on, with a checkpoint of that step::
 
     with PreemptionWatch() as watch:
         watch.reached(start)                 # at once: JAX's sync drops a notice that comes before any report
         for step in range(start + 1, end + 1):
             train_step(...)
             if watch.reached(step):          # every process, every step, the same step numbers
-                save_checkpoint(step)        # all save this same step (Orbax's CheckpointManager does it itself)
-                sys.exit(PREEMPTED_EXIT)     # 75: "try again"; a restart resumes from the saved step
+                save_checkpoint(step)        # Orbax's CheckpointManager.should_save asks the same question
+                sys.exit(PREEMPTED_EXIT)     # a restart resumes from the saved step
 
-- **Several processes** (after ``jax.distributed.initialize``): JAX's distributed runtime catches SIGTERM itself (its
-  preemption notifier; ``jax_enable_preemption_service``, on by default) and tells every process. Each then calls
-  ``multihost_utils.reached_preemption_sync_point(step)`` at every step; it turns True on all of them at the same
-  step: one past the furthest step any process had reported. A home-made flag would not do: a SIGTERM that reaches
-  one host only would stop that host and leave the others waiting in the next collective. Orbax's
-  ``CheckpointManager.should_save`` asks the same question, so it saves that step even between periodic saves.
-- **One process**: JAX has no preemption service, so a Python SIGTERM handler sets a flag; the step in progress ends,
-  then ``reached`` says True. A second SIGTERM ends the process at once (the default action is restored).
+With several processes, JAX's preemption service tells every process (a flag of one host's own would leave the
+others waiting in the next collective); with one, a SIGTERM handler sets a flag, and a second SIGTERM kills.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Gradient checkpointing (rematerialisation) for the Gemma 4 LoRA train step: the policies, and the order trap.
+"""Gradient checkpointing (remat) for the Gemma 4 LoRA step: tunix's policies, and the order they must come in.
 
-The policies are tunix's own switch, ``model.config.remat_config``: ``BLOCK`` (attention and MLP blocks are
-recomputed separately in the backward pass) or ``DECODER`` (each whole decoder layer is recomputed; only its input
-is kept). That switch is inside the one train step (``step.train_step``) that training runs and the AOT plan
-compiles, so what ``plan`` measures for a policy is what training gets.
-
-The Gemma 4 trap: setting ``remat_config`` *before* ``qwix.apply_lora_to_model`` yields a model with **no LoRA
-params** (qwix creates them while tracing the model, and tunix's ``nnx.remat(..., graph_updates=False)`` drops
-variables created inside it). :func:`lora_then_remat` applies LoRA first and refuses the wrong order.
+The policy is tunix's ``model.config.remat_config`` (:data:`POLICIES`). Switched on *before* qwix applies LoRA, it
+yields a model with no LoRA params (qwix creates them while tracing, and tunix's ``nnx.remat`` drops variables
+created inside it): :func:`lora_then_remat` applies LoRA first and refuses the wrong order.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ POLICIES: dict[str, str] = {
     "decoder": "tunix RematConfig.DECODER: each decoder layer recomputed; only its input is kept",
 }
 
-# The qwix regex for every LoRA target, from the layout table (k_einsum: the k=v global layers; see notebook 02).
+# The qwix regex for every LoRA target, k_einsum (the global k=v layers) included.
 LORA_MODULE_PATH = lora.regex_for(lora.HF_TARGETS)
 
 
@@ -40,9 +35,6 @@ def check_policy(policy: str) -> str:
     if name not in POLICIES:
         raise UnknownPolicyError(f"Unknown remat policy {policy!r}. Valid policies: {', '.join(POLICIES)}.")
     return name
-
-
-# ---------------------------------------------------------------------------------------------- LoRA and order
 
 
 def count_lora_params(model) -> int:
@@ -77,7 +69,7 @@ def _lora_provider(rank: int, alpha: float):
 
 
 def apply_lora_unguarded(model, rank: int, alpha: float, seed: int = 0):
-    """Plain ``qwix.apply_lora_to_model`` with no guard (what the paper-era code called), for the trap demo."""
+    """Plain ``qwix.apply_lora_to_model`` with no guard, to show the trap."""
     import qwix
     from flax import nnx
 
@@ -102,11 +94,8 @@ def set_remat(model, policy: str, require_lora: bool = True) -> str:
 
 def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: int = 0,
                     targets=lora.HF_TARGETS, dropout: float = 0.0, qlora: str | None = None, abstract: bool = False):
-    """Apply LoRA (``lora.apply_lora``; QLoRA with ``qlora="nf4"``), then the remat policy: the only order that
-    works for Gemma 4. Returns the LoRA model, ready to train (with ``dropout``, the random stream qwix's LoRA
-    dropout draws from). ``abstract``: ``model`` is shapes only (``nnx.eval_shape``), and so is the result.
-
-    Raises :class:`RematOrderError` if the model already has remat on (qwix would then create no LoRA params).
+    """Apply LoRA (``lora.apply_lora``; QLoRA with ``qlora="nf4"``), then the remat policy; return the model, ready
+    to train. ``abstract``: shapes only (``nnx.eval_shape``). Raises :class:`RematOrderError` if remat is already on.
     """
     policy = check_policy(policy)
     current = remat_config_of(model)
@@ -129,11 +118,8 @@ def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: 
 
 
 def demonstrate_trap(text_config: dict, rank: int = 8, alpha: float = 16.0, policy: str = "block"):
-    """LoRA params that qwix creates with remat switched on before vs after LoRA, and what the guard says.
-
-    Built abstractly (``nnx.eval_shape``: shapes only, no weights, no compile), so it is quick for the tiny model
-    and the 31B alike; qwix traces the model the same way as on real weights.
-    """
+    """LoRA params that qwix creates with remat switched on before vs after LoRA, and what the guard says
+    (pandas). Shapes only, so it is quick for the 31B too."""
     import pandas as pd
     from flax import nnx
     from tunix.models.gemma4 import model as gm
@@ -163,9 +149,6 @@ def demonstrate_trap(text_config: dict, rank: int = 8, alpha: float = 16.0, poli
         {"order": f"qwix LoRA, then remat={policy.upper()}", "LoRA params": count_lora_params(right),
          "remat_config": remat_config_of(right).upper(), "remat.lora_then_remat": "this is what it does"},
     ])
-
-
-# ---------------------------------------------------------------------------------------------- reading a compile
 
 
 def memory_figures(compiled) -> dict:

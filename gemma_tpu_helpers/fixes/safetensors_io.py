@@ -1,14 +1,8 @@
 """Streaming safetensors shards: headers, a checkpoint's shard layout, and a shard rewritten with ΔW added.
 
-The format: a u64 header length, a JSON header (dtype, shape and byte range per tensor), raw data.
-:func:`write_merged_shard` keeps the input shard's header (the merged tensors keep dtype and shape, so every offset
-stays valid), copies untouched byte ranges with a kernel copy, and reads each targeted tensor alone, in row blocks of
-~1M elements: ``W + ΔW`` computed in fp32 and rounded once to the base dtype, each block one XLA computation on the
-host CPU (or the numpy reference, ``kernel="numpy"``). Peak memory is a few blocks, not a shard. Writing runs on a
-background thread, overlapping the math.
-
-A ΔW is anything with ``a`` (in, r), ``b`` (r, out), ``scale`` and ``shape`` (out, in): ``merge_plan.Delta``.
-Needs numpy (ml_dtypes for bf16; jax for the XLA kernel).
+:func:`write_merged_shard` keeps the header (merged tensors keep dtype and shape, so every offset stays valid),
+kernel-copies untouched bytes and merges each targeted tensor in row blocks, ``W + ΔW`` in fp32 rounded once: peak
+memory is a few blocks, not a shard. A ΔW is anything with ``a`` (in, r), ``b`` (r, out), ``scale`` and ``shape``.
 """
 
 from __future__ import annotations
@@ -139,14 +133,8 @@ class _Writer:
 
 
 def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str = "xla") -> dict[str, float]:
-    """Write ``dst_path`` = ``src_path`` with ``deltas`` added; returns {tensor: max |ΔW| applied}.
-
-    The header is copied unchanged (same dtypes and shapes, so the same offsets). The data is written in file order:
-    the byte ranges between merged tensors by a kernel copy (bit for bit, no Python buffers), each merged tensor read
-    alone, in row blocks, ``W + ΔW`` computed in fp32 and rounded once to the base dtype (``kernel``: see
-    :func:`_write_merged_tensor`). Peak memory: a few blocks of ~4 MB. Writing runs on a background thread,
-    overlapping the math.
-    """
+    """Write ``dst_path`` = ``src_path`` with ``deltas`` added, in file order, writes overlapping the math on a
+    background thread; returns {tensor: max |ΔW| applied}. ``kernel``: see :func:`_write_merged_tensor`."""
     header, start = read_header(src_path)
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     todo = sorted((k for k in header if k in deltas), key=lambda k: header[k]["data_offsets"][0])
@@ -193,18 +181,12 @@ _BITS = {"bfloat16": np.uint16, "float32": np.uint32}  # the dtypes of the XLA k
 @functools.cache
 def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
     """The jitted merge of one row block on the host CPU, for a bf16 or fp32 base: ``(w_bits, bᵀ, aᵀ, scale) ->
-    (merged_bits, max |ΔW| or NaN)``, the same arithmetic as :func:`merge_block_numpy`: ΔW = fl(scale·(bᵀ·aᵀ)) in
-    fp32, one fp32 add, one round-to-nearest-even (done on the bits; NaN becomes the quiet NaN ml_dtypes gives).
-    Only the dot's summation order may differ from numpy's BLAS.
+    (merged_bits, max |ΔW| or NaN)``, the arithmetic of :func:`merge_block_numpy` but for the dot's summation order.
 
-    XLA:CPU contracts ``w + scale·d`` into one fused multiply-add (one rounding instead of two). That is exact only
-    for a power-of-two scale (``fuse_scale``: one XLA call per block); any other scale gets ΔW from a first call and
-    the add in a second, so the product is rounded first, as in numpy.
-
-    XLA:CPU flushes subnormal floats to zero (FTZ/DAZ). The max comes back NaN for a block where that could change
-    the result (a subnormal base element, or a nonzero base element whose fp32 sum came out zero), and for a ΔW
-    with a NaN; the caller then merges that block with numpy. Left uncovered: ΔW elements that are themselves
-    subnormal (|ΔW| < 1.2e-38).
+    XLA:CPU fuses ``w + scale·d`` into one FMA, exact only for a power-of-two scale (``fuse_scale``); any other
+    scale takes two calls, so the product is rounded first. XLA:CPU also flushes subnormals to zero: the max is NaN
+    where that could change the block (or ΔW has a NaN), and the caller merges it with numpy instead (subnormal ΔW
+    elements themselves are not covered).
     """
     import jax
     import jax.numpy as jnp
@@ -230,8 +212,7 @@ def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
         else:
             out = u
         flushed = ((exp_bits == 0) & (mag != 0)) | (((u & 0x7FFFFFFF) == 0) & (mag != 0))
-        # one reduction gives both: max |ΔW|, or NaN where a flushed element makes the block inexact (two
-        # reductions cost two more passes over the block: 40% of the kernel, against 0% for this one)
+        # one reduction gives both max |ΔW| and the NaN flag (two reductions cost two more passes over the block)
         return out, jnp.max(jnp.where(flushed, jnp.float32(jnp.nan), jnp.abs(dw)))
 
     if fuse_scale:
@@ -252,12 +233,8 @@ def _read_block(src, nbytes: int, align: int = 64) -> np.ndarray:
 
 def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel: str = "xla") -> float:
     """Read one base tensor, add its ΔW in fp32, write it in the base dtype, in row blocks of about
-    ``MERGE_BLOCK_ELEMENTS`` elements, so the temporaries stay small whatever the tensor's size. Returns max |ΔW|.
-
-    ``kernel="xla"`` (bf16/fp32 bases): each block is one jitted XLA computation on the host CPU (both cores, the
-    casts fused with the add); block ``i + 1`` is read while block ``i`` computes. ``"numpy"``: today's reference
-    arithmetic (:func:`merge_block_numpy`), also used for other dtypes and for blocks the XLA kernel flags.
-    """
+    ``MERGE_BLOCK_ELEMENTS`` elements; return max |ΔW|. ``kernel``: "xla" (bf16/fp32 bases; block ``i + 1`` is read
+    while block ``i`` computes) or "numpy" (:func:`merge_block_numpy`, also for other dtypes and flagged blocks)."""
     if kernel not in MERGE_KERNELS:
         raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
     dtype = np_dtype(entry["dtype"])

@@ -1,20 +1,9 @@
-"""Audit and fix the sharding annotations of a (LoRA) tunix model: every parameter, its spec, what the mesh can do.
+"""Audit and fix the sharding annotations of a (LoRA) tunix model: problems that raise only at compile, or never.
 
-Three things go wrong between tunix, qwix and a mesh, and none of them raises until a step is compiled (or never):
-
-1. **A spec the mesh cannot divide.** tunix shards head dims on ``tp``; a config with fewer (global) KV heads than
-   ``tp`` (1 global KV head on tp=2; the 31B's 4 global KV heads on tp=8) annotates a dim that the axis cannot split.
-2. **A LoRA spec whose rank differs from its array.** qwix derives LoRA A/B specs from the base weight's; when it
-   copies the base tuple instead (older qwix; the paper reset those by hand to replicated), a 3-D spec sits on a
-   2-D array. With qwix 0.1.8 and flax 0.12.8 the specs are transposed correctly, and the audit shows no such row.
-3. **An annotation that is not applied.** tunix creates variables unsharded (``flax_always_shard_variable=False``)
-   and qwix's QLoRA places quantized weights and LoRA params its own way; the metadata says one thing, the array
-   lives another way.
-
-:func:`audit` lists every parameter with these checks and bytes per device; :func:`fix_shardings` picks the least replication
-that divides (drops only the offending axis; LoRA A/B take the base weight's axis on their non-rank dims when it
-divides), reports each change, and places the arrays. Abstract models (``nnx.eval_shape``) and
-``jax.sharding.AbstractMesh`` work too, for plans of the 31B.
+:func:`audit` lists every parameter with its spec and bytes per device, and flags a spec the mesh cannot divide
+(fewer global KV heads than ``tp``), a LoRA spec whose rank differs from its array, and an annotation not applied
+(tunix creates variables unsharded; QLoRA places arrays its own way). :func:`fix_shardings` drops only the offending
+axes, reports each change and places the arrays. Abstract models and meshes work too, for plans of the 31B.
 """
 
 from __future__ import annotations
@@ -25,6 +14,7 @@ from . import gemma4, lora
 from .forward_inputs import causal_inputs
 from .errors import GemmaTpuError
 from .gemma4 import PATTERN
+from .partition_specs import bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
 
 _SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
 
@@ -33,27 +23,8 @@ class ShardingError(GemmaTpuError, ValueError):
     """Annotations that cannot be applied on this mesh."""
 
 
-# ----------------------------------------------------------------------------------------------- small pieces
-
-
 def _mesh_sizes(mesh) -> dict[str, int]:
     return dict(mesh.shape)
-
-
-def _axes(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
-
-
-def _axis_size(sizes: dict[str, int], entry) -> int:
-    return math.prod(sizes[a] for a in _axes(entry))
-
-
-def _bits(dtype) -> int:
-    from jax._src import dtypes
-
-    return dtypes.itemsize_bits(dtype)
 
 
 def _spec_of(v) -> tuple[tuple | None, str | None]:
@@ -79,25 +50,6 @@ def _params(model):
             yield tuple(path), v
 
 
-def bytes_per_device(shape, dtype, spec, sizes) -> int:
-    per = list(shape)
-    for i, entry in enumerate(spec or ()):
-        if i < len(per) and entry is not None:
-            per[i] = -(-per[i] // _axis_size(sizes, entry))
-    return math.prod(per) * _bits(dtype) // 8
-
-
-def indivisible_dims(shape, spec, sizes) -> list[str]:
-    out = []
-    for i, entry in enumerate(spec or ()):
-        if i >= len(shape) or entry is None:
-            continue
-        n = _axis_size(sizes, entry)
-        if shape[i] % n:
-            out.append(f"dim {i} ({shape[i]}) by {'x'.join(_axes(entry))}={n}")
-    return out
-
-
 def _named(mesh, spec, ndim):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -120,15 +72,11 @@ def _placed(value, ndim):
     return spec + (None,) * (ndim - len(spec))
 
 
-# ----------------------------------------------------------------------------------------------- audit
-
-
 def audit(model, mesh):
-    """Every parameter: path, shape, dtype, spec, whether each sharded dim divides, bytes per device, flags (pandas).
+    """Every parameter: path, shape, dtype, spec, checks, bytes per device and a ``flag`` (empty when fine; pandas).
 
-    Columns: ``spec`` (the annotation), ``placed`` (the concrete array's spec; ``-`` when abstract), ``rank ok``,
-    ``divides``, ``applied``, ``bytes/device`` (if the annotation were applied, rounding up indivisible dims),
-    ``bytes/device placed`` (as the array lives now; equal to the former when abstract) and ``flag`` (empty when fine).
+    ``placed``: the concrete array's spec (``-`` when abstract); ``bytes/device``: as annotated, indivisible dims
+    rounded up; ``bytes/device placed``: as the array lives now (the former when abstract).
     """
     import jax
     import pandas as pd
@@ -169,7 +117,7 @@ def audit(model, mesh):
             applied = False  # an annotation that cannot be applied is not in effect (already flagged above)
         per_dev = bytes_per_device(shape, dtype, spec if rank_ok else None, sizes)
         if placed is not None:
-            placed_bytes = math.prod(value.sharding.shard_shape(shape)) * _bits(dtype) // 8
+            placed_bytes = math.prod(value.sharding.shard_shape(shape)) * dtype_bits(dtype) // 8
         else:
             placed_bytes = per_dev
         rows.append({"path": "/".join(map(str, path)), "kind": type(v).__name__, "shape": shape, "dtype": str(dtype),
@@ -191,9 +139,6 @@ def totals(audit_df, column: str = "bytes/device"):
     """Bytes per device summed by kind (Param = frozen base, LoRAParam = trainable), and overall."""
     g = audit_df.groupby("kind")[column].sum()
     return {**{k: int(v) for k, v in g.items()}, "total": int(audit_df[column].sum())}
-
-
-# ----------------------------------------------------------------------------------------------- fix
 
 
 def _get(model, path):
@@ -244,30 +189,12 @@ def _expected_lora_spec(model, path, shape, sizes) -> tuple | None:
     return tuple(None if n == 1 else e for n, e in zip(shape, derived))
 
 
-def divisible_spec(shape, spec, sizes) -> tuple:
-    """Drop only the mesh axes that cannot divide their dim (and repeated axes); keep everything else."""
-    out, used = [], set()
-    for i, entry in enumerate(spec):
-        axes = [a for a in _axes(entry) if a not in used]
-        while axes and shape[i] % math.prod(sizes[a] for a in axes):
-            # drop the axis whose removal keeps the most sharding that divides
-            axes = max(([b for b in axes if b != a] for a in axes),
-                       key=lambda rest: (shape[i] % max(1, math.prod(sizes[b] for b in rest)) == 0,
-                                         math.prod(sizes[b] for b in rest)))
-        used.update(axes)
-        out.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
-    return tuple(out)
-
-
 def fix_shardings(model, mesh, apply: bool = True):
-    """Correct what :func:`audit` flags, in place; return a table of every change.
+    """Correct what :func:`audit` flags, in place; return a table of every change (pandas).
 
-    - a spec the mesh cannot divide: drop only the offending axis on that dim (least replication);
-    - a LoRA spec of the wrong rank: the base weight's axis on each non-rank dim if it divides, else replicated;
-    - an annotation not applied: the array is placed as annotated.
-
-    With ``apply`` (and a concrete mesh and arrays) every parameter is placed on the mesh as annotated
-    (``jax.device_put`` with a ``NamedSharding``), so the re-audit shows no flag.
+    An indivisible spec loses only the offending axis; a LoRA spec that does not follow its base weight gets the
+    base's axis on each non-rank dim. With ``apply`` (and a concrete mesh and arrays) every parameter is then
+    placed as annotated, so a re-audit shows no flag.
     """
     import jax
     import pandas as pd
@@ -323,10 +250,8 @@ def fix_shardings(model, mesh, apply: bool = True):
 
 
 def apply_annotations(model, mesh) -> None:
-    """Place every parameter as its annotation says (``jax.device_put``), without changing any annotation.
-
-    Raises :class:`ShardingError` naming the parameter when an annotation cannot be applied on this mesh.
-    """
+    """Place every parameter as its annotation says (``jax.device_put``). Raises :class:`ShardingError`, naming the
+    parameter and changing nothing, when an annotation cannot be applied on this mesh."""
     import jax
 
     placements = []
@@ -359,9 +284,6 @@ def state_shardings(model, mesh):
                         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
 
 
-# ----------------------------------------------------------------------------------------------- the 31B plan
-
-
 def one_period_config(text_config: dict) -> tuple[dict, int]:
     """The config cut to one sliding/global period (6 layers), and how many periods the full model has."""
     period = len(PATTERN)
@@ -374,13 +296,10 @@ def one_period_config(text_config: dict) -> tuple[dict, int]:
 
 def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), axes=("fsdp", "tp"),
                        rank: int = 64, alpha: float = 64.0, targets=None, dtype: str = "bfloat16"):
-    """Per-device bytes of a LoRA model on a mesh, from abstract shapes only (no weights, no devices).
+    """Per-device bytes of a LoRA model on a mesh, from abstract shapes only: ``(summary, audit, changes)``.
 
-    The model is built with ``nnx.eval_shape`` for one sliding/global period (6 layers) and LoRA is applied
-    abstractly by qwix (the 60-layer abstract apply takes minutes; the layers of every period are identical), then
-    the per-layer rows are multiplied by the number of periods. Returns ``(summary, audit, changes)``: the summary
-    has bytes per device for the base and the LoRA params as annotated, as the paper fixed them (every LoRA param
-    replicated), and after :func:`fix_shardings`.
+    One sliding/global period is built and scaled by the number of periods (a 60-layer abstract LoRA takes
+    minutes). The summary has base and LoRA bytes as annotated, with every LoRA param replicated, and fixed.
     """
     import jax
     import pandas as pd
@@ -401,7 +320,7 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     def total(df, kind, column="bytes/device"):
         return int((df[column] * weight)[df["kind"] == kind].sum())
 
-    lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: _bits(d) // 8)) * weight)[
+    lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: dtype_bits(d) // 8)) * weight)[
         before["kind"] == "LoRAParam"].sum())
     rows = [
         {"what": "base params", "as annotated": total(before, "Param"), "paper: LoRA replicated": total(before, "Param"),
@@ -417,12 +336,8 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
 
 
 def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, layer_types=None, abstract=False):
-    """A random tunix Gemma 4 built the way tunix builds one: every variable unsharded, on one device.
-
-    ``layer_types`` (e.g. ``["sliding_attention", "full_attention"]``) cuts the model to those layers, for fast
-    experiments; ``abstract`` builds shapes only (``nnx.eval_shape``). Unlike ``gemma4.load_model``, this does not
-    refuse a mesh that cannot divide the heads: that is what :func:`audit` and :func:`fix_shardings` are for.
-    """
+    """A random tunix Gemma 4 built as tunix builds one: every variable unsharded, on one device, no mesh check.
+    ``layer_types`` (e.g. ``["sliding_attention", "full_attention"]``) cuts it to those layers."""
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
@@ -435,10 +350,7 @@ def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, 
 
 
 def forward_check(model, mesh, seq_len: int = 8):
-    """Jit one forward pass of ``model`` on ``mesh`` (batch = the fsdp size); return the logits' shape and spec.
-
-    The proof that a fixed model compiles and runs with its parameters placed as annotated.
-    """
+    """Jit one forward pass of ``model`` on ``mesh`` (batch = the fsdp size); return the logits' shape and spec."""
     import jax.numpy as jnp
     from flax import nnx
 

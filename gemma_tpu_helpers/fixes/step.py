@@ -1,19 +1,9 @@
-"""The one LoRA train step: what ``train.train`` runs, and what ``plan`` compiles ahead of time for a TPU.
+"""The one LoRA train step, for training and for the ahead-of-time compile alike.
 
-A memory claim holds only for the step that runs (MaxText's ``train_compile`` rule). So there is one step here, and
-every user of a train step takes it from this module:
-
-* ``train.train`` runs it through tunix's ``PeftTrainer`` (:func:`make_trainer`: a ``PeftTrainer`` whose
-  ``create_train_step_fn``, tunix's extension point, returns :func:`train_step`, jitted by :func:`jitted`);
-* ``plan`` AOT-compiles it for a TPU topology on abstract arguments (:func:`abstract_arguments`, :func:`lower`);
-* the remat policy comparison (``plan.compare_policies``), the overhead check and the PEFT equivalence run call it.
-
-The step of one micro-batch: the packed rows' inputs (:func:`model_inputs`: positions, block-diagonal causal mask),
-the assistant-token NLL with integer labels (:func:`loss_fn`), gradients of the ``nnx.LoRAParam`` leaves only, and
-the optimizer update: AdamW with warmup-cosine, gradient clipping, a non-finite update skipped
-(:func:`build_optimizer`) and gradient accumulation (``optax.MultiSteps``, as ``PeftTrainer`` wraps it:
-:func:`accumulating`). The remat policy is tunix's switch on the model (``remat.set_remat``), so it is inside the
-step too.
+A memory figure holds only for the step that runs, so training (:func:`make_trainer`: tunix's ``PeftTrainer`` running
+:func:`train_step`) and the AOT plan (:func:`abstract_arguments`, :func:`lower`) both take it from here. One
+micro-step: packed-row inputs, assistant-token NLL, LoRA-only gradients, AdamW with warmup-cosine, clipping, a
+non-finite update skipped, gradient accumulation. The remat policy is a switch on the model, so it is inside too.
 """
 
 from __future__ import annotations
@@ -22,7 +12,7 @@ import dataclasses
 import logging
 
 from . import forward_inputs
-from . import gemma4, sharding
+from . import gemma4, partition_specs
 from . import mesh as mesh_lib
 from . import remat as remat_lib
 
@@ -45,17 +35,12 @@ class TrainSpec:
     seed: int = 0
     max_grad_norm: float = 1.0  # TRL/transformers' default clipping, kept for equivalence
 
-# ---------------------------------------------------------------------------------------------------------------
-# The loss: integer labels over packed rows
-
 
 def token_nll(logits, labels):
-    """Next-token NLL per position for integer ``labels``: ``logsumexp(logits) - logits[label]``, no one-hot.
+    """Next-token NLL per position for integer ``labels``, in the logits' dtype (cast them first for fp32).
 
-    The label's logit is picked by a masked reduction (``where(iota == label)``, summed), which XLA fuses into one
-    pass and which stays sharded along the vocabulary. ``take_along_axis`` - what optax's integer-label
-    cross-entropy uses - all-gathers vocab-sharded logits first: +1.5 GiB per chip for the 31B at seq 3072 on a
-    v5p-8 (measured with ``plan.aot_plan``). Computed in the logits' dtype: cast them first for fp32.
+    The label's logit is picked by a masked sum, which stays sharded along the vocabulary: ``take_along_axis``
+    (optax's integer-label loss) all-gathers vocab-sharded logits first, GiBs per chip on the 31B.
     """
     import jax
     import jax.numpy as jnp
@@ -92,10 +77,6 @@ def loss_fn(model, input_tokens, loss_mask, positions, segment_ids, attention_ma
     return total / jnp.maximum(count, 1.0)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The optimizer
-
-
 def lr_schedule(spec, total_steps: int):
     """Linear warmup from 0 to the peak, then cosine decay to 0 at ``total_steps`` (as HF's cosine-with-warmup)."""
     import optax
@@ -107,9 +88,8 @@ def lr_schedule(spec, total_steps: int):
 
 
 def build_optimizer(spec, total_steps: int):
-    """AdamW with the profile's schedule, weight decay and grad clipping, per optimizer update. A non-finite
-    update is skipped (``optax.apply_if_finite``), so a NaN step leaves the LoRA params - and the next
-    checkpoint - as they were. ``PeftTrainer`` adds the gradient accumulation (:func:`accumulating`)."""
+    """AdamW with the schedule, weight decay and clipping; a non-finite update is skipped, so a NaN step leaves the
+    LoRA params (and the next checkpoint) as they were. ``PeftTrainer`` adds the accumulation."""
     import optax
 
     tx = optax.chain(optax.clip_by_global_norm(spec.max_grad_norm),
@@ -118,21 +98,15 @@ def build_optimizer(spec, total_steps: int):
 
 
 def accumulating(spec, total_steps: int):
-    """What one micro-step updates with: :func:`build_optimizer` inside ``optax.MultiSteps`` over
-    ``spec.grad_accum`` micro-batches, exactly as ``PeftTrainer`` wraps it from ``gradient_accumulation_steps``."""
+    """:func:`build_optimizer` in ``optax.MultiSteps`` over ``spec.grad_accum`` micro-batches, as ``PeftTrainer``."""
     import optax
 
     return optax.MultiSteps(build_optimizer(spec, total_steps), spec.grad_accum)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The step
-
-
 def train_step(model, optimizer, batch):
-    """One micro-step on a LoRA ``model``: ``(loss, aux=None, grad norm)``, the LoRA params and ``optimizer``
-    (an ``nnx.Optimizer`` over ``nnx.LoRAParam``) updated in place. The body of tunix's
-    ``PeftTrainer._train_step`` for a LoRA model, with our inputs and loss."""
+    """One micro-step (tunix's ``PeftTrainer._train_step`` with these inputs and loss): ``(loss, None, grad norm)``;
+    the LoRA params and ``optimizer`` (an ``nnx.Optimizer`` over ``nnx.LoRAParam``) are updated in place."""
     import optax
     from flax import nnx
 
@@ -145,12 +119,10 @@ def train_step(model, optimizer, batch):
 
 
 def jitted():
-    """:func:`train_step` under ``nnx.jit`` with the model *and* the optimizer state donated.
+    """:func:`train_step` under ``nnx.jit`` with the model *and* the optimizer donated.
 
-    ``nnx.jit`` returns the whole state of the graphs it was given, the frozen base weights included. tunix's
-    ``PeftTrainer`` donates only the optimizer, so XLA copies every base weight into a new output buffer each
-    step: a second copy of the weights on every chip (measured: +2.2 GB per chip for 6 layers of the 31B on a
-    v5p-8, about +15 GiB for all 60). Donating the model lets those outputs alias their inputs.
+    ``nnx.jit`` returns the frozen base weights too; donated, they alias their inputs instead of being copied into
+    new buffers each step (tunix donates only the optimizer: a second copy of the weights on every chip).
     """
     from flax import nnx
 
@@ -158,8 +130,9 @@ def jitted():
 
 
 def make_trainer(model, spec, total_steps: int, config):
-    """tunix's ``PeftTrainer`` running :func:`train_step` with :func:`build_optimizer` (``config`` is its
-    ``TrainingConfig``; its ``gradient_accumulation_steps`` must be ``spec.grad_accum``). Eval runs the same loss."""
+    """tunix's ``PeftTrainer`` running :func:`jitted` with :func:`build_optimizer`; eval runs the same loss.
+
+    ``config``: its ``TrainingConfig``; raises ValueError unless it accumulates ``spec.grad_accum`` micro-batches."""
     import functools
 
     from tunix.sft import peft_trainer
@@ -194,14 +167,10 @@ def make_trainer(model, spec, total_steps: int, config):
 
 
 def save_replicas_once() -> None:
-    """In a one-process run, Orbax saves each replicated array from its first replica, whole.
+    """In a one-process run, make Orbax save each replicated array whole from its first replica (as it does on GPUs).
 
-    Orbax's default outside GPUs is "replica-parallel" saving: each replicated array is cut into one slice per
-    replica, so that the replicas' hosts write a part each. In one process every part goes through the same host
-    anyway, and each slice is an eager JAX op. On the smoke mesh (8 virtual CPU devices) one save of the LoRA and its
-    AdamW state took 4,608 such slices, about 5.5 s of a 17 s first step; once per replica it takes none. Orbax
-    already makes this choice on GPUs. The files are the same format (a checkpoint restores either way); with more
-    than one process the default stays. Registers Orbax's ``jax.Array`` handler (global; idempotent).
+    Replica-parallel saving (the default) cuts each array into one eager slice per replica, for hosts that one
+    process does not have: seconds per save. Same file format. Registers a global ``jax.Array`` handler; idempotent.
     """
     import jax
     import orbax.checkpoint as ocp
@@ -228,13 +197,8 @@ def optimizer_for(model, spec, total_steps: int):
     return nnx.Optimizer(model, accumulating(spec, total_steps), wrt=nnx.LoRAParam)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Abstract arguments: the same step, compiled for a topology without weights
-
-
 def _place(node, mesh) -> None:
-    """Give every abstract leaf of an nnx graph node its sharding on ``mesh``: its partition-spec metadata, with
-    any mesh axis that cannot divide its dimension dropped (``sharding.divisible_spec``, notebook 03's fix)."""
+    """Shard every abstract leaf of ``node`` on ``mesh`` by its partition spec, less the axes that cannot divide."""
     import jax
     from flax import nnx
     from jax.sharding import NamedSharding
@@ -244,7 +208,7 @@ def _place(node, mesh) -> None:
     state = nnx.state(node)
     specs = nnx.get_partition_spec(state)
     placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=NamedSharding(mesh, P(*sharding.divisible_spec(x.shape, tuple(s), sizes)))),
+        x.shape, x.dtype, sharding=NamedSharding(mesh, P(*partition_specs.divisible_spec(x.shape, tuple(s), sizes)))),
         state, specs)
     nnx.update(node, placed)
 
@@ -267,9 +231,8 @@ def abstract_batch(mesh, batch: int, seq_len: int) -> dict:
 
 def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: int, seq_len: int,
                        dtype: str = "bfloat16", remat: str = "none", total_steps: int = 1000):
-    """``(model, optimizer, batch)`` of :func:`train_step` with no weights (``nnx.eval_shape``), each leaf sharded
-    on ``mesh`` as training shards it (tunix's partition specs; qwix's LoRA params and the optimizer state take
-    their base weight's). LoRA and remat as training applies them (``remat.lora_then_remat``)."""
+    """``(model, optimizer, batch)`` of :func:`train_step` as shapes only, sharded on ``mesh`` as in training, with
+    LoRA and remat applied as training applies them."""
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
@@ -287,8 +250,8 @@ def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: in
 
 
 def argument_bytes(*trees) -> int:
-    """Bytes one chip holds of abstract, sharded arguments (each leaf's shard at its dtype's bit width): XLA's
-    ``arguments`` before any compile, less the padding of TPU layouts (small minor dims go to 128 lanes)."""
+    """Bytes one chip holds of abstract, sharded arguments: XLA's argument size before a compile, less the
+    padding of TPU layouts."""
     import jax
     from flax import nnx
 
@@ -296,7 +259,7 @@ def argument_bytes(*trees) -> int:
     for x in jax.tree.leaves([nnx.state(t) if isinstance(t, nnx.Pytree) else t for t in trees]):
         sizes = dict(zip(x.sharding.mesh.axis_names, x.sharding.mesh.devices.shape))
         data = jax.eval_shape(jax.random.key_data, x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
-        total += sharding.bytes_per_device(data.shape, data.dtype, tuple(x.sharding.spec), sizes)  # a key: its words
+        total += partition_specs.bytes_per_device(data.shape, data.dtype, tuple(x.sharding.spec), sizes)  # a key: its words
     return total
 
 

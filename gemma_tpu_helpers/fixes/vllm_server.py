@@ -136,15 +136,11 @@ def start(target: ServeTarget, model_dir: str | os.PathLike, port: int | None = 
           served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
           log_path: str | os.PathLike | None = None, timeout: float = START_TIMEOUT_S, progress: bool = True,
           extra_args: list[str] | None = None) -> Server:
-    """Launch vLLM on 127.0.0.1 (a free port unless ``port`` is given) and wait until ``/health`` answers.
+    """Launch vLLM on 127.0.0.1 (the cpu and pip routes; a free port unless ``port`` is given), wait until
+    ``/health`` answers, and return the :class:`Server`. ``extra_args`` are appended to the vLLM argv.
 
-    The cpu route (vLLM's CPU build) and the pip route (vllm-tpu on this machine's TPU: Colab) run here; a docker
-    profile's server is started on its TPU VM from the printed command (:func:`connect` to it).
-    Returns a :class:`Server`: call ``.stop()`` when done, or use ``with start(...) as server:``. The log goes to
-    ``log_path`` (default ``server.log`` in ``target.log_dir``, else in a new temporary directory). Raises ServeError, before launching, for a missing
-    serving venv, a bad model directory, a busy port or (pip route) no TPU here or a TPU a process holds; after
-    launching, with the log's last lines, when the server exits or does not become healthy within ``timeout`` (it
-    is stopped then). ``extra_args`` are appended to the vLLM argv (e.g. ``["--max-num-seqs", "4"]``).
+    Raises ServeError before launching (a docker target, a bad model directory, a busy port, no free TPU here) and,
+    with the log's last lines, when the server exits or is not healthy within ``timeout`` (it is stopped then).
     """
     how = route(target)
     if how == "docker":

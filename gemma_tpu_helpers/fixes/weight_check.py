@@ -1,19 +1,9 @@
-"""Check a merged checkpoint in weight space, streamed: what ``verify --weights`` runs, on any size of model.
+"""Check a merged checkpoint in weight space, streamed, on any size of model (the logits check needs whole models).
 
-The logits check (:mod:`verify`) loads base and merged in fp32 on the host: fine for the tiny replica, impossible
-for the 31B. This check reads the base and the merged checkpoint one tensor at a time (targeted tensors in row
-blocks), on the host, with no accelerator: its peak memory is the LoRA arrays and a few blocks, as the merge's.
-
-- Every tensor the LoRA does not target (and the vision tower) must be byte-identical to the base's.
-- Every targeted tensor must equal ``round(base + scale · ΔW)`` in its stored dtype, within ``max_ulps`` units in
-  the last place plus what the rank-r dot's summation order can change (the merge's XLA kernel sums it in another
-  order than numpy; where W and ΔW cancel near zero that is many ulps of a tiny value): see :func:`check_tensor`.
-  ΔW comes from the Orbax LoRA, computed here with numpy on row blocks, not with the merge's kernel.
-- ``merge_info.json`` must record this step and this LoRA (its digest) and this base config; the shard set and
-  ``model.safetensors.index.json``'s weight map must be the base's; every other file of the base (config,
-  generation config, tokenizer, chat template) must be a byte-identical copy.
-
-A problem is a row of ``problems``, naming the tensor or file; ``ok`` is True when there is none.
+:func:`verify_weights` reads base and merged one tensor at a time, on the host: copied tensors and files must be
+byte-identical to the base's, targeted tensors ``round(base + scale·ΔW)`` within :func:`allowed_error`, and
+``merge_info.json`` must name this step, LoRA and base config. Each problem is a row of ``problems``, naming the
+tensor or file; ``ok`` is True when there is none.
 """
 
 from __future__ import annotations
@@ -33,11 +23,10 @@ from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
 from .file_io import absolute_path, config_hash, path_id
 
-MERGE_INFO = "merge_info.json"  # = merge.MERGE_INFO (not imported: merge pulls in training)
+MERGE_INFO = "merge_info.json"  # merge.MERGE_INFO, not imported to keep this module's imports small
 IGNORED = {MERGE_INFO, "tiny_model.json"}  # written by the merge / the replica builder, not copied
 CHUNK = 16 << 20
-# Elements per row block of the check (1 MB of fp32): the block's passes (dot, add, compare) stay in a core's
-# L2 cache (4 MB here); 1M-element blocks, the merge's, spilled it: each elementwise pass was up to 3x slower.
+# Elements per row block (1 MB of fp32): small enough that the block's passes stay in a core's L2 cache.
 CHECK_BLOCK_ELEMENTS = 1 << 18
 KEPT_SHARE = 0.5  # under this share of targeted elements changed by the merge, a note says ΔW was mostly rounded away
 MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in another order: one rounding apart
@@ -59,9 +48,8 @@ def _same_bytes(fa, fb, offset_a: int, offset_b: int, length: int) -> bool:
 
 
 def _ordered(x: np.ndarray) -> np.ndarray:
-    """A float array's bits as int64 in the floats' order: the distance of two values in ulps is the difference of
-    theirs (sign-magnitude to two's complement; +0 and -0 come out 1 apart). Faster than
-    ``safetensors_io.ulp_distance`` (one pass in the float's own width), for row blocks of every targeted tensor."""
+    """A float array's bits as integers in the floats' order, so that two values' distance in ulps is the
+    difference of theirs (+0 and -0 come out 1 apart); one pass, faster than ``safetensors_io.ulp_distance``."""
     bits = x.view(f"i{x.dtype.itemsize}")
     shift = 8 * x.dtype.itemsize - 1
     return (bits ^ ((bits >> shift) & ((1 << shift) - 1))).astype(np.int32 if x.dtype.itemsize == 2 else np.int64)
@@ -81,22 +69,17 @@ ULP_SCALE = {"bfloat16": 2.0 ** 16, "float16": 2.0 ** 13, "float32": 1.0}  # one
 
 def check_tensor(base_path: Path, merged_path: Path, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta,
                  max_ulps: int = MAX_ULPS) -> dict:
-    """One targeted tensor, in row blocks: the merged value against round(base + ΔW) (ΔW in fp32 with numpy, one
-    rounding to the stored dtype). Where the bits differ, the error may be ``max_ulps`` ulps of the stored dtype plus
-    what the rank-r dot's summation order can change (:func:`allowed_error`): near zero, where W and ΔW cancel,
-    that is many ulps of a tiny value (seen on a full-size 31B down_proj: 24,321 ulps, |error| 4.7e-10). A NaN where
-    base + ΔW is a number (or the reverse) fails. Returns the most ulps, the worst ``excess`` (error / allowed; over
-    1 fails), the error there, ΔW's root mean square (``delta_rms``, from the factors) and how many elements the
-    merge changed. Opens its own file handles: tensors are checked on several threads."""
+    """One targeted tensor, in row blocks, against round(base + ΔW) (ΔW in fp32 with numpy), within
+    :func:`allowed_error`; a NaN against a number fails. Returns the most ulps, the worst ``excess`` (error /
+    allowed; over 1 fails), ``delta_rms`` and how many elements the merge changed. Thread-safe (own file handles)."""
     with open(base_path, "rb") as fb, open(merged_path, "rb") as fm:
         return _check_blocks(fb, fm, b_off, m_off, entry, d, max_ulps)
 
 
 def allowed_error(value, dot, rank: int, dtype_name: str, max_ulps: int = MAX_ULPS) -> np.ndarray:
-    """How far two merges of one element may lie apart: ``max_ulps`` units in the last place of ``value`` in its
-    stored dtype, plus what two orders of the fp32 rank-r dot and its scaling can change, each within
-    (r+1)·2⁻²⁴·``dot`` of the exact (``dot`` is |scale|·Σ|aᵢ·bᵢ| for that element): on any CPU, whatever order its
-    BLAS or XLA sums in."""
+    """How far two merges of one element may lie apart, whatever order BLAS or XLA sums the dot in: ``max_ulps`` of
+    ``value`` in its stored dtype, plus twice (r+1)·2⁻²⁴·``dot`` (``dot`` = |scale|·Σ|aᵢ·bᵢ| for that element).
+    Near zero, where W and ΔW cancel, that is many ulps of a tiny value."""
     return max_ulps * np.abs(np.spacing(np.asarray(value, np.float32))) * ULP_SCALE.get(dtype_name, 1.0) \
         + 2 * (rank + 1) * 2.0 ** -24 * np.asarray(dot)
 
@@ -185,12 +168,9 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
 
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
                    progress: bool = True, arrays: dict | None = None) -> dict:
-    """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, or its latest: a
-    merge of another step fails, naming the step ``merge_info.json`` records), streamed. Returns ``{"ok", "step",
-    "problems": [str], "notes", "tensors": [row], ...}``: a row per tensor (``kind`` merged or copied, ``max_ulps``,
-    ``excess``, ``ok``). Raises WeightCheckError or CheckpointError
-    (a damaged base: one line naming the file) when the check cannot start. ``arrays``: the LoRA of ``step``,
-    already restored by the caller (``verify.verify_merge``), so it is not read from Orbax twice."""
+    """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, default its latest),
+    streamed; return ``{"ok", "step", "problems", "notes", "tensors": [a row per tensor], ...}``. ``arrays``: that
+    LoRA if already restored. Raises WeightCheckError or CheckpointError when the check cannot start."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
@@ -248,9 +228,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     rows = []
     total = sum((base_dir / s).stat().st_size for s in shards)
     bar = tqdm(total=total, desc="checking weights", unit="B", unit_scale=True, disable=not progress)
-    # numpy's BLAS on one thread while the pool runs one tensor per core: each worker's sgemm otherwise starts BLAS's
-    # own threads (cores² in all), which wait on each other and on a busy core (measured on 2 cores, one busy:
-    # 16-64 ms per 1M elements of a rank-64 ΔW vs 1.5 ms; the bench checkpoint's check 34.9 s -> 19.8 s)
+    # BLAS on one thread while the pool runs a tensor per core: else cores² BLAS threads wait on each other
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool, threadpool_limits(1, user_api="blas"):
         for shard in sorted(shards):
             if shard not in m_shards:
