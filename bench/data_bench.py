@@ -189,8 +189,8 @@ def main(argv=None) -> int:
                    help="only: rows/s of tokenize_rows at 1,000, 3,000 and 10,000 rows")
     args = p.parse_args(argv)
 
-    from gemma_tpu_helpers.fixes import data
     from gemma_tpu_helpers.course import profiles, tiny
+    from gemma_tpu_helpers.fixes import data
 
     prof = profiles.get_profile("v5p-8")
     tokenizer = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"])

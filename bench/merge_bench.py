@@ -420,9 +420,9 @@ def shard_profile(base: Path, ckpt: Path) -> str:
             a, b, s = d.a.astype(np.float32), d.b.astype(np.float32), np.float32(d.scale)
             dt, dw = _time(matmul)
             t["before: matmul (A·B)ᵀ·s"] += dt
-            dt, m = _time(lambda: np.add(w, dw, dtype=np.float32))
+            dt, m = _time(lambda: np.add(w, dw, dtype=np.float32))  # noqa: F821 (the del below)
             t["before: cast up + add"] += dt
-            dt, merged = _time(lambda: m.astype(bf16))
+            dt, merged = _time(lambda: m.astype(bf16))  # noqa: F821
             t["before: cast down"] += dt
             del dw, m
             fn = safetensors_io._xla_block_kernel("bfloat16", fuse_scale=bool(np.frexp(s)[0] == 0.5))

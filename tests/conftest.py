@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")

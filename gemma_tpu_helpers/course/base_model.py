@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from ..fixes import gemma4
-from . import hub, tiny
 from ..fixes.file_io import absolute_path
+from . import hub, tiny
 
 HUB_IDS = {"google/gemma-4-31B-it": "31b", "google/gemma-4-26B-A4B-it": "26b-a4b", "google/gemma-4-E2B-it": "e2b",
            "google/gemma-4-E4B-it": "e4b"}

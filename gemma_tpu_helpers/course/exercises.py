@@ -15,8 +15,6 @@ import numbers
 import re
 from typing import Any, Callable
 
-from .serving_bench import PAPER_TRAINING_HOURS
-from .cost import cost_per_million_output_tokens, price, training_comparison
 from ..fixes.data import codev_like_lengths, token_use_for_lengths
 from ..fixes.errors import GemmaTpuError
 from ..fixes.eval_score import pass_at_k
@@ -24,11 +22,13 @@ from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, l
 from ..fixes.layout import synthetic_lora
 from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
 from ..fixes.merge_plan import plan_merge
-from .profiles import GPU_RECIPE, get_profile
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
-from ..fixes.vllm_command import ServeError
 from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
+from ..fixes.vllm_command import ServeError
+from .cost import cost_per_million_output_tokens, price, training_comparison
 from .profile_steps import hbm_per_chip
+from .profiles import GPU_RECIPE, get_profile
+from .serving_bench import PAPER_TRAINING_HOURS
 from .tiny import tiny_text_config
 
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fixes import data, gemma4, lora, step
-from . import train
 from ..fixes import mesh as mesh_lib
+from . import train
 from .profiles import Profile
 
 

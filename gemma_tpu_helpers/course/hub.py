@@ -13,8 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
-from . import profiles
 from ..fixes.errors import GemmaTpuError
+from . import profiles
 
 # What the training, merge and serving steps read from a base checkpoint.
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]

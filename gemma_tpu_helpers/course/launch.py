@@ -10,7 +10,6 @@ import time
 
 from ..fixes.multihost import MultihostError
 
-
 # Steps that run on every worker of a pod (they join with jax.distributed); the others run on worker 0 only.
 ALL_WORKERS = ("train",)
 

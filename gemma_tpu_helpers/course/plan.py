@@ -17,11 +17,11 @@ import re
 import time
 from pathlib import Path
 
-from . import base_model, profiles, serving_bench
 from ..fixes import data, layout, step
 from ..fixes import mesh as mesh_lib
 from ..fixes import remat as remat_lib
 from ..fixes.errors import GemmaTpuError
+from ..fixes.file_io import config_hash, write_atomic
 from ..fixes.gemma4 import (
     PATTERN,
     attn_dims,
@@ -32,7 +32,7 @@ from ..fixes.gemma4 import (
     param_count,
     read_text_config,
 )
-from ..fixes.file_io import config_hash, write_atomic
+from . import base_model, profiles, serving_bench
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}

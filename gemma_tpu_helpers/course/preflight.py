@@ -17,9 +17,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from . import hub, profiles
 from ..fixes import http_client, process_groups
 from ..fixes.errors import GemmaTpuError
+from . import hub, profiles
 
 # PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
 GOOGLE_PCI_VENDOR = "0x1ae0"

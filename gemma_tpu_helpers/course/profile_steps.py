@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..fixes import gemma4, vllm_command
-from ..fixes.lora import apply_lora, coverage_of_regex, summary
 from ..fixes.file_io import path_id
+from ..fixes.lora import apply_lora, coverage_of_regex, summary
 from ..fixes.merge import merge_lora, read_merge_info
 from ..fixes.sharding import plan_lora_sharding
 from . import base_model, train

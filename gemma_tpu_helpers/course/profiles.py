@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 
 from ..fixes import file_io, vllm_command
-from ..fixes.process_groups import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*)
 from ..fixes import mesh as mesh_lib
 from ..fixes.data import DataSpec
 from ..fixes.lora import LoraSpec
 from ..fixes.multihost import cpu_xla_flags
-
-from ..fixes.vllm_command import ServeSpec
+from ..fixes.process_groups import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*)
 from ..fixes.step import TrainSpec
+from ..fixes.vllm_command import ServeSpec
 from . import paths
 
 ENV_VAR = "GEMMA_TPU_PROFILE"

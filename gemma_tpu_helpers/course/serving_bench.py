@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import cost
-from . import paths
 from ..fixes import file_io, http_client, process_groups, vllm_command, vllm_server
 from ..fixes.errors import GemmaTpuError
+from . import cost, paths
 
 # ---- documented defaults ---------------------------------------------------------------------------------------
 DEFAULT_INPUT_LENS = (128, 256)  # smoke: short prompts (the tiny model's max_model_len is 1024)

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from ..fixes import file_io
-from .logbook import COURSE
 from ..fixes.errors import GemmaTpuError
+from .logbook import COURSE
 
 SITE_DIR = "site"
 INDEX = "index.html"

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import base_model
-from ..fixes import gemma4, lora, remat, sharding
-from ..fixes.lora_checkpoint import list_steps
 from ..fixes import data as data_lib
+from ..fixes import gemma4, lora, remat, sharding
 from ..fixes import mesh as mesh_lib
 from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
+from ..fixes.lora_checkpoint import list_steps
 from ..fixes.multihost import is_main, main_first, process_rows
 from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
+from . import base_model
 from .profiles import Profile
 
 METADATA = "lora_config.json"

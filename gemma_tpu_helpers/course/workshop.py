@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from ..fixes import eval_simulate
-from . import preflight, profiles
 from ..fixes.gemma4 import CheckpointError, check_checkpoint
 from ..fixes.vllm_command import ServeError
 from ..fixes.vllm_server import start
+from . import preflight, profiles
 from .paths import serve_python
 from .site import find_chromium
 

@@ -13,7 +13,6 @@ from typing import Iterable, Sequence
 
 from .errors import GemmaTpuError
 
-
 FILE_SUFFIXES = {"prompt": "_prompt.txt", "ref": "_ref.sv", "test": "_test.sv"}
 
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import GemmaTpuError
 from . import file_io, http_client
+from .errors import GemmaTpuError
 from .eval_problems import SYSTEM_PROMPT, EvalError, Problem, prompt_messages
 
 

@@ -10,11 +10,18 @@ import math
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
+
 from . import file_io
 from .eval_problems import EvalError, Problem, extract_verilog, problems_digest, reference_code, task_digest
-from .eval_simulate import (CATEGORIES, DEFAULT_TIMEOUT, OFFICIAL_LETTERS, simulate, simulator_tools, simulator_version,
-                            version_warning)
-
+from .eval_simulate import (
+    CATEGORIES,
+    DEFAULT_TIMEOUT,
+    OFFICIAL_LETTERS,
+    simulate,
+    simulator_tools,
+    simulator_version,
+    version_warning,
+)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -301,8 +308,8 @@ def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | 
                          + ", ".join(f"{t} ({calibration.references[t]['category']})" for t in gone))
     letters = results["official"].value_counts() if "official" in results else None
     if letters is not None:
-        lines.append("official letters: " + " ".join(f"{l}={int(letters[l])}" for l in OFFICIAL_LETTERS
-                                                      if l in letters))
+        lines.append("official letters: " + " ".join(f"{c}={int(letters[c])}" for c in OFFICIAL_LETTERS
+                                                      if c in letters))
     warning = version_warning(version)
     if warning:
         lines.append(warning)

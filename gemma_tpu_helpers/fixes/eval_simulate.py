@@ -12,10 +12,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
 from . import process_groups
 from .eval_problems import EvalError, Problem
-
-
 
 IVERILOG_FLAGS = ("-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb")
 
@@ -156,7 +155,7 @@ def _first_error(log: str) -> str:
     for line in log.splitlines():
         if "error" in line.lower() or "I give up" in line:
             return line.strip()
-    lines = [l for l in log.splitlines() if l.strip()]
+    lines = [line for line in log.splitlines() if line.strip()]
     return lines[0].strip() if lines else ""
 
 

@@ -15,7 +15,6 @@ from typing import Iterable
 
 from .errors import GemmaTpuError
 
-
 LOG_TAIL_LINES = 40
 
 

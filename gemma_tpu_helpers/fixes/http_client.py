@@ -11,7 +11,6 @@ import urllib.request
 
 from .errors import GemmaTpuError
 
-
 API_KEY_ENV = "VLLM_API_KEY"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from .forward_inputs import causal_inputs
 from .errors import GemmaTpuError
+from .forward_inputs import causal_inputs
 from .gemma4 import head_divisibility_problems, load_model
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from . import layout
-from .gemma4 import read_text_config
 from .file_io import absolute_path, install_dir, path_id, temp_dir_beside
+from .gemma4 import read_text_config
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 
-
 def process_cmdline(pid: int) -> str:
     """A process's command line (120 characters at most), or ``?`` when it cannot be read."""
     try:

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GemmaTpuError
+
 # INDEX is read by merge from here (noqa: re-exported)
 from .gemma4 import INDEX, CheckpointError, checkpoint_layout, read_shard_header, read_text_config  # noqa: F401
+
 COPY_CHUNK = 64 << 20
 # Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
 # to stay in the caches and keep the memory bounded whatever the tensor's size.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from . import gemma4, lora
-from .forward_inputs import causal_inputs
 from .errors import GemmaTpuError
+from .forward_inputs import causal_inputs
 from .gemma4 import PATTERN
 from .partition_specs import bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from . import forward_inputs
-from . import gemma4, partition_specs
+from . import forward_inputs, gemma4, partition_specs
 from . import mesh as mesh_lib
 from . import remat as remat_lib
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+
 from . import http_client
 from .vllm_command import DEFAULT_PORT, HOST, SERVED_NAME, ServeError
-
-
 
 REQUEST_TIMEOUT_S = http_client.REQUEST_TIMEOUT_S
 

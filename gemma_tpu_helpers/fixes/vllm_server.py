@@ -11,13 +11,23 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+
 from . import file_io, http_client, process_groups
 from .process_groups import tpu_device_files, tpu_holders, tpu_visible
 from .vllm_client import Client
-from .vllm_command import (DEFAULT_PORT, HOST, SERVED_NAME, ServeError, ServeTarget, check_model_dir, environment, is_hub_id,
-                           route, serve_command, tpu_pip_instructions)
-
-
+from .vllm_command import (
+    DEFAULT_PORT,
+    HOST,
+    SERVED_NAME,
+    ServeError,
+    ServeTarget,
+    check_model_dir,
+    environment,
+    is_hub_id,
+    route,
+    serve_command,
+    tpu_pip_instructions,
+)
 
 START_TIMEOUT_S = 600.0  # CPU start is ~40-100 s here; a 31B on TPU loads and compiles for minutes
 

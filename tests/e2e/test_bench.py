@@ -11,12 +11,11 @@ import sys
 import time
 
 import pytest
-import support
-from support import REPO
 
-from gemma_tpu_helpers.course import cost, serving_bench
+import support
+from gemma_tpu_helpers.course import cost, paths, serving_bench
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
-from gemma_tpu_helpers.course import paths
+from support import REPO
 
 SERVE_PY = support.serve_python()
 OUTPUT_LEN = 16

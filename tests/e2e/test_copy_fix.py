@@ -16,10 +16,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support import copy_lines, path_of
 
-from gemma_tpu_helpers.fixes import eval_problems, gemma4, layout, lora_checkpoint, multihost
 from gemma_tpu_helpers.course import paths
+from gemma_tpu_helpers.fixes import eval_problems, gemma4, layout, lora_checkpoint, multihost
+from support import copy_lines, path_of
 
 NOTEBOOKS = [f"0{i}" for i in range(1, 10)]
 

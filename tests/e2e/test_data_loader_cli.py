@@ -2,11 +2,12 @@
 relative --source (two CLI runs, about 50 s). The loader's rules: tests/fast/test_data_loader.py."""
 
 import json
-import pytest
-from support import SHIPPED
 
-from gemma_tpu_helpers.fixes import data
+import pytest
+
 from gemma_tpu_helpers.course import paths, profiles
+from gemma_tpu_helpers.fixes import data
+from support import SHIPPED
 
 
 def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):

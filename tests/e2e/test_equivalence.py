@@ -1,8 +1,8 @@
 """The TPU recipe against the GPU recipe: the settings per update, and a loss-curve parity run with HF PEFT."""
 
 
-from gemma_tpu_helpers.fixes import data
 from gemma_tpu_helpers.course import equivalence, profiles
+from gemma_tpu_helpers.fixes import data
 
 
 def test_settings_table_for_the_papers_runs():

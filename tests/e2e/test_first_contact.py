@@ -18,10 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
 from gemma_tpu_helpers.course import base_model
 from gemma_tpu_helpers.fixes import process_groups, vllm_command, vllm_server
+from support import run_cli
 
 REAL = "google/gemma-4-31B-it"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -122,7 +122,7 @@ def one_line_error(r, starts):
     """The CLI failed cleanly: exit code 2, no traceback, one `error:` line that begins with ``starts``."""
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: " + starts), r.stderr[-3000:]
     return errors[0]
 

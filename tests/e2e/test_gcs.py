@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import REPO, run_cli
 
 from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
+from support import REPO, run_cli
 
 BUCKET = "course"  # conftest's gcs fixture makes it
 

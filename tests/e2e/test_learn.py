@@ -14,11 +14,11 @@ import re
 
 import numpy as np
 import pytest
-from support import run_cli
 
 from gemma_tpu_helpers.course import learning_check, paths, profiles
 from gemma_tpu_helpers.fixes import data, eval_problems
 from gemma_tpu_helpers.fixes.chat_format import GEMMA3_TURN_TOKENS
+from support import run_cli
 
 SMOKE = profiles.get_profile("smoke")
 LINE = re.compile(r"^pass@1 before (\d\.\d\d) after (\d\.\d\d) \((\d+) trained problems; (\d+) held out: before "

@@ -9,12 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, shard_tensors
 
-from gemma_tpu_helpers.fixes import (gemma4, lora_checkpoint, merge, merge_plan, peft_export, safetensors_io, verify,
-                                     weight_check)
 from gemma_tpu_helpers.course import commands_train, profile_steps
 from gemma_tpu_helpers.course.cli import run_cli
+from gemma_tpu_helpers.fixes import (
+    gemma4,
+    lora_checkpoint,
+    merge,
+    merge_plan,
+    peft_export,
+    safetensors_io,
+    verify,
+    weight_check,
+)
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, shard_tensors
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY

@@ -9,6 +9,7 @@ test ends, whatever happened.
 import time
 
 import pytest
+
 from support import finish, free_port_pair, run_cli, start
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 
 import importlib.util
 import math
+
 import pytest
+
 from gemma_tpu_helpers.course import plan, profiles, tiny
 from gemma_tpu_helpers.fixes import gemma4, layout
-
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)

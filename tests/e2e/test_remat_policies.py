@@ -2,6 +2,7 @@
 100 s). The policy rules and the trap: tests/fast/test_remat.py."""
 
 import importlib.util
+
 import pytest
 
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import REPO
 
 from gemma_tpu_helpers.course import profiles
+from support import REPO
 
 UV = Path(sys.executable).parent / "uv"
 PLATFORM = "x86_64-manylinux_2_35"

@@ -21,12 +21,26 @@ import time
 
 import numpy as np
 import pytest
-from support import (NO_PERIODIC, RESUME_TOL, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, check_resume, finish, free_port_pair,
-                     kill, losses, run_cli, sigterm_processes, start, stopped_step, train_args)
 
 from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+from support import (
+    NO_PERIODIC,
+    RESUME_TOL,
+    SMOKE_RUN_EVERY,
+    SMOKE_RUN_STEPS,
+    check_resume,
+    finish,
+    free_port_pair,
+    kill,
+    losses,
+    run_cli,
+    sigterm_processes,
+    start,
+    stopped_step,
+    train_args,
+)
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY
 

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-import support
-from support import REPO
 
+import support
+from gemma_tpu_helpers.course import commands_serve, paths, profiles
 from gemma_tpu_helpers.fixes import adapters as lora_adapters
 from gemma_tpu_helpers.fixes import greedy, http_client, vllm_client, vllm_command, vllm_server
-from gemma_tpu_helpers.course import commands_serve, paths, profiles
+from support import REPO
 
 SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")

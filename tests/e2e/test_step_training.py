@@ -2,7 +2,9 @@
 trainer runs and the plan compiles: tests/fast/test_step.py."""
 
 import dataclasses
+
 import numpy as np
+
 from gemma_tpu_helpers.fixes import gemma4, remat, step
 
 

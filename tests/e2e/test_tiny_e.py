@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-import support
-from support import REPO, have_iverilog, run_cli
 
+import support
 from gemma_tpu_helpers.course import base_model, profiles, tiny
 from gemma_tpu_helpers.fixes import chat_format, file_io, gemma4, greedy, parity, vllm_client, vllm_command, vllm_server
+from support import REPO, have_iverilog, run_cli
 
 E2B = "e2b"
 SERVE_PY = support.serve_python()

@@ -4,11 +4,22 @@ the tp limit of 2 global KV heads, and every step in smoke-moe: train, merge, ve
 
 import numpy as np
 import pytest
-import support
-from support import have_iverilog, run_cli
 
+import support
 from gemma_tpu_helpers.course import base_model, profile_steps, profiles, tiny
-from gemma_tpu_helpers.fixes import chat_format, compat, gemma4, greedy, lora, parity, peft_export, vllm_client, vllm_command, vllm_server
+from gemma_tpu_helpers.fixes import (
+    chat_format,
+    compat,
+    gemma4,
+    greedy,
+    lora,
+    parity,
+    peft_export,
+    vllm_client,
+    vllm_command,
+    vllm_server,
+)
+from support import have_iverilog, run_cli
 
 MOE = "26b-a4b"
 PROFILE = "smoke-moe"

@@ -6,10 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
-from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
-from gemma_tpu_helpers.fixes import step
 from gemma_tpu_helpers.course import train
+from gemma_tpu_helpers.fixes import step
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
 

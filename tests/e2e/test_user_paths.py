@@ -14,12 +14,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import REPO, run_cli
 
 from gemma_tpu_helpers import __main__ as cli
+from gemma_tpu_helpers.course import paths, profiles
 from gemma_tpu_helpers.course.cli import build_parser
 from gemma_tpu_helpers.fixes import eval_problems, vllm_command
-from gemma_tpu_helpers.course import paths, profiles
+from support import REPO, run_cli
 
 CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")

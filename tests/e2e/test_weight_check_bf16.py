@@ -1,8 +1,8 @@
 """The weight check on a bf16 run, as the real files are stored: train, merge and verify --weights (about 40 s).
 The check's rules on synthetic LoRAs: tests/fast/test_weight_check.py."""
 
-from support import bf16_copy, lora_ckpt
 from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, weight_check
+from support import bf16_copy, lora_ckpt
 
 
 def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):

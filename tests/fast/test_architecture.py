@@ -6,10 +6,10 @@ import ast
 from pathlib import Path
 
 import pytest
-import support
-from support import copy_lines, path_of
 
 import gemma_tpu_helpers
+import support
+from support import copy_lines, path_of
 
 PKG = Path(gemma_tpu_helpers.__file__).parent
 TIERS = [tier for tier, _ in gemma_tpu_helpers.TIERS]

@@ -6,10 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
-from support import REPO
 
-from gemma_tpu_helpers.fixes import chat_format, data, gemma4
 from gemma_tpu_helpers.course import paths, tiny
+from gemma_tpu_helpers.fixes import chat_format, data, gemma4
+from support import REPO
 
 DESIGN = REPO.parent / "shared" / "DESIGN.md"
 ANSWER = "```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"

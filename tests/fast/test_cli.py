@@ -5,12 +5,12 @@ import ast
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
 import gemma_tpu_helpers
 from gemma_tpu_helpers import __main__ as main_module
 from gemma_tpu_helpers.course import cli
 from gemma_tpu_helpers.fixes import data
+from support import run_cli
 
 PKG = Path(gemma_tpu_helpers.__file__).parent
 CLI_MODULES = sorted([PKG / "course" / "cli.py", *(PKG / "course").glob("commands_*.py")])

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from support import run_cli
 
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import cost, profiles
+from support import run_cli
 
 
 def test_default_prices_come_from_profiles_with_their_date():

@@ -6,10 +6,10 @@ import tempfile
 from pathlib import Path
 
 import nbformat
-from support import run_cli
 from nbformat.v4 import new_code_cell, new_notebook
 
 from gemma_tpu_helpers.course import logbook
+from support import run_cli
 
 
 def test_record_and_report(tmp_path):

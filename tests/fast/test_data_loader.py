@@ -4,10 +4,9 @@ import re
 
 import pytest
 
-from support import SHIPPED
-
-from gemma_tpu_helpers.fixes import data
 from gemma_tpu_helpers.course import paths, profiles
+from gemma_tpu_helpers.fixes import data
+from support import SHIPPED
 
 
 def test_shipped_rows():

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
-from support import SHIPPED, run_cli
 
 from gemma_tpu_helpers.fixes import data, forward_inputs
+from support import SHIPPED, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +178,8 @@ def tokenizers():
     Gemma 4 E2B/E4B (none) and Gemma 3 (system prompt folded into the user turn, <end_of_turn>)."""
     import copy
 
-    from gemma_tpu_helpers.fixes import chat_format
     from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.fixes import chat_format
 
     base = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"], "31b")
     e, gemma3 = copy.deepcopy(base), copy.deepcopy(base)

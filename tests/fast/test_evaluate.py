@@ -20,11 +20,11 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
-from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import commands_serve, paths
+from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
+from support import run_cli
 
 
 def _have_iverilog():

@@ -7,9 +7,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from support import REPO, run_cli
 
 from gemma_tpu_helpers.course import exercises
+from support import REPO, run_cli
 
 KEYS = list(exercises.EXERCISES)
 NOTEBOOKS = {p.stem[:2]: p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
@@ -77,8 +77,8 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
     solution gives LoRA to every projection in it through qwix itself."""
     from flax import nnx
 
-    from gemma_tpu_helpers.fixes import lora, sharding
     from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.fixes import lora, sharding
 
     cfg = tiny.tiny_text_config()
     model = sharding.model_from_config(cfg, abstract=True)

@@ -4,8 +4,8 @@ import ast
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, lora
 from gemma_tpu_helpers.course import plan, tiny
+from gemma_tpu_helpers.fixes import gemma4, lora
 
 
 @pytest.fixture(scope="module")

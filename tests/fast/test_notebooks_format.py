@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from support import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -5,11 +5,11 @@ import importlib.util
 import math
 
 import pytest
-from support import run_cli
 
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import base_model, plan, profiles, tiny
 from gemma_tpu_helpers.fixes import gemma4
+from support import run_cli
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)

@@ -9,10 +9,9 @@ import subprocess
 import sys
 import time
 
-from support import REPO
-
 from gemma_tpu_helpers.course import launch
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
+from support import REPO
 
 
 def test_launcher_waits_for_the_others_when_one_worker_is_preempted(tmp_path):

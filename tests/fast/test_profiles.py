@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4
 from gemma_tpu_helpers.course import plan, profiles, tiny
+from gemma_tpu_helpers.fixes import gemma4
 
 
 def test_unknown_profile_lists_valid_names():

@@ -47,8 +47,8 @@ def test_right_order_keeps_lora_and_sets_remat(lora_model):
 def test_the_policy_is_in_the_train_step(lora_model, mesh, policy, regions):
     """Rematerialised regions in the jaxpr of the train step training runs (step.train_step): BLOCK wraps
     attention and MLP of each of the 6 layers, DECODER each layer once."""
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
     from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.fixes import mesh as mesh_lib
     from gemma_tpu_helpers.fixes import step
 
     remat.set_remat(lora_model, policy)

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import support
-from support import run_cli
 
-from gemma_tpu_helpers.course import profile_steps, profiles
+import support
+from gemma_tpu_helpers.course import paths, profile_steps, profiles
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
-from gemma_tpu_helpers.course import paths
+from support import run_cli
 
 SERVE_PY = support.serve_python()
 needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")

@@ -6,6 +6,7 @@ import subprocess
 from importlib import metadata
 
 import pytest
+
 import support
 
 SERVE_PY = support.serve_python()

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, lora, sharding
 from gemma_tpu_helpers.course import plan, tiny
+from gemma_tpu_helpers.fixes import gemma4, lora, sharding
 
 
 @pytest.fixture(scope="module")

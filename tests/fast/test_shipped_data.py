@@ -17,6 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 from support import REPO
 
 ROOT = REPO

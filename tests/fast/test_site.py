@@ -9,11 +9,11 @@ import shutil
 
 import nbformat
 import pytest
-from support import REPO, run_cli
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from gemma_tpu_helpers.course import logbook, site
+from support import REPO, run_cli
 
 PLOT = """import matplotlib
 matplotlib.use("module://matplotlib_inline.backend_inline")
@@ -146,6 +146,7 @@ def test_site_command_builds_the_profile_s_site(built, tmp_path):
 
 def test_license_and_citation_for_reuse():
     import tomllib
+
     import yaml
 
 

@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, remat, step
 from gemma_tpu_helpers.course import train
+from gemma_tpu_helpers.fixes import gemma4, remat, step
 
 
 @pytest.fixture(scope="module")

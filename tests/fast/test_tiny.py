@@ -1,10 +1,10 @@
 import json
 
 import pytest
-from support import run_cli
 
-from gemma_tpu_helpers.fixes import gemma4
 from gemma_tpu_helpers.course import tiny
+from gemma_tpu_helpers.fixes import gemma4
+from support import run_cli
 
 
 def test_layout_is_the_real_checkpoints(tiny_dir):

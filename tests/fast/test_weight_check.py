@@ -7,11 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from support import bf16_copy, lora_ckpt
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.fixes import gemma4, layout, merge, weight_check
 from gemma_tpu_helpers.course import tiny
+from gemma_tpu_helpers.fixes import gemma4, layout, merge, weight_check
+from support import bf16_copy, lora_ckpt
 
 TARGETS = list(layout.TARGETS)
 

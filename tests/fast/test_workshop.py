@@ -3,9 +3,9 @@
 import shutil
 
 import pytest
-from support import run_cli
 
 from gemma_tpu_helpers.course import workshop
+from support import run_cli
 
 NB = "02_lora_naming"
 URL = "https://colab.research.google.com/github/acme/gemma-tpu/blob/{}/notebooks/02_lora_naming.ipynb"
