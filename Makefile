@@ -13,7 +13,7 @@ export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12
 export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 
-.PHONY: all setup venv tpu-venv serve-venv iverilog chromium check test test-slow demo site bench clean-runs \
+.PHONY: all setup venv tpu-venv serve-venv iverilog chromium lint check test test-slow demo site bench clean-runs \
 	test-notebooks test-notebooks-pipeline test-notebooks-rest
 
 all: demo
@@ -54,10 +54,14 @@ setup:
 	@$(MAKE) --no-print-directory chromium
 	@$(MAKE) --no-print-directory -j3 --output-sync=line venv serve-venv iverilog
 
+# ruff (pyproject.toml: line length, pyflakes, import order) over the package, tests, notebooks, tools and benches.
+lint: venv
+	@$(VENV)/bin/ruff check --quiet .
+
 # The fast tier, after every edit (3 to 3.5 minutes on 2 cores): tests/fast holds the tests that need no trained
 # run, no server and no multi-process training (unit tests of the fixes and the course, a step or two of training at
 # most). Its JAX compilation cache lives beside the Icarus build, where a later `make check` finds it.
-check: venv
+check: lint
 	@JAX_COMPILATION_CACHE_DIR=$(GEMMA_TPU_TOOLS)/jax-cache-check \
 	$(PY) -m pytest tests/fast -q -m "not slow" -n 2 -p no:cacheprovider --durations=10
 
@@ -66,7 +70,7 @@ check: venv
 # (the learning check's step: 30 s cold, 16 s from the cache).
 # OpenMP threads that wait passively: two workers share the cores, and a spinning thread takes the other's
 # (tests/conftest.py measures it; the notebooks' kernels run two at a time too).
-test: setup
+test: setup lint
 	@export OMP_WAIT_POLICY=PASSIVE; \
 	export JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
 	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=25 && \

@@ -385,7 +385,8 @@ def shard_profile(base: Path, ckpt: Path) -> str:
 
     _, shards, _ = safetensors_io.base_layout(base)
     _, arrays = lora_checkpoint.restore_lora(ckpt)
-    deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))}
+    deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt),
+                                                     gemma4.read_text_config(base))}
     shard = max(shards, key=lambda s: sum(n in deltas for n in shards[s]))
     names = [n for n in shards[shard] if n in deltas]
     header, start = safetensors_io.read_header(base / shard)
@@ -503,7 +504,8 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
         delta = merge_plan.Delta("w", "layers/0/mlp/gate_proj", "gate_proj",
                             (rng.standard_normal((in_dim, rank)) * 0.02).astype(np.float32),
                             (rng.standard_normal((rank, out_dim)) * 0.02).astype(np.float32), 1.0)
-        run = lambda kernel: safetensors_io.write_merged_shard(path, work / "w31b_out.safetensors", {"w": delta}, kernel)  # noqa: E731
+        run = lambda kernel: safetensors_io.write_merged_shard(path, work / "w31b_out.safetensors",  # noqa: E731
+                                                               {"w": delta}, kernel)
         run("xla")  # compile once, outside the timing
         xla_s, _ = _time(lambda: run("xla"))
         dot_s = dot_seconds(delta.a, delta.b, delta.scale, out_dim, in_dim)

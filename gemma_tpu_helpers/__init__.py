@@ -1,20 +1,16 @@
 """gemma_tpu_helpers: the course's helpers, in two tiers you can see in the file tree.
 
-``fixes/``: the porting fixes, each one a module that travels alone. A fix takes plain arguments (a model, a config
-dict, a path, the small spec dataclass that lives beside it: ``LoraSpec`` in ``lora.py``, ``TrainSpec`` in
-``step.py``, ``DataSpec`` in ``data.py``, ``ServeSpec`` in ``serve.py``) and returns plain results. No fix reads a
-profile, a run directory, a cache or an environment variable of the course, downloads anything or builds the replica.
-To copy a fix into your project, take its module and what it imports from ``fixes/`` (the notebooks' "Copy into your
-project" lines name those files; ``tests/e2e/test_copy_fix.py`` copies them into an empty folder and runs them there).
+``fixes/``: the porting fixes, each a module that travels alone: plain arguments in (a model, a config dict, a path,
+the spec dataclass beside it: ``LoraSpec``, ``TrainSpec``, ``DataSpec``, ``ServeSpec``), plain results out. No fix
+reads the course's profiles, run directories, caches or environment (``course/paths.py`` does, and passes them down).
+Copy a fix with what it imports from ``fixes/``: each notebook's "Copy into your project" line names the files.
 
-``course/``: the course on top of the fixes. Profiles (composed of the fixes' spec dataclasses), run directories, the
-Hub and the base checkpoint, the tiny replica, the ``ensure_*`` caching, training runs, the AOT plan, benchmarks and
-cost, preflight, the site, the workshop, the exercises and the CLI's steps (``cli`` and ``commands_*``, run by
-``__main__``).
+``course/``: the course on top: profiles, run directories, the Hub and the base checkpoint, the tiny replica, caching,
+training runs, the AOT plan, benchmarks and cost, preflight, the site, the workshop, the exercises and the CLI
+(``cli`` and ``commands_*``, run by ``__main__``).
 
-The course imports the fixes, never the other way round. Inside each tier a module imports only from its own layer or
-the ones below it. ``tests/fast/test_architecture.py`` checks both, and that there is no import cycle and no private name
-imported from another module.
+The course imports the fixes, never the other way round; inside a tier a module imports only from its own layer or
+below. ``tests/fast/test_architecture.py`` checks both, and that there is no import cycle and no private import.
 """
 
 # (tier, ((layer, modules), ...)), lowest first. JAX, torch and vLLM are imported inside functions (heavy or in

@@ -251,7 +251,8 @@ def bf16_copy(src: Path, dst: Path) -> Path:
 
     shutil.copytree(src, dst)
     for shard in dst.glob("*.safetensors"):
-        tensors = {k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v) for k, v in load_file(shard).items()}
+        tensors = {k: (v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v)
+                   for k, v in load_file(shard).items()}
         save_file(tensors, shard, metadata={"format": "pt"})
     cfg = json.loads((dst / "config.json").read_text())
     cfg["dtype"] = "bfloat16"

@@ -363,7 +363,8 @@ def fam_mux(rng):
         explain = "An indexed part-select picks the chosen field out of the packed input bus."
         think = (f"{n} inputs need a {s}-bit select. With a packed bus the indexed part-select "
                  f"data[sel*{w} +: {w}] is the cleanest form."
-                 + ("" if n == 1 << s else f" sel values {n}..{(1 << s) - 1} are out of range, so I return 0 for them."))
+                 + ("" if n == 1 << s
+                    else f" sel values {n}..{(1 << s) - 1} are out of range, so I return 0 for them."))
     return dict(tag=f"{kind}_w{w}" if kind != "nway" else f"n{n}_w{w}", name=name,
                 summary=summary, details=details, ports=ports, code=code, explain=explain,
                 think=think, sv=sv)
@@ -485,7 +486,8 @@ def fam_shift(rng):
     else:
         nxt = left if kind == "sipo_left" else right
         body += [f"        {'else if (en)' if en else 'else'}", f"            {q} <= {nxt};"]
-        where = "bit 0, moving bits toward the MSB" if kind == "sipo_left" else f"bit {w - 1}, moving bits toward the LSB"
+        where = ("bit 0, moving bits toward the MSB" if kind == "sipo_left"
+                 else f"bit {w - 1}, moving bits toward the LSB")
         desc = (f"On each rising clock edge{' with `en` high' if en else ''} the register shifts "
                 f"by one position and `{sin}` enters at {where}.")
     body.append("    end")
@@ -580,7 +582,8 @@ def fam_encoder(rng):
         details = [f"Assume exactly one bit of `{req}` is set; `{idx}` must give its position. "
                    f"Each output bit is the OR of the input bits whose index has that bit set."]
         explain = "Each index bit is the OR of the input lines whose position has that bit set."
-        think = f"For a one-hot input, {idx}[k] is 1 iff the hot position has bit k set, so an OR over those inputs works."
+        think = (f"For a one-hot input, {idx}[k] is 1 iff the hot position has bit k set, "
+                 f"so an OR over those inputs works.")
     else:
         high = kind == "prio_high"
         name = rng.choice([f"prio_enc{n}", f"priority_encoder_{n}", f"{'msb' if high else 'lsb'}_first_enc{n}"])
@@ -836,7 +839,8 @@ def fam_edge(rng):
                   f"value and the stored previous value form a {what} transition.")
     details = [f"Detect {what} edges of `{s}`.{per_bit}", timing,
                f"The history register is cleared by {with_article(reset_words(r))} `{r['name']}`."]
-    summary = {"rise": "rising-edge", "fall": "falling-edge", "both": "dual-edge"}[kind] + " detector" + (f" for {with_article(f'{w}-bit')} bus" if w > 1 else "")
+    summary = ({"rise": "rising-edge", "fall": "falling-edge", "both": "dual-edge"}[kind] + " detector"
+               + (f" for {with_article(f'{w}-bit')} bus" if w > 1 else ""))
     explain = "A register holds the previous sample and the edge is found by comparing it with the current value."
     think = (f"Edge detection = compare the signal with a one-cycle-delayed copy. "
              f"{'The input is asynchronous, so two flops synchronize it first. ' if sync else ''}"
@@ -863,7 +867,8 @@ def fam_clkdiv(rng):
         summary = f"divide-by-{n} clock divider"
         details = [f"`clk_out` toggles every {half} input clock cycles, giving a clock {n} times "
                    f"slower with a 50% duty cycle.",
-                   f"{with_article(reset_words(r)).capitalize()} `{r['name']}` clears the internal counter and drives `clk_out` low."]
+                   f"{with_article(reset_words(r)).capitalize()} `{r['name']}` clears the internal counter "
+                   f"and drives `clk_out` low."]
         explain = f"A counter runs from 0 to {half - 1}; each time it wraps, the output clock toggles."
         think = f"For 50% duty with even N={n}, toggle every N/2={half} cycles. The counter needs {w} bit(s)."
         tag = f"even{n}"
@@ -897,7 +902,8 @@ def fam_clkdiv(rng):
                    f"out of every {n}. An internal counter runs 0..{n - 1}; `tick` is high while it "
                    f"equals {n - 1}.",
                    f"{with_article(reset_words(r)).capitalize()} `{r['name']}` clears the counter."]
-        explain = "Generating an enable pulse keeps all logic on the original clock, which is safer than a derived clock."
+        explain = ("Generating an enable pulse keeps all logic on the original clock, "
+                   "which is safer than a derived clock.")
         think = f"Count 0..{n - 1} with a {w}-bit counter and decode the last value as the tick."
         tag = f"tick{n}"
     code = "\n".join([header(name, ports)] + body + ["endmodule"])
@@ -990,7 +996,8 @@ def fam_regfile(rng):
     think = (f"{depth} entries need {a}-bit addresses. "
              + ("Reads are combinational so they are plain continuous assignments. " if not sync_read
                 else "The read is registered, so it goes in a clocked block. ")
-             + ("Reset needs a for loop over the array." if reset else "No reset was asked for, which suits RAM inference."))
+             + ("Reset needs a for loop over the array." if reset
+                else "No reset was asked for, which suits RAM inference."))
     return dict(tag=f"{depth}x{w}{'_2r' if two else ''}", name=name, summary=summary,
                 details=details, ports=ports, code=code, explain=explain, think=think)
 
@@ -1216,8 +1223,8 @@ def fam_barrel(rng):
     think = ("An arithmetic shift needs a signed operand: $signed(x) >>> n; mixing it with unsigned "
              "terms in one expression would make it logical, so each case assigns separately."
              if kind in ("sra", "multi") else
-             f"{with_article(f'{w}-bit').capitalize()} barrel shifter has {s} stages (shift by 1, 2, 4, ...); a rotate refills "
-             f"from the bits that fall off.")
+             f"{with_article(f'{w}-bit').capitalize()} barrel shifter has {s} stages (shift by 1, 2, 4, ...); "
+             f"a rotate refills from the bits that fall off.")
     return dict(tag=f"{kind}{w}", name=name, summary=summary, details=details, ports=ports,
                 code=code, explain=explain, think=think)
 

@@ -75,7 +75,8 @@ def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
         raise ValueError(f"Only {len(examples)} shipped examples fit in {seq_len} tokens; raise seq_len.")
     examples = [examples[i % len(examples)] for i in range(n_steps * batch)]
     padded = data.pad_to_max(examples, seq_len, "drop", tokenizer.pad_token_id or 0)
-    return [{k: getattr(padded, k)[s * batch:(s + 1) * batch] for k in ("tokens", "loss_mask", "segment_ids", "positions")}
+    return [{k: getattr(padded, k)[s * batch:(s + 1) * batch]
+             for k in ("tokens", "loss_mask", "segment_ids", "positions")}
             for s in range(n_steps)]
 
 

@@ -675,7 +675,8 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         (None, "fsdp", None), _judge_03_spec, wrong=(_SPEC_GIVEN, (None, None, None), ("fsdp", "tp", None))),
     Exercise(
         "04.order", "Remat and LoRA: in which order?",
-        f"Put these steps in the order that gives a trainable, rematerialised LoRA model: {', '.join(map(repr, _STEPS))}.",
+        "Put these steps in the order that gives a trainable, rematerialised LoRA model: "
+        f"{', '.join(map(repr, _STEPS))}.",
         "a list of the 4 step names", "qwix creates the LoRA params while it runs the model once.",
         list(("load_model", "apply_lora", "set_remat", "train")), _judge_04_order,
         wrong=(["load_model", "set_remat", "apply_lora", "train"], ["apply_lora", "load_model", "set_remat", "train"])),
@@ -730,15 +731,19 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         "08.flags", "vLLM flags that fit a v6e-8",
         "Serve the merged 31B (bf16 weights) on a v6e-8 (8 chips of 32 GiB HBM) with a 16384-token context. Give the "
         "flags as a dict: `{'tensor_parallel_size': ..., 'max_model_len': ..., 'kv_cache_dtype': 'auto' | 'fp8', "
-        "'gpu_memory_utilization': ...}`. The checker runs `vllm_command.hbm_per_chip` on them: each chip's share of the "
-        "weights plus the KV cache of one full-length sequence must fit in its budget.",
+        "'gpu_memory_utilization': ...}`. The checker runs `vllm_command.hbm_per_chip` on them: each chip's share "
+        "of the weights plus the KV cache of one full-length sequence must fit in its budget.",
         "a dict of flags", "Weights shrink with tensor parallelism; the budget is HBM x gpu_memory_utilization.",
         {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
         _judge_08_flags,
-        wrong=({"tensor_parallel_size": 2, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
-               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.25},
-               {"tensor_parallel_size": 6, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
-               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90,
+        wrong=({"tensor_parallel_size": 2, "max_model_len": 16384, "kv_cache_dtype": "auto",
+                "gpu_memory_utilization": 0.90},
+               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
+                "gpu_memory_utilization": 0.25},
+               {"tensor_parallel_size": 6, "max_model_len": 16384, "kv_cache_dtype": "auto",
+                "gpu_memory_utilization": 0.90},
+               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
+                "gpu_memory_utilization": 0.90,
                 "disable_log_requests": True}),
         right_note="the profile serves at TP8, bf16, 0.90 (vLLM replicates the 4 global KV heads over 8 chips)."),
     Exercise(
@@ -749,14 +754,16 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         wrong=(0.3, 1 - 0.7 ** 5)),
     Exercise(
         "09.mean", "pass@k over a benchmark",
-        f"Four problems, (n, c) = {list(_PASS_COUNTS)}. Give the benchmark's pass@1 and pass@5 as `{{1: ..., 5: ...}}`.",
+        f"Four problems, (n, c) = {list(_PASS_COUNTS)}. Give the benchmark's pass@1 and pass@5 as "
+        "`{1: ..., 5: ...}`.",
         "a dict {1: float, 5: float}", "Score each problem, then average.",
         {1: 0.35, 5: (0 + (1 - 21 / 252) + 1 + 0.5) / 4}, _judge_09_mean,
         wrong=({1: 14 / 40, 5: 1 - math.comb(26, 5) / math.comb(40, 5)},)),
     Exercise(
         "10.ratio", "Read a cost ratio",
-        "The paper's LoRA run took `serving_bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At the course's "
-        "list prices (`profiles.PRICES_USD_PER_HOUR`), how many times the TPU run's cost does the GPU run cost?",
+        "The paper's LoRA run took `serving_bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At "
+        "the course's list prices (`profiles.PRICES_USD_PER_HOUR`), how many times the TPU run's cost does the GPU "
+        "run cost?",
         "a float", "cost = hours x price per hour, on each side.", 5.39 * 22.12 / (3.34 * 16.80), _judge_10_ratio,
         wrong=(5.39 / 3.34, 3.34 * 16.80 / (5.39 * 22.12))),
     Exercise(

@@ -118,7 +118,8 @@ def gb(n: int | float) -> str:
 def disk_message(what: str, target: Path, need: int, free: int, on: Path) -> str:
     """Not enough space for ``what`` (``need`` bytes) in ``target``, whose filesystem ``on`` has ``free`` bytes."""
     shm = ""
-    if Path("/dev/shm").is_dir() and shutil.disk_usage("/dev/shm").free >= need and not str(target).startswith("/dev/shm"):
+    if (Path("/dev/shm").is_dir() and shutil.disk_usage("/dev/shm").free >= need
+            and not str(target).startswith("/dev/shm")):
         shm = (f" /dev/shm has {gb(shutil.disk_usage('/dev/shm').free)} free (RAM: fast, lost at reboot; the paper "
                f"set TMPDIR=/dev/shm for this, but TMPDIR does not move this download): --base /dev/shm/base.")
     return (f"{what} needs {gb(need)} in {target}, but its filesystem ({on}) has {gb(free)} free: free space there, or "

@@ -251,7 +251,8 @@ def _problems(profile, tasks, held_out):
     both = sorted(set(tasks) & set(held_out))
     if both:
         raise LearnError(f"{', '.join(both)} cannot be both trained on and held out.")
-    return eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=tasks), eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=held_out) if held_out else []
+    return (eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=tasks),
+            eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=held_out) if held_out else [])
 
 
 def _check_args(profile, broken, generator="vllm") -> None:

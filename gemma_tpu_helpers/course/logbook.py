@@ -17,13 +17,15 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 # notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke: measured on an idle
 # 2-core machine, cold run directory, about twice that on a busy one; TPU: estimated).
 COURSE = [
-    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "15 s", "10 min (31B download)"),
+    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "15 s",
+     "10 min (31B download)"),
     ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "mesh", "20 s", "2 min"),
     ("02_lora_naming", "LoRA module naming (HF names vs tunix einsums)", "lora", "20 s", "5 min"),
     ("03_sharding_annotation", "Sharding annotation corrections", "sharding", "30 s", "5 min"),
     ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "remat, plan", "50 s", "15 min"),
     ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "15 s", "10 min"),
-    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train, equivalence", "90 s", "hours (1 epoch)"),
+    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train, equivalence", "90 s",
+     "hours (1 epoch)"),
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed", "merge", "65 s", "30 min"),
     ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve, greedy, adapters", "45 s", "20 min"),
     ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "3 min", "1 h"),

@@ -67,7 +67,7 @@ def serve_python(check: bool = False) -> Path:
     (``make serve-venv``). ``check``: a ServeError that says how to make it when it does not exist."""
     path = Path(os.environ.get(SERVE_PYTHON_ENV) or SERVE_VENV / "bin" / "python")
     if check and not path.is_file():
-        raise ServeError(f"The serving venv is missing: {path} does not exist. Create it with `make serve-venv` (vLLM's "
-                         f"CPU build in its own venv: it pins a transformers that tunix cannot share), or point "
-                         f"${SERVE_PYTHON_ENV} at a python that has vLLM 0.32.")
+        raise ServeError(f"The serving venv is missing: {path} does not exist. Create it with `make serve-venv` "
+                         f"(vLLM's CPU build in its own venv: it pins a transformers that tunix cannot share), "
+                         f"or point ${SERVE_PYTHON_ENV} at a python that has vLLM 0.32.")
     return path

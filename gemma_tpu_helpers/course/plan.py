@@ -251,8 +251,8 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
     policies = [remat_lib.check_policy(p) for p in policies]
     spec = dataclasses.replace(profile.train, grad_accum=1, warmup_steps=0, micro_batch=batch, max_seq_len=seq_len)
     lora = profile.lora
-    model = remat_lib.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none", seed=seed,
-                                  targets=lora.targets, dropout=0.0)
+    model = remat_lib.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none",
+                                  seed=seed, targets=lora.targets, dropout=0.0)
     start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))  # the step donates the model's arrays
     tokens = np.random.default_rng(seed).integers(3, model.config.num_embed, (batch, seq_len), dtype=np.int32)
     rows = {"tokens": tokens, "loss_mask": np.ones_like(tokens, np.int8), "segment_ids": np.ones_like(tokens),
@@ -379,7 +379,8 @@ def extrapolate(points: list[dict], layers: int) -> dict:
 
 
 def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | None = None, layers: int | None = None,
-             fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None, qlora: str | None = None) -> dict:
+             fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None,
+             qlora: str | None = None) -> dict:
     """XLA's per-chip memory for the profile's LoRA train step, against the chip's HBM.
 
     ``layers=None``: compile the ``fit_layers`` variants and extrapolate linearly to the model's depth (60 for the
@@ -500,8 +501,10 @@ COURSE_PLANS = (("v5p-8", "block"), ("v5p-8", "none"), ("v5p-8", "decoder"), ("v
 
 # The one-chip Colab profiles (E2B on v5e-1 at seq 2048, E4B on v6e-1 at 3072), each remat policy with LoRA, and
 # QLoRA (nf4) under BLOCK: notebook 04's Colab table. E models compile at full depth (no extrapolation).
-COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1", "decoder"), ("colab-v5e-1", "block", "nf4"),
-               ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"), ("colab-v6e-1", "block", "nf4"))
+COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1", "decoder"),
+               ("colab-v5e-1", "block", "nf4"),
+               ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"),
+               ("colab-v6e-1", "block", "nf4"))
 
 # Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2): notebook 04's MoE rows.
 MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"), ("v6e-4-moe", "decoder"))
@@ -724,8 +727,8 @@ def packing_savings(pred: dict) -> str:
     """What packing saves on the real run, at the paper's MFU: hours and dollars, padded vs packed."""
     h, usd, st = pred["paper_mfu_hours"], pred["paper_mfu_usd"], pred["steps"]
     saved = None if usd["packed"] is None else usd["padded"] - usd["packed"]
-    return (f"{pred['profile']} at the paper's MFU ({100 * pred['paper_mfu']:.1f}%, {pred['paper_mfu_step_s']:.2f} s per "
-            f"step of {pred['rows_per_step']} rows): padded {st['padded']:,} steps = {h['padded']:.2f} h = "
+    return (f"{pred['profile']} at the paper's MFU ({100 * pred['paper_mfu']:.1f}%, {pred['paper_mfu_step_s']:.2f} s "
+            f"per step of {pred['rows_per_step']} rows): padded {st['padded']:,} steps = {h['padded']:.2f} h = "
             f"{_dollars(usd['padded'])}; packed {st['packed']:,} steps = {h['packed']:.2f} h = "
             f"{_dollars(usd['packed'])}; packing saves {h['padded'] - h['packed']:.2f} h and {_dollars(saved)} "
             f"({100 * (1 - h['packed'] / h['padded']):.0f}%)")
@@ -737,11 +740,12 @@ def format_prediction(pred: dict) -> str:
     ph, pu = pred["paper_mfu_hours"], pred["paper_mfu_usd"]
     r = pred["rows"]
     return "\n".join([
-        f"predicted run: {pred['profile']} ({pred['chips']} chip{'s' if pred['chips'] != 1 else ''}), remat={pred['remat']}, seq {pred['seq_len']}, "
+        f"predicted run: {pred['profile']} ({pred['chips']} chip{'s' if pred['chips'] != 1 else ''}), "
+        f"remat={pred['remat']}, seq {pred['seq_len']}, "
         f"{pred['rows_per_step']} rows per optimizer step",
-        f"  per chip per micro-step (XLA cost analysis, {pred['layers']} layers): {pred['flops_per_chip'] / 1e12:.2f} "
-        f"TFLOP -> {pred['compute_s']:.3f} s at peak; {pred['bytes_per_chip'] / 1e9:.1f} GB -> {pred['memory_s']:.3f} s "
-        f"at HBM bandwidth: {pred['bound']}-bound",
+        f"  per chip per micro-step (XLA cost analysis, {pred['layers']} layers): "
+        f"{pred['flops_per_chip'] / 1e12:.2f} TFLOP -> {pred['compute_s']:.3f} s at peak; "
+        f"{pred['bytes_per_chip'] / 1e9:.1f} GB -> {pred['memory_s']:.3f} s at HBM bandwidth: {pred['bound']}-bound",
         f"  roofline: {pred['step_s']:.2f} s per optimizer step (model FLOPs would run at "
         f"{100 * pred['roofline_mfu']:.0f}% of peak there: MFU leaves out the recompute)",
         f"  FLOP cross-check: XLA {pred['flops_per_chip'] * pred['chips'] / 1e12:.1f} TFLOP per micro-step vs "
@@ -777,7 +781,8 @@ def format_plan(plan: dict) -> str:
                          f"(temp {p['temp_bytes'] / GIB:.2f} GiB alone exceeds what the chip has)")
             continue
         lines.append(f"  compiled {p['layers']:3d} layers in {p['compile_s']:6.1f} s: arguments "
-                     f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, output {p['output_bytes'] / GIB:7.2f} GiB")
+                     f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, "
+                     f"output {p['output_bytes'] / GIB:7.2f} GiB")
     if plan.get("hbm_oom"):
         lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB = at least "
                      f"{g('peak_bytes'):.2f} GiB {of}: DOES NOT FIT. Try remat block or "

@@ -69,8 +69,8 @@ def accelerator_type() -> str | None:
 def no_tpu_message(profile) -> str:
     hw = profile.hardware
     return (f"profile {profile.name!r} needs a TPU {hw.chip} host with {hw.num_devices // hw.hosts} chips, but this "
-            f"machine has no TPU (no {' or '.join(process_groups.TPU_DEVICE_GLOBS)}): run the course here with --profile smoke, "
-            f"or compile {profile.name}'s train step without a TPU: "
+            f"machine has no TPU (no {' or '.join(process_groups.TPU_DEVICE_GLOBS)}): run the course here with "
+            f"--profile smoke, or compile {profile.name}'s train step without a TPU: "
             f"python -m gemma_tpu_helpers plan --aot --profile {profile.name}")
 
 
@@ -104,8 +104,8 @@ def check_hbm(profile) -> Check:
         who = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in sorted(holders.items()))
         return Check("hbm", "fail", f"the TPU is in use by {who}: its HBM is not free and libtpu admits one process. "
                                     f"Stop it (kill {' '.join(map(str, sorted(holders)))}; a notebook kernel: "
-                                    f"restart or shut it down) and retry. Deleting {process_groups.LIBTPU_LOCKFILE} does not free "
-                                    f"the HBM.")
+                                    f"restart or shut it down) and retry. Deleting {process_groups.LIBTPU_LOCKFILE} "
+                                    f"does not free the HBM.")
     info = ""
     if shutil.which("tpu-info"):
         try:
@@ -114,7 +114,8 @@ def check_hbm(profile) -> Check:
             info = " | tpu-info: " + " ".join(out.split())[:200]
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return Check("hbm", "ok", f"no other process holds the TPU ({', '.join(devices)}, {process_groups.LIBTPU_LOCKFILE}){info}")
+    return Check("hbm", "ok",
+                 f"no other process holds the TPU ({', '.join(devices)}, {process_groups.LIBTPU_LOCKFILE}){info}")
 
 
 def checkpoint_bytes(profile) -> int | None:
@@ -208,8 +209,8 @@ def check_versions(profile) -> Check:
     fix = "reinstall the TPU stack: .venv/bin/pip install -r requirements-tpu.txt"
     if py < profiles.PYTHON_MIN:
         return Check("versions", "fail", f"{detail}: the pinned stack needs Python "
-                                         f">= {'.'.join(map(str, profiles.PYTHON_MIN))}; tools/tpu_venv.sh builds .venv on a "
-                                         f"uv-managed Python 3.12 (a stock TPU VM ships 3.10).")
+                                         f">= {'.'.join(map(str, profiles.PYTHON_MIN))}; tools/tpu_venv.sh "
+                                         f"builds .venv on a uv-managed Python 3.12 (a stock TPU VM ships 3.10).")
     if jax is None or jaxlib != jax:
         return Check("versions", "fail", f"{detail}: jax and jaxlib must be installed at one version; {fix}")
     pin = pinned_jax()
@@ -224,7 +225,8 @@ def check_versions(profile) -> Check:
         if want and not SpecifierSet(want).contains(libtpu):
             return Check("versions", "fail", f"{detail}: jax {jax} wants libtpu{want}; {fix}")
     pinned = "; jax as requirements-tpu.txt pins" if pin else ""
-    return Check("versions", "ok", detail + pinned + ("" if profiles.tpu_visible() else "; libtpu not checked off a TPU"))
+    return Check("versions", "ok",
+                 detail + pinned + ("" if profiles.tpu_visible() else "; libtpu not checked off a TPU"))
 
 
 def checks(profile, run_dir: str | os.PathLike | None = None, base: str | os.PathLike | None = None) -> list[Check]:

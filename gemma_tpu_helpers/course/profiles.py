@@ -276,7 +276,8 @@ PROFILES: dict[str, Profile] = {
     for p in [
         Profile(
             name="smoke",
-            description="Tiny random Gemma 4 with the 31B's structure, 8 virtual CPU devices; runs anywhere in minutes.",
+            description="Tiny random Gemma 4 with the 31B's structure, 8 virtual CPU devices; "
+                        "runs anywhere in minutes.",
             hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
@@ -370,7 +371,8 @@ PROFILES: dict[str, Profile] = {
              "recipe under DECODER remat: the smallest v6e slice that holds the model.", remat="decoder"),
         Profile(
             name="v6e-8",
-            description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, as the Gemma 4 TPU recipe).",
+            description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, "
+                        "as the Gemma 4 TPU recipe).",
             hardware=Hardware(
                 platform="tpu",
                 num_devices=8,

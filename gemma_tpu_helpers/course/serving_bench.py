@@ -91,7 +91,8 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
         if e.status is not None:
             raise BenchError(f"The server at {base} answered /v1/models: {e}") from None
         raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s ({e}). Start it "
-                         f"first (vllm_server.start(...) or notebook 08), or check with `curl {base}/v1/models`.") from None
+                         f"first (vllm_server.start(...) or notebook 08), or check with "
+                         f"`curl {base}/v1/models`.") from None
     entries = listing.get("data") or []
     if not entries:
         raise BenchError(f"The server at {base} lists no models at /v1/models")

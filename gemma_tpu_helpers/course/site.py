@@ -43,7 +43,8 @@ th { background: #f0f3f7; }
 .missing { color: #888; }
 .error { color: #b00020; }
 .report { border-top: 1px solid #ccc; margin-top: 2rem; }
-nav.gt-nav { font: 14px system-ui, sans-serif; padding: 0.5rem 1rem; background: #f0f3f7; border-bottom: 1px solid #ccc; }
+nav.gt-nav { font: 14px system-ui, sans-serif; padding: 0.5rem 1rem; background: #f0f3f7; \
+border-bottom: 1px solid #ccc; }
 nav.gt-nav a { margin-right: 1.2rem; }
 """
 
@@ -137,7 +138,8 @@ def index_html(run_dir: Path, pages: dict[str, str], generated: str) -> str:
 <body>
 <h1>gemma-tpu course: {html.escape(profile)}</h1>
 <p>LoRA fine-tuning Gemma 4 31B on Cloud TPU, merged and served with vLLM: the notebooks of this run, executed
-({len(set(pages) & known)} of {len(COURSE)} course notebooks), built {html.escape(generated)}. Open any page offline.</p>
+({len(set(pages) & known)} of {len(COURSE)} course notebooks), built {html.escape(generated)}. \
+Open any page offline.</p>
 <h2>Course map</h2>
 <table class="course-map">
 <thead><tr><th>notebook</th><th>the paper's fix</th><th>helpers</th><th>CPU (smoke)</th><th>TPU (est.)</th>

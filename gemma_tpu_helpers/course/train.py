@@ -299,7 +299,8 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
                              mesh, t.micro_batch)
                if prepared.eval is not None and len(prepared.eval) >= t.micro_batch else None)
     micro_tokens = np.array([int((b["segment_ids"] > 0).sum())  # of the whole global batch, not this process's rows
-                             for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs, rows=slice(None))])
+                             for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs,
+                                                       rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
 
     schedule = step_lib.lr_schedule(t, steps)

@@ -23,7 +23,8 @@ def make_test_adapter(base_dir, out_dir, rank: int, alpha: float | None = None, 
     out_dir = Path(out_dir)
     model = AutoModelForImageTextToText.from_pretrained(str(base_dir), dtype=torch.float32)
     cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, lora_dropout=0.0,
-                     target_modules=targets if isinstance(targets, str) else peft_target_modules(targets or LoraSpec.targets))
+                     target_modules=(targets if isinstance(targets, str)
+                                     else peft_target_modules(targets or LoraSpec.targets)))
     peft_model = get_peft_model(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

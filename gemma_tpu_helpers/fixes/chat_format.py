@@ -160,7 +160,8 @@ GEMMA3_CHAT_TEMPLATE = """\
 {%- else -%}{%- set prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}
 {%- for message in loop_messages -%}
   {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
-  {{- '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\\n' -}}
+  {{- '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') + message['content'] | trim + \
+'<end_of_turn>\\n' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}
 """
@@ -197,14 +198,16 @@ CHECKPOINT_FILES: tuple[tuple[str, str, str], ...] = (
      "same fields, smaller numbers (6 layers, 2-layer vision tower); token ids moved to the top of its vocab"),
     ("model-*-of-*.safetensors", "bf16 weights: model.language_model.*, model.vision_tower.*, model.embed_vision.*",
      "the same key names and tensor roles in several shards (fp32 in smoke)"),
-    ("model.safetensors.index.json", "weight_map key -> shard, metadata.total_size", "written by the same save_pretrained"),
+    ("model.safetensors.index.json", "weight_map key -> shard, metadata.total_size",
+     "written by the same save_pretrained"),
     ("tokenizer.json", "GemmaTokenizer BPE with byte fallback, 262144 tokens, special tokens at fixed low ids",
      "the same pipeline and special ids, 1024 tokens trained on the shipped Verilog"),
-    ("tokenizer_config.json", "GemmaTokenizer, add_bos_token false, padding left, named tokens (eot_token <turn|> ...), "
-     "no chat_template key", "the same fields"),
+    ("tokenizer_config.json", "GemmaTokenizer, add_bos_token false, padding left, named tokens "
+     "(eot_token <turn|> ...), no chat_template key", "the same fields"),
     ("chat_template.jinja", "Gemma 4 turns, native system turn, <bos> from the template, empty thought channel in "
      "the 31B's generation prompt, tools", "ours, from the documented behaviour (no tools)"),
-    ("generation_config.json", "eos [1, 106, 50], sampling defaults (temperature 1.0, top_p 0.95, top_k 64)", "the same"),
+    ("generation_config.json", "eos [1, 106, 50], sampling defaults (temperature 1.0, top_p 0.95, top_k 64)",
+     "the same"),
     ("processor_config.json", "Gemma4Processor with its image processor", "the same class and main fields"),
 )
 

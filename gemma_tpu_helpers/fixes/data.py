@@ -101,12 +101,14 @@ def load_rows(source: str, split: str = "train", columns: dict[str, str] | None 
     try:
         ds = datasets.load_dataset(*args, split=split, **kwargs)
     except FileNotFoundError as e:
-        raise DataError(f"Could not find data source {source!r}: {e}. Give a local file or folder, or a dataset id.") from e
+        raise DataError(f"Could not find data source {source!r}: {e}. Give a local file or folder, "
+                        f"or a dataset id.") from e
     except datasets.exceptions.DatasetGenerationError as e:
         cause = e.__cause__ or e
         raise DataError(f"Could not read the files of {where}: {type(cause).__name__}: {cause}. datasets picks one "
                         f"builder for a whole repository from its file types, so a config whose files are of another "
-                        f"type fails this way; read those files directly, e.g. load_rows('path/to/file.parquet').") from e
+                        f"type fails this way; read those files directly, e.g. "
+                        f"load_rows('path/to/file.parquet').") from e
     except ValueError as e:  # datasets: "Config name is missing", "BuilderConfig ... not found", "Unknown split"
         said = " ".join(str(e).split())
         raise DataError(f"Could not load {where}: {said} Use a config and split that exist, as listed "
@@ -266,7 +268,8 @@ def split_answer(tokenizer, messages: list[dict], chat_template: str | None = No
     return prompt, answer, eot
 
 
-def tokenize_example(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_example(tokenizer, messages: list[dict],
+                     chat_template: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and an assistant-only loss mask (1 on the answer and its end-of-turn token) of the prompt as at
     inference, then the answer, each tokenised on its own, with one ``<bos>``. ``chat_template`` overrides the
     tokenizer's."""

@@ -123,7 +123,8 @@ _LEFTOVER_TOKENS_RE = re.compile(r"<turn\|>|<\|turn>|<eos>|<bos>|<pad>")
 
 
 def _strip_think(text: str) -> str:
-    for pattern, open_, close in ((r"<think>.*?</think>", "<think>", "</think>"), (_CHANNEL_RE, "<|channel>", "<channel|>")):
+    for pattern, open_, close in ((r"<think>.*?</think>", "<think>", "</think>"),
+                                  (_CHANNEL_RE, "<|channel>", "<channel|>")):
         text = re.sub(pattern, "", text, flags=re.S) if isinstance(pattern, str) else pattern.sub("", text)
         if close in text:  # the template opened the reasoning in the prompt: the answer follows the last close
             text = text.rsplit(close, 1)[1]

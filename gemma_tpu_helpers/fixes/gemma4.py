@@ -251,7 +251,8 @@ def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> 
     checks = [
         ("q_proj (attention heads)", c["num_attention_heads"], "tp", tp),
         ("k_proj/v_proj on local layers (KV heads)", c["num_key_value_heads"], "tp", tp),
-        ("k_proj on global layers (global KV heads)", c.get("num_global_key_value_heads") or c["num_key_value_heads"], "tp", tp),
+        ("k_proj on global layers (global KV heads)", c.get("num_global_key_value_heads") or c["num_key_value_heads"],
+         "tp", tp),
         ("embed_tokens (vocab)", c["vocab_size"], "tp", tp),
         ("mlp (intermediate_size)", c["intermediate_size"], "tp", tp),
         ("hidden_size", c["hidden_size"], "fsdp", fsdp),

@@ -50,8 +50,8 @@ def resolve_step(checkpoint_dir: str | Path, step: int | None = None) -> tuple[i
         raise LoraCheckpointError(f"Checkpoint directory {d} does not exist (train first: the trainer writes it).")
     steps = list_steps(d)
     if not steps:
-        raise LoraCheckpointError(f"{d} holds no Orbax step directories (<step>/{PARAMS_ITEM}); train first, or pass the "
-                         f"`checkpoints` folder of a run.")
+        raise LoraCheckpointError(f"{d} holds no Orbax step directories (<step>/{PARAMS_ITEM}); train first, or "
+                         f"pass the `checkpoints` folder of a run.")
     if step is None:
         step = steps[-1]
     elif step not in steps:
@@ -69,8 +69,9 @@ def read_lora_config(checkpoint_dir: str | Path) -> dict:
         resolve_step(checkpoint_dir)  # raises the "does not exist" / "is a file" error
     path = to_path(checkpoint_dir) / METADATA
     if not path.is_file():
-        raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds (rank, alpha, targets). "
-                         f"Checkpoints written by the training step's save_lora_config have it.")
+        raise LoraCheckpointError(f"{path} is missing: the checkpoint does not say which LoRA it holds "
+                         f"(rank, alpha, targets). Checkpoints written by the training step's "
+                         f"save_lora_config have it.")
     try:
         meta = json.loads(path.read_text())
         missing = [k for k in ("targets", "rank", "alpha") if k not in meta]

@@ -150,8 +150,8 @@ def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str
                 entry, d = header[name], deltas[name]
                 b0, b1 = entry["data_offsets"]
                 if tuple(entry["shape"]) != d.shape:
-                    raise SafetensorsError(f"{name}: base shape {tuple(entry['shape'])} but the LoRA gives {d.shape}: the "
-                                     f"base is another model than the one trained on.")
+                    raise SafetensorsError(f"{name}: base shape {tuple(entry['shape'])} but the LoRA gives {d.shape}: "
+                                     f"the base is another model than the one trained on.")
                 out.copy(start + cursor, b0 - cursor)
                 applied[name] = _write_merged_tensor(src, out, start + b0, entry, d, kernel)
                 cursor = b1

@@ -109,8 +109,8 @@ def audit(model, mesh):
         applied = None
         if placed is not None and concrete_mesh and rank_ok and not bad:
             want = _named(mesh, spec, ndim)
-            applied = bool(value.sharding.is_equivalent_to(want, ndim)) if value.sharding.device_set == want.device_set \
-                else False
+            applied = (bool(value.sharding.is_equivalent_to(want, ndim))
+                       if value.sharding.device_set == want.device_set else False)
             if not applied:
                 flags.append(f"annotation not applied (placed as {_fmt(placed)})")
         elif placed is not None and concrete_mesh:
@@ -224,7 +224,8 @@ def fix_shardings(model, mesh, apply: bool = True):
             full = tuple(new) + (None,) * (ndim - len(new))
             fitted = divisible_spec(shape, full, sizes)
             if fitted != full:
-                reasons.append("dropped the axis that cannot divide: " + ", ".join(indivisible_dims(shape, full, sizes)))
+                reasons.append("dropped the axis that cannot divide: "
+                               + ", ".join(indivisible_dims(shape, full, sizes)))
                 new = fitted
         placed_wrong = row["applied"] is False
         if new != spec:
@@ -265,8 +266,8 @@ def apply_annotations(model, mesh) -> None:
             raise ShardingError(
                 f"{'/'.join(map(str, path))} {tuple(value.shape)} cannot be placed as {_fmt(spec)} on mesh "
                 f"{_mesh_sizes(mesh)}: {str(e).splitlines()[0]} Run sharding.audit(model, mesh) to see every such "
-                f"parameter, and sharding.fix_shardings(model, mesh) to drop only the axes that cannot divide (or pick a tp "
-                f"from gemma4.valid_tp_sizes(config))."
+                f"parameter, and sharding.fix_shardings(model, mesh) to drop only the axes that cannot divide "
+                f"(or pick a tp from gemma4.valid_tp_sizes(config))."
             ) from None
         placements.append((v, want))
     for v, want in placements:
@@ -323,8 +324,8 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: dtype_bits(d) // 8)) * weight)[
         before["kind"] == "LoRAParam"].sum())
     rows = [
-        {"what": "base params", "as annotated": total(before, "Param"), "paper: LoRA replicated": total(before, "Param"),
-         "after fix": total(after, "Param")},
+        {"what": "base params", "as annotated": total(before, "Param"),
+         "paper: LoRA replicated": total(before, "Param"), "after fix": total(after, "Param")},
         {"what": "LoRA params", "as annotated": total(before, "LoRAParam"), "paper: LoRA replicated": lora_full,
          "after fix": total(after, "LoRAParam")},
     ]

@@ -257,8 +257,9 @@ def argument_bytes(*trees) -> int:
     total = 0
     for x in jax.tree.leaves([nnx.state(t) if isinstance(t, nnx.Pytree) else t for t in trees]):
         sizes = dict(zip(x.sharding.mesh.axis_names, x.sharding.mesh.devices.shape))
+        # a key: its words
         data = jax.eval_shape(jax.random.key_data, x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
-        total += partition_specs.bytes_per_device(data.shape, data.dtype, tuple(x.sharding.spec), sizes)  # a key: its words
+        total += partition_specs.bytes_per_device(data.shape, data.dtype, tuple(x.sharding.spec), sizes)
     return total
 
 

@@ -89,8 +89,8 @@ LOST_SHARE = 0.5  # bf16 storage moving the logits by over half the LoRA's effec
 BOUND_FLOOR = 1e-6
 
 
-def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40, seed: int = 0,
-           bound: float | None = None) -> dict:
+def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40,
+           seed: int = 0, bound: float | None = None) -> dict:
     """Check a merged checkpoint in fp32 (small models; the 31B gets the weight check alone); return ``ok``, a row
     per comparison and the weight check's problems.
 

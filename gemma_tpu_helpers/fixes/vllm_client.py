@@ -43,8 +43,9 @@ def connect(base_url: str = f"http://{HOST}:{DEFAULT_PORT}", served_name: str = 
     """A client for a server started elsewhere (the docker line on a TPU VM); checks ``/health`` first."""
     client = Client(base_url, served_name, api_key)
     if not client.healthy():
-        raise ServeError(f"No healthy vLLM server at {http_client.health_url(base_url)}. Start it first (the command from "
-                         f"vllm_command.serve_command(target, model_dir)); on TPU the first start compiles for minutes.")
+        raise ServeError(f"No healthy vLLM server at {http_client.health_url(base_url)}. Start it first "
+                         f"(the command from vllm_command.serve_command(target, model_dir)); on TPU the first start "
+                         f"compiles for minutes.")
     return client
 
 
@@ -59,7 +60,8 @@ def chat(base_url: str, messages, model: str = SERVED_NAME, api_key: str | None 
         messages = [{"role": "user", "content": messages}]
     payload = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature, **extra}
     t0 = time.perf_counter()
-    out = http_client.post_json(http_client.api_url(base_url, "chat/completions"), payload, api_key, timeout, error=ServeError)
+    out = http_client.post_json(http_client.api_url(base_url, "chat/completions"), payload, api_key, timeout,
+                                error=ServeError)
     latency = time.perf_counter() - t0
     choice = out["choices"][0]
     return {"text": choice["message"]["content"], "finish_reason": choice["finish_reason"],
@@ -109,7 +111,8 @@ def complete_ids(base_url: str, token_ids: list[int], n: int, model: str = SERVE
     payload = {"model": model, "prompt": [int(t) for t in token_ids], "max_tokens": n, "temperature": 0.0,
                "ignore_eos": True, "return_token_ids": True, "logprobs": top, "return_tokens_as_token_ids": True}
     t0 = time.perf_counter()
-    out = http_client.post_json(http_client.api_url(base_url, "completions"), payload, api_key, timeout, error=ServeError)
+    out = http_client.post_json(http_client.api_url(base_url, "completions"), payload, api_key, timeout,
+                                error=ServeError)
     latency = time.perf_counter() - t0
     choice = out["choices"][0]
     top_lp = [sorted(((int(k.split(":", 1)[1]), v) for k, v in d.items()), key=lambda kv: -kv[1])
@@ -138,5 +141,6 @@ def rendered_prompt(model_dir, messages, tokenizer=None, enable_thinking: bool =
     tok = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=enable_thinking)
 

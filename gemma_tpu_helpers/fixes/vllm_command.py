@@ -187,9 +187,9 @@ def _engine_args(target: ServeTarget, port: int, host: str, served_name: str, te
     return args
 
 
-def serve_command(target: ServeTarget, model_dir: str | os.PathLike, port: int = DEFAULT_PORT, api_key: str | None = None,
-            served_name: str = SERVED_NAME, lora_modules: dict[str, str | os.PathLike] | None = None,
-            host: str = HOST) -> list[str]:
+def serve_command(target: ServeTarget, model_dir: str | os.PathLike, port: int = DEFAULT_PORT,
+            api_key: str | None = None, served_name: str = SERVED_NAME,
+            lora_modules: dict[str, str | os.PathLike] | None = None, host: str = HOST) -> list[str]:
     """The exact argv that serves ``model_dir`` on ``target`` by its :func:`route` (docker: the model mounted
     read-only, a persistent XLA compile cache, ``HF_TOKEN`` passed by name); :func:`environment` gives the variables.
 
@@ -312,7 +312,8 @@ def tpu_pip_instructions(target: ServeTarget, model_dir: str | os.PathLike | Non
         lines.append("# then the same `vllm serve ...` arguments as the docker line, from that venv's bin/vllm.")
     else:
         how = ("from Python, vllm_server.start(target, model_dir) runs this line and waits on /health"
-               if pip_profile is target else "vllm_server.start(vllm_command.pip_route_profile(target), model_dir) runs it")
+               if pip_profile is target
+               else "vllm_server.start(vllm_command.pip_route_profile(target), model_dir) runs it")
         lines += [f"# then serve ({how}):", shell_line(pip_profile, model_dir, **kw)]
     return "\n".join(lines)
 

@@ -156,7 +156,8 @@ def start(target: ServeTarget, model_dir: str | os.PathLike, port: int | None = 
     if how == "docker":
         raise ServeError(f"Profile {target.name!r} serves from the {target.spec.image} Docker image on its TPU VM: "
                          f"run vllm_command.shell_line(target, DIR) there, "
-                         f"then vllm_client.connect('http://127.0.0.1:{DEFAULT_PORT}'). Rehearse here with a CPU target.")
+                         f"then vllm_client.connect('http://127.0.0.1:{DEFAULT_PORT}'). "
+                         f"Rehearse here with a CPU target.")
     if how == "pip":
         _check_pip_route(target)
     model_dir = check_model_dir(model_dir) if how == "cpu" or not is_hub_id(model_dir) else model_dir
@@ -170,8 +171,8 @@ def start(target: ServeTarget, model_dir: str | os.PathLike, port: int | None = 
         check_port_free(port)
     argv = serve_command(target, model_dir, port=port, api_key=api_key, served_name=served_name,
                    lora_modules=lora_modules) + list(extra_args or [])
-    log_path = file_io.absolute_path(log_path or Path(target.log_dir or tempfile.mkdtemp(prefix="vllm-")) / "server.log",
-                                    "log path")
+    log_path = file_io.absolute_path(
+        log_path or Path(target.log_dir or tempfile.mkdtemp(prefix="vllm-")) / "server.log", "log path")
     env = {**os.environ, **environment(target, api_key, lora=bool(lora_modules))}
     proc = process_groups.start_group(argv, log_path, env=env, cwd=log_path.parent, header=f"# {shlex.join(argv)}\n")
     server = Server(proc, argv, port, HOST, log_path, served_name, api_key)

@@ -178,7 +178,8 @@ def real_sweep(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     before = _children()
     t0 = time.perf_counter()
-    df = serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out, progress=False)
+    df = serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out,
+                             progress=False)
     seconds = time.perf_counter() - t0
     print(f"\nsweep of {len(df)} points: {seconds:.1f} s\n{df.to_string()}")
     return df, out, seconds, _children() - before

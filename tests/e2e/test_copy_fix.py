@@ -124,7 +124,8 @@ SCRIPT = textwrap.dedent(r'''
     tensors = {}
     for shard in sorted(os.listdir(r.out_dir)):
         if shard.endswith(".safetensors"):
-            tensors.update({k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in load_file(os.path.join(r.out_dir, shard)).items()})
+            tensors.update({k: hashlib.sha256(v.tobytes()).hexdigest()
+                            for k, v in load_file(os.path.join(r.out_dir, shard)).items()})
     out["07"] = {"step": r.step, "merged": r.merged_tensors, "copied": r.copied_tensors, "tensors": tensors}
     done("07")
 

@@ -581,11 +581,13 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
     monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
     colab = profiles.get_profile("colab-v5e-1")
     target = dataclasses.replace(colab.serving, python=tmp_path / "venv" / "bin" / "python")
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; d = open(sys.argv[1]); print('holding', flush=True); "
-                              "time.sleep(60)", str(accel)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; d = open(sys.argv[1]); "
+                              "print('holding', flush=True); time.sleep(60)", str(accel)],
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "holding"
-        with pytest.raises(vllm_command.ServeError, match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
+        with pytest.raises(vllm_command.ServeError,
+                           match=f"vLLM cannot open the TPU: it is in use by pid {child.pid} ") as e:
             vllm_server.start(target, "google/gemma-4-E2B-it")
         assert f"kill {child.pid}" in str(e.value)
     finally:

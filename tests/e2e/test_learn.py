@@ -33,7 +33,8 @@ def working(tmp_path_factory):
     r = run_cli("learn", "--profile", "smoke", cwd=d, env={"GEMMA_TPU_RUNS": "runs"}, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     run_dir = d / "runs" / "smoke"
-    result = learning_check.LearnResult.from_json(json.loads((learning_check.learn_dir(SMOKE, run_dir) / learning_check.RESULT).read_text()))
+    result = learning_check.LearnResult.from_json(
+        json.loads((learning_check.learn_dir(SMOKE, run_dir) / learning_check.RESULT).read_text()))
     return r.stdout, result, run_dir
 
 
@@ -56,7 +57,8 @@ def test_vllm_and_transformers_answer_alike_on_the_trained_model(working):
     problem as vLLM's answers did, so a lower score there is the broken link, not the generator."""
     _, result, run_dir = working
     problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=result.tasks + result.held_out)
-    rows = learning_check.transformers_answers(learning_check.learn_dir(SMOKE, run_dir) / "merged", problems, SMOKE.learn.max_tokens)
+    rows = learning_check.transformers_answers(learning_check.learn_dir(SMOKE, run_dir) / "merged", problems,
+                                               SMOKE.learn.max_tokens)
     scored = learning_check.score(problems, rows)
     assert dict(zip(scored["task_id"], scored["category"])) == dict(zip(result.after["task_id"],
                                                                          result.after["category"]))

@@ -39,7 +39,8 @@ def strong(trained, tmp_path_factory):
     """The trained LoRA with random B: after a few steps B is ~1e-3, too weak to expose a wrong layout."""
     _, arrays = lora_checkpoint.restore_lora(trained)
     ckpt = tmp_path_factory.mktemp("strong") / "checkpoints"
-    lora_checkpoint.write_lora_checkpoint(ckpt, verify.perturbed_lora(arrays, seed=1), lora_checkpoint.read_lora_config(trained), step=3)
+    lora_checkpoint.write_lora_checkpoint(ckpt, verify.perturbed_lora(arrays, seed=1),
+                                          lora_checkpoint.read_lora_config(trained), step=3)
     return ckpt
 
 
@@ -51,7 +52,8 @@ def merged(tiny_dir, strong, tmp_path_factory):
 
 
 def _expected_delta(arrays, layer, target, kind, scale):
-    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums (independent of merge_plan.plan_merge)."""
+    """ΔW [out, in] from the raw tunix arrays, written out per layout with einsums
+    (independent of merge_plan.plan_merge)."""
     p = f"layers/{layer}/"
     if target == "q_proj":
         a, b = arrays[p + "attn/q_einsum/w_lora_a"], arrays[p + "attn/q_einsum/w_lora_b"]
@@ -231,7 +233,7 @@ def test_step_and_cli(tiny_dir, trained, tmp_path):
                                                   str(EVERY), "--out", str(out)])) == 0
     assert merge.read_merge_info(out)["step"] == EVERY
     assert run_cli(commands_train.run_merge, p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained),
-                                                           "--out", str(out)])) == 2  # not empty, no --overwrite: a message
+                                                           "--out", str(out)])) == 2  # not empty, no --overwrite
     assert commands_train.run_merge(p.parse_args(["--base", str(tiny_dir), "--checkpoint", str(trained), "--out",
                                                   str(out), "--overwrite"])) == 0
     assert merge.read_merge_info(out)["step"] == STEPS

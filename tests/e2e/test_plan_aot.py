@@ -66,8 +66,9 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
         assert 1.0 <= ratio < 1.10 and point["bytes_accessed"] > base * 2 / 4
     # QLoRA: the same step with the targeted frozen weights in nf4 (4 bits + a bf16 scale per 64-element tile)
     q = plan.compile_train_step(v5p, "none", 1024, 2, qlora="nf4", **kw)
-    targeted = sum(math.prod(s) for s in layout.targeted_weights(two).values()) * 2 / 4  # their bf16 bytes per chip (tp=4)
-    print(f"tiny on v5p: arguments LoRA {none['argument_bytes'] / 2**20:.2f} MiB, QLoRA {q['argument_bytes'] / 2**20:.2f}")
+    targeted = sum(math.prod(s) for s in layout.targeted_weights(two).values()) * 2 / 4  # bf16 bytes per chip (tp=4)
+    print(f"tiny on v5p: arguments LoRA {none['argument_bytes'] / 2**20:.2f} MiB, "
+          f"QLoRA {q['argument_bytes'] / 2**20:.2f}")
     assert q["qlora"] == "nf4" and none["qlora"] is None
     assert none["argument_bytes"] - q["argument_bytes"] > 0.5 * targeted
     compiled_plan = {**plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), "lora_rank": 8}  # compiled at rank 8

@@ -188,8 +188,8 @@ def server(smoke, tiny_dir, adapters, tmp_path_factory):
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     rel = os.path.relpath  # as a user types them: relative to this directory (vLLM runs in the log's folder)
-    srv = vllm_server.start(smoke.serving, rel(tiny_dir), api_key=API_KEY, lora_modules={k: rel(v) for k, v in adapters.items()},
-                      log_path=rel(log), progress=False)
+    srv = vllm_server.start(smoke.serving, rel(tiny_dir), api_key=API_KEY,
+                      lora_modules={k: rel(v) for k, v in adapters.items()}, log_path=rel(log), progress=False)
     srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
     print(f"\nvLLM start: {srv.start_s:.1f} s")
     try:

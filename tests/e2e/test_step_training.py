@@ -9,8 +9,9 @@ from gemma_tpu_helpers.fixes import gemma4, remat, step
 
 
 def test_lora_trains_under_remat_with_dropout(smoke, tiny_dir, mesh):
-    """Every LoRA B moves off zero and the loss falls under BLOCK remat, with the paper's LoRA dropout (0.05, the TPU profiles'): qwix draws the masks from rngs it unsets after creating
-    the params, so without remat.lora_then_remat's stream the first step fails ("Cannot find rngs")."""
+    """Every LoRA B moves off zero and the loss falls under BLOCK remat, with the paper's LoRA dropout (0.05, the TPU
+    profiles'): qwix draws the masks from rngs it unsets after creating the params, so without remat.lora_then_remat's
+    stream the first step fails ("Cannot find rngs")."""
     from flax import nnx
 
     from gemma_tpu_helpers.fixes import mesh as mesh_lib

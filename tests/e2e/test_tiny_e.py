@@ -122,7 +122,7 @@ def smoke_e_run(tmp_path_factory):
 def test_smoke_e_walks_lora_train_merge_verify(smoke_e_run):
     """The E replica through the CLI steps in the smoke-e profile: LoRA coverage, 2 training steps, merge, verify."""
     run = smoke_e_run["run"]
-    assert "5 (KV-shared)" in support.walk_step(smoke_e_run, "lora").stdout  # k_proj / v_proj have no module on the shared layers
+    assert "5 (KV-shared)" in support.walk_step(smoke_e_run, "lora").stdout  # no k/v_proj module on the shared layers
     assert "parity: OK" in support.walk_step(smoke_e_run, "parity").stdout
     support.walk_step(smoke_e_run, "train")
     support.walk_step(smoke_e_run, "merge")

@@ -65,10 +65,10 @@ def test_replica_has_the_26b_structure(base):
     assert support.model_tensor(base, f"{PRE}layers.0.experts.down_proj").shape == (e, d, f)
     assert support.model_tensor(base, f"{PRE}layers.0.router.proj.weight").shape == (e, d)
     assert support.model_tensor(base, f"{PRE}layers.0.router.per_expert_scale").shape == (e,)
-    assert support.model_tensor(base, f"{PRE}layers.0.mlp.gate_proj.weight").shape == (512, d)  # the dense MLP beside them
+    assert support.model_tensor(base, f"{PRE}layers.0.mlp.gate_proj.weight").shape == (512, d)  # dense MLP beside them
     keys = support.model_keys(base)
     assert f"{PRE}layers.5.self_attn.v_proj.weight" not in keys  # the global layer: k=v
-    assert support.model_tensor(base, f"{PRE}layers.5.self_attn.k_proj.weight").shape == (2 * 128, d)  # 2 global KV heads
+    assert support.model_tensor(base, f"{PRE}layers.5.self_attn.k_proj.weight").shape == (2 * 128, d)  # 2 KV heads
     assert any(k.startswith("model.vision_tower.") for k in keys) and not any("audio" in k for k in keys)
     assert (base / "chat_template.jinja").read_text() == chat_format.CHAT_TEMPLATES["31b"]
     # the scales and norms a trained MoE has away from 1 (parity with all of them 1 cannot see a misplaced router)

@@ -123,7 +123,8 @@ def work(tmp_path_factory):
     global EVAL_TASKS
     d = tmp_path_factory.mktemp("user") / "work"
     d.mkdir()
-    probs = sorted(eval_problems.load_problems(paths.SHIPPED_EVAL), key=lambda p: len(eval_problems.reference_code(p)))[:2]
+    probs = sorted(eval_problems.load_problems(paths.SHIPPED_EVAL),
+                   key=lambda p: len(eval_problems.reference_code(p)))[:2]
     EVAL_TASKS = [p.task_id for p in probs]
     answers_file(d / "answers.jsonl", EVAL_TASKS)
     env = {"GEMMA_TPU_RUNS": "runs", "GEMMA_TPU_PROFILE": "smoke"}
@@ -143,7 +144,8 @@ def test_documented_commands_run_literally(work):
     failed = {k: (r.returncode, r.stderr[-1500:]) for k, r in results.items() if r.returncode != 0}
     assert not failed, failed
     # what they made, where a user expects it: relative to the working directory
-    assert (d / "runs/smoke/checkpoints/lora_config.json").is_file() and (d / "runs/smoke/merged/merge_info.json").is_file()
+    assert ((d / "runs/smoke/checkpoints/lora_config.json").is_file()
+            and (d / "runs/smoke/merged/merge_info.json").is_file())
     assert (d / "runs/tiny/config.json").is_file()
     info = json.loads((d / "runs/smoke/merged/merge_info.json").read_text())
     assert info["checkpoint_dir"] == str((d / "runs/smoke/checkpoints").resolve())
@@ -274,14 +276,16 @@ def test_damaged_safetensors_name_the_file(work, tmp_path, monkeypatch, capsys):
         for argv in (("merge", "--base", "base", "--checkpoint", "ckpt", "--out", "o"), ("parity", "base"),
                      ("verify", "--base", "base", "--checkpoint", "ckpt", "--merged", "merged")):
             line = cli_error(capsys, *argv)
-            assert needle in line and (shard.name in line or "index" in line) and fix in line.lower(), (kind, argv, line)
+            assert (needle in line and (shard.name in line or "index" in line)
+                    and fix in line.lower()), (kind, argv, line)
         shutil.rmtree("base")
         shutil.copytree(d / "runs/smoke/base", "base")
         shard = damaged(kind, d / "runs/smoke/merged", "bad_merged")
         for argv in (("verify", "--base", "base", "--checkpoint", "ckpt", "--merged", "bad_merged"),
                      ("serve", "--model", "bad_merged", "--smoke-test")):
             line = cli_error(capsys, *argv)
-            assert needle in line and "merge again" in line and str(Path("bad_merged").resolve()) in line, (kind, argv, line)
+            assert (needle in line and "merge again" in line
+                    and str(Path("bad_merged").resolve()) in line), (kind, argv, line)
     assert not Path("o").exists()
 
 

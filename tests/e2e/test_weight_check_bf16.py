@@ -31,8 +31,8 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     print(f"changed {res['weights']['changed_share']:.1%} of the targeted elements")
     assert not res["notes"]  # bf16 keeps most of this LoRA's effect (2 steps at smoke's rate: 0.42 of the logits)
     weak = lora_ckpt(base, tmp_path / "weak", std=1e-3)  # a ΔW mostly under bf16's rounding: the merge loses it
-    res = verify.verify_merge(base, weak, merge.merge_lora(base, weak, tmp_path / "weak_merged", progress=False).out_dir,
-                        mesh=mesh)
+    res = verify.verify_merge(base, weak,
+                        merge.merge_lora(base, weak, tmp_path / "weak_merged", progress=False).out_dir, mesh=mesh)
     assert res["ok"] and any("of the LoRA's own effect" in n for n in res["notes"]), res["notes"]
     assert res["weights"]["changed_share"] < weight_check.KEPT_SHARE  # and the weight check, which runs on the 31B
     assert any("of the targeted elements" in n for n in res["weights"]["notes"]), res["weights"]["notes"]
@@ -50,7 +50,7 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
                 d.hf = d.hf.replace("k_proj", "TMP").replace("v_proj", "k_proj").replace("TMP", "v_proj")
         return deltas
 
-    monkeypatch.setattr(merge_plan, "plan_merge", swapped)  # merge and weight check share the plan: only logits can tell
+    monkeypatch.setattr(merge_plan, "plan_merge", swapped)  # merge and weight check share the plan: only logits tell
     bad = merge.merge_lora(base, strong, tmp_path / "bad", progress=False).out_dir
     res = verify.verify_merge(base, strong, bad, mesh=mesh)
     assert res["weights"]["ok"] and not res["ok"], verify.verify_table(res).to_string()

@@ -108,7 +108,8 @@ def test_this_packages_imports_are_at_the_top():
     assert not inner, inner
 
 
-@pytest.mark.parametrize("module", ["fixes.file_io", "fixes.process_groups", "fixes.http_client", "fixes.chat_format", "fixes.compat"])
+@pytest.mark.parametrize("module", ["fixes.file_io", "fixes.process_groups", "fixes.http_client", "fixes.chat_format",
+                                    "fixes.compat"])
 def test_the_core_imports_only_the_error_base(module):
     assert set(GRAPH[module]) <= {"fixes.errors"} and GRAPH["fixes.errors"] == []
 
@@ -205,7 +206,8 @@ def test_no_fix_reads_the_courses_settings():
 def test_the_boundary_check_sees_a_violation():
     """The check can fail: each kind of course setting, seeded into a fix's source, is found."""
     seeded = ("import os\nfrom pathlib import Path\n"
-              "CACHE = os.environ.get('X')\nDATA = Path(__file__).parent / 'data'\nHINT = 'run python -m gemma_tpu_helpers'\n")
+              "CACHE = os.environ.get('X')\nDATA = Path(__file__).parent / 'data'\n"
+              "HINT = 'run python -m gemma_tpu_helpers'\n")
     found = course_settings_in(seeded, "fixes.data")
     assert sorted(found) == ["fixes.data:3 reads os.environ", "fixes.data:4 locates files from its own __file__",
                              "fixes.data:5 names the course ('gemma_tpu_helpers')"], found

@@ -1,4 +1,5 @@
-"""The tiny checkpoint's tokenizer files are a replica of google/gemma-4-31B-it's, and the loss mask is exact on them."""
+"""The tiny checkpoint's tokenizer files are a replica of google/gemma-4-31B-it's,
+and the loss mask is exact on them."""
 
 import json
 import re
@@ -112,7 +113,8 @@ def test_chat_template_renders_gemma4_turns(tokenizer):
                     "output y.<turn|>\n<|turn>model\n" + ANSWER + "<turn|>\n")
     prompt = tokenizer.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>")  # the 31B's empty thought channel
-    thinking = tokenizer.apply_chat_template(CHAT[1:2], tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    thinking = tokenizer.apply_chat_template(CHAT[1:2], tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=True)
     assert thinking == "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nWrite a module named inv with input a " \
                        "and output y.<turn|>\n<|turn>model\n"
     e = tokenizer.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True,
@@ -183,7 +185,8 @@ def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
     assert raw[0] == 2 and raw.count(2) == 1
     # a thought channel in an answer (special tokens kept) is not code, wherever it is
     code = "module TopModule(input a, output y); assign y = a; endmodule"
-    assert eval_problems.extract_verilog(f"<|channel>thought\nmodule Draft; endmodule<channel|>```verilog\n{code}\n```<turn|>") == code
+    assert eval_problems.extract_verilog("<|channel>thought\nmodule Draft; endmodule<channel|>"
+                                         f"```verilog\n{code}\n```<turn|>") == code
     assert eval_problems.extract_verilog("<|channel>thought\nmodule Draft; endmodule") is None  # cut off while thinking
     assert eval_problems.extract_verilog(code + "<turn|>") == code
 
@@ -202,7 +205,8 @@ def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):
     # plain names, PEFT's usual form, would reach into the vision tower too
     assert any("vision_tower" in n and n.endswith(".q_proj") for n in names)
     local_k = lora.peft_target_modules(k_layers=[i for i, k in enumerate(kinds) if k == "local"])
-    assert not any(re.fullmatch(local_k, n) for n in names if n.endswith(f"layers.{kinds.index('global')}.self_attn.k_proj"))
+    assert not any(re.fullmatch(local_k, n) for n in names
+                   if n.endswith(f"layers.{kinds.index('global')}.self_attn.k_proj"))
 
 
 def test_the_replica_has_every_file_of_the_real_checkpoint(tiny_dir, tokenizer):
@@ -231,6 +235,8 @@ def test_skipped_tower_keys_do_not_flood_the_log_but_other_skips_warn():
     def record(msg):
         return logging.LogRecord("absl", logging.WARNING, __file__, 1, msg, None, None)
 
-    towers = "Skipped loading 2 keys because ... Missing keys: [model.vision_tower.a.weight, model.embed_vision.b.weight]"
-    other = "Skipped loading 2 keys because ... Missing keys: [model.vision_tower.a.weight, model.language_model.x.weight]"
+    towers = ("Skipped loading 2 keys because ... Missing keys: "
+              "[model.vision_tower.a.weight, model.embed_vision.b.weight]")
+    other = ("Skipped loading 2 keys because ... Missing keys: "
+             "[model.vision_tower.a.weight, model.language_model.x.weight]")
     assert not f.filter(record(towers)) and f.filter(record(other)) and f.filter(record("something else"))

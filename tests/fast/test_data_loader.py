@@ -143,7 +143,8 @@ def test_profiles_choose_no_system_turn_and_the_real_target():
         spec = profiles.get_profile(name).data
         assert (spec.system, spec.target, spec.system_prompt) == ("none", "verilog", None), name
     smoke = profiles.get_profile("smoke").data
-    assert (smoke.source, smoke.config, smoke.system) == (str(paths.SHIPPED_REPLICA), "sft", "none") and smoke.strip_think
+    assert ((smoke.source, smoke.config, smoke.system) == (str(paths.SHIPPED_REPLICA), "sft", "none")
+            and smoke.strip_think)
     row = data.load_rows(**SHIPPED)[0]
     assert [m["role"] for m in data.spec_messages(row, smoke)] == ["user", "assistant"]
 

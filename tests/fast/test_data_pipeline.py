@@ -13,7 +13,8 @@ def tokenizer(tiny_dir):
 
 
 ROW = {"prompt": "Write a module named inv with input a and output y.",
-       "response": "<think>Just invert.</think>\nHere it is.\n```verilog\nmodule inv(input a, output y);\n  assign y = ~a;\nendmodule\n```"}
+       "response": "<think>Just invert.</think>\nHere it is.\n```verilog\nmodule inv(input a, output y);\n"
+                   "  assign y = ~a;\nendmodule\n```"}
 
 
 def _examples(tokenizer, n=12):

@@ -79,7 +79,8 @@ def test_extract_prefers_the_topmodule_block_and_ignores_other_languages():
             f"The answer:\n```verilog\n{GOOD}\n```")
     assert eval_problems.extract_verilog(text) == GOOD
     # without a TopModule block the first Verilog block with a module is taken
-    assert eval_problems.extract_verilog(f"```verilog\n{helper}\n```\n```verilog\n{helper.replace('helper', 'h2')}\n```") == helper
+    assert eval_problems.extract_verilog(f"```verilog\n{helper}\n```\n"
+                                         f"```verilog\n{helper.replace('helper', 'h2')}\n```") == helper
 
 
 def test_extract_unterminated_fence_and_bare_module():
@@ -202,7 +203,8 @@ def test_pass_at_k_matches_brute_force():
     for n in range(1, 8):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert eval_score.pass_at_k(n, c, k) == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                assert (eval_score.pass_at_k(n, c, k)
+                        == pytest.approx(brute_force_pass_at_k(n, c, k), abs=1e-12)), (n, c, k)
 
 
 @pytest.mark.parametrize("n", [200, 2000])
@@ -401,7 +403,8 @@ def test_sample_completions_contract_and_scoring(fake_server):
     assert (req["model"], req["n"], req["temperature"], req["max_tokens"], req["top_p"]) == (
         "gemma-verilog", 3, 0.8, 512, 0.95)
     assert req["messages"][0] == {"role": "system", "content": eval_problems.SYSTEM_PROMPT}
-    assert req["messages"][1]["role"] == "user" and req["messages"][1]["content"] in {eval_problems.build_prompt(p) for p in probs}
+    assert (req["messages"][1]["role"] == "user"
+            and req["messages"][1]["content"] in {eval_problems.build_prompt(p) for p in probs})
     assert srv.headers[0].get("Authorization") == "Bearer secret"
     results, scores = eval_score.score_completions(PROBLEMS, rows, ks=(1, 3), progress=False)
     assert scores == {1: 1.0, 3: 1.0}
@@ -731,15 +734,20 @@ def test_presets_are_the_official_protocol():
     # top_k 0 is vLLM's "no top-k": unset, vLLM would take the checkpoint's generation_config (Gemma 4: top_k 64)
     assert eval_sample.PRESETS == {"official-greedy": {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0},
                           "official-sampled": {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}}
-    args = lambda **kw: argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
-                                              "top_k": None, **kw})
+
+    def args(**kw):
+        return argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
+                                     "top_k": None, **kw})
+
     assert commands_serve.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
     assert commands_serve.sampling_settings(args(preset="official-sampled")) == eval_sample.PRESETS["official-sampled"]
-    assert commands_serve.sampling_settings(args(preset="official-sampled", n=20, top_k=0)) == eval_sample.PRESETS["official-sampled"]
-    assert commands_serve.sampling_settings(args(n=5, temperature=0.8, top_p=0.95)) == {"n": 5, "temperature": 0.8, "top_p": 0.95,
-                                                                    "top_k": 0}
+    assert (commands_serve.sampling_settings(args(preset="official-sampled", n=20, top_k=0))
+            == eval_sample.PRESETS["official-sampled"])
+    assert (commands_serve.sampling_settings(args(n=5, temperature=0.8, top_p=0.95))
+            == {"n": 5, "temperature": 0.8, "top_p": 0.95, "top_k": 0})
     assert commands_serve.sampling_settings(args(temperature=0.8, top_k=40))["top_k"] == 40
-    with pytest.raises(eval_problems.EvalError, match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
+    with pytest.raises(eval_problems.EvalError,
+                       match="--preset official-greedy sets --temperature 0.0; drop --temperature 0.8"):
         commands_serve.sampling_settings(args(preset="official-greedy", temperature=0.8))
     with pytest.raises(eval_problems.EvalError, match="--preset official-sampled sets --top-k 0; drop --top-k 64"):
         commands_serve.sampling_settings(args(preset="official-sampled", top_k=64))
@@ -755,8 +763,8 @@ def test_presets_are_the_official_protocol():
 def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, expected):
     """What reaches the server: every sampling field the protocol fixes is in the payload (None: left out)."""
     srv = fake_server()
-    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id, "--run-dir", str(tmp_path),
-                  *flags])
+    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id,
+                  "--run-dir", str(tmp_path), *flags])
     assert rc == 0
     assert [{key: req.get(key) for key in expected} for req in srv.requests] == [expected]
 
@@ -764,9 +772,10 @@ def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, ex
 @needs_iverilog
 def test_eval_cli_top_k_may_not_contradict_a_preset(fake_server, tmp_path, capsys):
     srv = fake_server()
-    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled", "--top-k", "64",
-                  "--tasks", MAJ.task_id, "--run-dir", str(tmp_path)])
-    assert rc == 2 and "--preset official-sampled sets --top-k 0; drop --top-k 64 or the preset" in capsys.readouterr().err
+    rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--preset", "official-sampled",
+                  "--top-k", "64", "--tasks", MAJ.task_id, "--run-dir", str(tmp_path)])
+    assert rc == 2 and ("--preset official-sampled sets --top-k 0; drop --top-k 64 or the preset"
+                        in capsys.readouterr().err)
     assert srv.requests == []
 
 

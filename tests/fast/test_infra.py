@@ -194,8 +194,8 @@ def test_client_sends_the_key_from_the_argument_and_from_vllm_api_key(local_serv
 def test_get_text_sends_its_headers_and_never_the_api_key(local_server, monkeypatch):
     url, seen = local_server
     monkeypatch.setenv(http_client.API_KEY_ENV, "not-for-a-metadata-server")
-    assert json.loads(http_client.get_text(url + "/computeMetadata", {"Metadata-Flavor": "Google"}, timeout=5))["path"] \
-        == "/computeMetadata"
+    assert json.loads(http_client.get_text(url + "/computeMetadata", {"Metadata-Flavor": "Google"},
+                                           timeout=5))["path"] == "/computeMetadata"
     assert seen[0]["auth"] is None and seen[0]["flavor"] == "Google"
 
 
@@ -268,7 +268,7 @@ def test_stop_group_sigkills_what_ignores_sigterm(tmp_path):
 
 
 def test_start_group_passes_env_and_cwd(tmp_path):
-    proc = process_groups.start_group(["sh", "-c", "echo $FOO; pwd"], tmp_path / "l.log", env={**os.environ, "FOO": "bar"},
-                             cwd=tmp_path)
+    proc = process_groups.start_group(["sh", "-c", "echo $FOO; pwd"], tmp_path / "l.log",
+                             env={**os.environ, "FOO": "bar"}, cwd=tmp_path)
     assert proc.wait(timeout=10) == 0
     assert file_io.log_tail(tmp_path / "l.log").splitlines() == ["bar", str(tmp_path)]

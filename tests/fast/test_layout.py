@@ -46,7 +46,8 @@ def _abstract_lora_model(text_config: dict, targets=layout.TARGETS, rank: int = 
 def _lora_params(model) -> dict[str, tuple]:
     from flax import nnx
 
-    return {"/".join(map(str, p)): tuple(v.value.shape) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.LoRAParam)}
+    return {"/".join(map(str, p)): tuple(v.value.shape)
+            for p, v in nnx.iter_graph(model) if isinstance(v, nnx.LoRAParam)}
 
 
 def _base_params(model) -> dict[str, tuple]:
@@ -171,7 +172,8 @@ def e2b_dir(tmp_path_factory):
 @pytest.mark.parametrize("which", ["31b", "e2b"])
 def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
     """PEFT on transformers' Gemma 4 (multimodal layout, with its vision tower) for lora.peft_target_modules: the
-    same keys as the table's, in a live model (adapter ``default``) and in a saved adapter, with A (r, in), B (out, r)."""
+    same keys as the table's, in a live model (adapter ``default``) and in a saved adapter, with A (r, in),
+    B (out, r)."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
     from gemma_tpu_helpers.fixes import parity
@@ -204,8 +206,10 @@ def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, tmp
     got = layout.targeted_weights(text)
     assert got and all(tuple(entries[k]["shape"]) == shape for k, shape in got.items())
     shared = gemma4.kv_shared_layers(text)
-    unread = {k for k in entries if (m := re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.(\d+)\.self_attn\.[kv]_proj\.", k))
+    unread = {k for k in entries
+              if (m := re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.(\d+)\.self_attn\.[kv]_proj\.", k))
               and int(m.group(1)) in shared}
     assert bool(unread) == (variant == "e2b")
-    projections = {k for k in entries if re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$", k)}
+    projections = {k for k in entries
+                   if re.match(rf"{re.escape(gemma4.KEY_PREFIX)}layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$", k)}
     assert projections - unread == set(got)  # all seven targets: nothing missed, nothing made up

@@ -45,7 +45,8 @@ def _kernels_agree(tmp_path, w, scale, rank=16, seed=0):
     _one_tensor_shard(src, w)
     got, applied = {}, {}
     for kernel in safetensors_io.MERGE_KERNELS:
-        applied[kernel] = safetensors_io.write_merged_shard(src, tmp_path / f"{kernel}.safetensors", {"w": delta}, kernel)["w"]
+        applied[kernel] = safetensors_io.write_merged_shard(src, tmp_path / f"{kernel}.safetensors", {"w": delta},
+                                                            kernel)["w"]
         got[kernel] = shard_tensors(tmp_path / f"{kernel}.safetensors")
     base = shard_tensors(src)
     for k in ("a_before", "z_after"):  # untargeted: bit for bit with both kernels
@@ -73,7 +74,7 @@ def test_xla_kernel_equals_the_numpy_reference(tmp_path, monkeypatch, dtype):
     blocks and a short last one); only the dot's summation order may differ, within its arithmetic bound."""
     import ml_dtypes
 
-    monkeypatch.setattr(safetensors_io, "MERGE_BLOCK_ELEMENTS", 4096)  # 64-row blocks of 64 columns: 5 blocks, the last short
+    monkeypatch.setattr(safetensors_io, "MERGE_BLOCK_ELEMENTS", 4096)  # 64-row blocks (64 columns): 5, the last short
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((300, 64)) * 0.02).astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else dtype)
     x, n, applied, allowed = _kernels_agree(tmp_path, w, scale=0.3)

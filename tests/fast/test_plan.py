@@ -173,14 +173,16 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     pred = plan.predict_run(p, profiles.get_profile("colab-v5e-1"))
     print(f"E2B on v5e-1: XLA / analytic FLOPs {pred['xla_over_analytic']:.3f}, {pred['step_s']:.2f} s per step")
     assert 0.9 <= pred["xla_over_analytic"] <= 1.1
-    assert pred["paper_mfu"] == pytest.approx(plan.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
+    assert pred["paper_mfu"] == pytest.approx(
+        plan.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
     assert pred["roofline_usd"]["packed"] is None and pred["roofline_hours"]["packed"] > 0
     assert "no hourly price" in plan.format_prediction(pred) and "no price" in plan.packing_savings(pred)
     assert "colab-v5e-1 (1 chip)," in plan.format_prediction(pred)
     # QLoRA on the same chip: the nf4 weights take less HBM, their dequantisation more bytes per step
     q = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block", "nf4"),))[0]
     assert q["qlora"] == "nf4" and q["argument_bytes"] < 0.8 * p["argument_bytes"] and q["peak_bytes"] < p["peak_bytes"]
-    assert plan.plan_row(q)["LoRA"] == "QLoRA nf4" and plan.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"]
+    assert (plan.plan_row(q)["LoRA"] == "QLoRA nf4"
+            and plan.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"])
 
 
 def test_shipped_reference_points_sit_under_their_own_setting():
@@ -250,7 +252,8 @@ def test_a_colab_profile_trains_a_setting_that_fits_with_margin(name):
     prof = profiles.get_profile(name)
     p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat, prof.lora.qlora),))[0]
     assert p["method"] == "compiled" and p["layers"] == p["model_layers"] and p["seq_len"] == prof.train.max_seq_len
-    print(f"{name}: remat {prof.train.remat}, peak {p['peak_bytes'] / plan.GIB:.2f} of {prof.hardware.hbm_gib_per_chip} GiB")
+    print(f"{name}: remat {prof.train.remat}, peak {p['peak_bytes'] / plan.GIB:.2f} "
+          f"of {prof.hardware.hbm_gib_per_chip} GiB")
     assert p["peak_bytes"] <= 0.92 * p["hbm_bytes"]
 
 
@@ -301,7 +304,8 @@ def test_tiny_tpu_temp_mib_is_a_figure_or_why_not_never_nan(tmp_path):
 
     from gemma_tpu_helpers.course import logbook
 
-    assert plan.tpu_temp_mib(_policy_table([900.04, 400.06, 300.0])) == {"none": 900.0, "block": 400.1, "decoder": 300.0}
+    assert (plan.tpu_temp_mib(_policy_table([900.04, 400.06, 300.0]))
+            == {"none": 900.0, "block": 400.1, "decoder": 300.0})
     tables = {"not asked": _policy_table(tpu_skipped="the step was not compiled for a TPU (tpu_profile=None)"),
               "no libtpu": _policy_table(tpu_skipped="libtpu is not installed (pip install libtpu; no TPU needed)"),
               "cached before the reason was kept": _policy_table(),

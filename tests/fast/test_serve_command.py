@@ -169,8 +169,8 @@ def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
                         ("--host", vllm_command.HOST), ("--dtype", "bfloat16")):
         assert argv[argv.index(flag) + 1] == str(value), flag
     env = vllm_command.environment(prof.serving, api_key="k", lora=True)
-    assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(vllm_command.HOST_COMPILE_CACHE), "MODEL_IMPL_TYPE": "vllm",
-                   "VLLM_API_KEY": "k"}
+    assert env == {"VLLM_XLA_CACHE_PATH": os.path.expanduser(vllm_command.HOST_COMPILE_CACHE),
+                   "MODEL_IMPL_TYPE": "vllm", "VLLM_API_KEY": "k"}
     line = vllm_command.shell_line(prof.serving, "/data/merged", api_key="sk-secret")
     assert "VLLM_API_KEY=$VLLM_API_KEY" in line and "sk-secret" not in line
 
@@ -210,7 +210,8 @@ def test_serve_cli_prints_the_colab_route_not_docker():
     assert f"vllm-tpu=={profiles.get_profile('colab-v5e-1').serve.pip_version}" in out
     assert "uv venv --python 3.12" in out
     assert "/bin/vllm serve /content/gemma-tpu/runs/colab-v5e-1/merged" in out and "--tensor-parallel-size 1" in out
-    assert f"eval --url http://127.0.0.1:{vllm_command.DEFAULT_PORT} --model {vllm_command.SERVED_NAME} --profile colab-v5e-1" in out
+    assert (f"eval --url http://127.0.0.1:{vllm_command.DEFAULT_PORT} --model {vllm_command.SERVED_NAME} "
+            "--profile colab-v5e-1") in out
 
 
 def test_a_step_that_needs_more_chips_than_colab_has_says_so():
@@ -218,7 +219,7 @@ def test_a_step_that_needs_more_chips_than_colab_has_says_so():
     four = dataclasses.replace(prof, serve=dataclasses.replace(prof.serve, tensor_parallel=4))
     with pytest.raises(vllm_command.ServeError, match="tensor_parallel=4, but this runtime has 1 chip. Lower"):
         vllm_command.serve_command(four.serving, "/data/merged")
-    with pytest.raises(vllm_command.ServeError, match="Docker image on its TPU VM"):  # the docker route is not started here
+    with pytest.raises(vllm_command.ServeError, match="Docker image on its TPU VM"):  # docker route: not started here
         vllm_server.start(profiles.get_profile("v6e-8").serving, "/data/merged")
 
 

@@ -32,7 +32,8 @@ window.addEventListener("load", () => {
   out.id = "site-probe";
   const table = document.querySelector("table");
   out.textContent = JSON.stringify({
-    images: [...document.images].map(i => ({src: i.getAttribute("src").slice(0, 40), ok: i.complete && i.naturalWidth > 0})),
+    images: [...document.images].map(i => ({src: i.getAttribute("src").slice(0, 40), \
+ok: i.complete && i.naturalWidth > 0})),
     title: document.title,
     h1: [...document.querySelectorAll("h1")].map(h => h.textContent.replace("\\u00b6", "").trim()),
     table_rows: table ? table.rows.length : 0,

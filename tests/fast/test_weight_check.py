@@ -95,7 +95,8 @@ def test_each_damage_fails_naming_the_tensor_or_file(case, tmp_path):
 
 def test_the_cli_exit_codes_and_lines(case, tmp_path, capsys, monkeypatch):
     base, ckpt, merged, step1 = case
-    assert cli.main(["verify", "--weights", "--base", str(base), "--checkpoint", str(ckpt), "--merged", str(merged)]) == 0
+    assert cli.main(["verify", "--weights", "--base", str(base), "--checkpoint", str(ckpt),
+                     "--merged", str(merged)]) == 0
     out = capsys.readouterr().out
     assert "verify --weights: OK" in out and "step 2:" in out and "of the allowed rounding" in out
     monkeypatch.chdir(merged.parent)  # relative paths, as typed
