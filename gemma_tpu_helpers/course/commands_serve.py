@@ -140,9 +140,9 @@ def eval_arguments(p) -> None:
 
 def sampling_settings(args) -> dict:
     """n, temperature, top_p and top_k from --preset and the explicit flags (a flag may not contradict the
-    preset). Without a preset: greedy, n 1, no top-k, top_p unset."""
+    preset). Without a preset: greedy, n 1, no top-p and no top-k (never the checkpoint's generation_config)."""
     chosen = (dict(eval_sample.PRESETS[args.preset]) if args.preset else
-              {"n": 1, "temperature": 0.0, "top_p": None, "top_k": eval_sample.NO_TOP_K})
+              {"n": 1, "temperature": 0.0, "top_p": eval_sample.NO_TOP_P, "top_k": eval_sample.NO_TOP_K})
     for key in ("n", "temperature", "top_p", "top_k"):
         given = getattr(args, key)
         if given is None:

@@ -19,7 +19,8 @@ class ServerError(GemmaTpuError, RuntimeError):
 
 # VerilogEval v2's protocol, with no top-k: top_k is sent, as vLLM's "no top-k" (0), because vLLM fills unset fields
 # from the checkpoint's generation_config.json (Gemma 4: top_k 64).
-NO_TOP_K = 0
+NO_TOP_K = 0  # vLLM's "no top-k"
+NO_TOP_P = 1.0  # vLLM's "no nucleus"
 
 
 PRESETS = {
@@ -53,9 +54,11 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
                        system_prompt: str | None = SYSTEM_PROMPT, progress: bool = True,
                        stop_token_ids: Sequence[int] | None = None, top_k: int | None = None) -> list[dict]:
     """Ask ``/v1/chat/completions`` for ``n`` answers per problem; rows ``task_id, sample_index, completion,
-    finish_reason`` ("length": cut off by ``max_tokens``).
+    finish_reason`` ("length": cut off by ``max_tokens``) and the sampling settings sent.
 
-    ``top_p``/``top_k`` are sent when not None (vLLM fills unset ones from the checkpoint). An unreachable server
+    ``temperature``, ``top_p`` and ``top_k`` are always sent: an unset ``top_p``/``top_k`` means none (1.0 / 0),
+    never the checkpoint's generation_config, which vLLM would apply otherwise (Gemma 4: top_p 0.95, top_k 64),
+    and each row records the three values. An unreachable server
     fails within ``connect_timeout`` seconds; ``timeout`` bounds each request; ``api_key`` defaults to
     ``$VLLM_API_KEY``. Raises :class:`ServerError` or :class:`EvalError`.
     """
@@ -68,19 +71,17 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
     api_key = http_client.resolve_api_key(api_key)
     check_server(url, model, api_key, connect_timeout)
     endpoint = http_client.api_url(url, "chat/completions")
+    sampling = {"temperature": temperature, "top_p": NO_TOP_P if top_p is None else top_p,
+                "top_k": NO_TOP_K if top_k is None else top_k}
 
     def one(problem: Problem) -> list[dict]:
         # The server renders the messages with the model's own chat template, thinking off (Gemma 4's default), and
         # keeps special tokens in the answer so a thought channel, if the model opens one, stays recognisable.
-        payload = {"model": model, "messages": prompt_messages(problem, system_prompt), "n": n,
-                   "temperature": temperature, "max_tokens": max_tokens, "skip_special_tokens": False,
+        payload = {"model": model, "messages": prompt_messages(problem, system_prompt), "n": n, **sampling,
+                   "max_tokens": max_tokens, "skip_special_tokens": False,
                    "chat_template_kwargs": {"enable_thinking": False}}
         if stop_token_ids:
             payload["stop_token_ids"] = [int(i) for i in stop_token_ids]
-        if top_p is not None:
-            payload["top_p"] = top_p
-        if top_k is not None:
-            payload["top_k"] = top_k
         try:
             resp = http_client.post_json(endpoint, payload, api_key, timeout)
         except http_client.RequestError as e:
@@ -90,7 +91,7 @@ def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int
             raise ServerError(f"{problem.task_id}: asked for n={n} choices, the server returned {len(choices)}")
         return [{"task_id": problem.task_id, "sample_index": i,
                  "completion": (ch.get("message") or {}).get("content") or "",
-                 "finish_reason": ch.get("finish_reason")} for i, ch in enumerate(choices)]
+                 "finish_reason": ch.get("finish_reason"), **sampling} for i, ch in enumerate(choices)]
 
     rows: list[dict] = []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency))

@@ -47,6 +47,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")  # kept with each result when the completions carry them
+
+
 def _completion_rows(completions) -> list[dict]:
     if hasattr(completions, "to_dict"):  # a DataFrame
         completions = completions.to_dict("records")
@@ -60,7 +63,7 @@ def _completion_rows(completions) -> list[dict]:
             idx = counters.get(task, 0)
         counters[task] = max(counters.get(task, 0), int(idx) + 1)
         rows.append({"task_id": task, "sample_index": int(idx), "completion": row["completion"] or "",
-                     "finish_reason": row.get("finish_reason")})
+                     "finish_reason": row.get("finish_reason"), **{k: row[k] for k in SAMPLING_KEYS if k in row}})
     return rows
 
 
@@ -68,7 +71,8 @@ def _score_one(row: dict, problem: Problem, timeout: float) -> dict:
     code = extract_verilog(row["completion"])
     res = simulate(code, problem, timeout=timeout)
     return {"task_id": row["task_id"], "sample_index": row["sample_index"], **res.as_dict(),
-            "finish_reason": row["finish_reason"], "completion": row["completion"]}
+            "finish_reason": row["finish_reason"], **{k: row[k] for k in SAMPLING_KEYS if k in row},
+            "completion": row["completion"]}
 
 
 def pass_at_k_table(results, ks: Sequence[int] = (1, 5)) -> dict[int, float]:

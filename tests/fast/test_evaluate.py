@@ -739,7 +739,7 @@ def test_presets_are_the_official_protocol():
         return argparse.Namespace(**{"preset": None, "n": None, "temperature": None, "top_p": None,
                                      "top_k": None, **kw})
 
-    assert commands_serve.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}
+    assert commands_serve.sampling_settings(args()) == {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0}
     assert commands_serve.sampling_settings(args(preset="official-sampled")) == eval_sample.PRESETS["official-sampled"]
     assert (commands_serve.sampling_settings(args(preset="official-sampled", n=20, top_k=0))
             == eval_sample.PRESETS["official-sampled"])
@@ -755,18 +755,24 @@ def test_presets_are_the_official_protocol():
 
 @needs_iverilog
 @pytest.mark.parametrize("flags, expected", [
-    ([], {"n": 1, "temperature": 0.0, "top_p": None, "top_k": 0}),  # greedy; top_p is moot at temperature 0
+    ([], {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 0}),  # greedy: no nucleus, no top-k
     (["--preset", "official-greedy"], {"n": 1, "temperature": 0.0, "top_p": 0.01, "top_k": 0}),
     (["--preset", "official-sampled"], {"n": 20, "temperature": 0.85, "top_p": 0.95, "top_k": 0}),
-    (["--temperature", "0.8", "--top-k", "40"], {"n": 1, "temperature": 0.8, "top_p": None, "top_k": 40}),
+    (["--temperature", "0.8", "--top-k", "40"], {"n": 1, "temperature": 0.8, "top_p": 1.0, "top_k": 40}),
+    (["--temperature", "0.8"], {"n": 1, "temperature": 0.8, "top_p": 1.0, "top_k": 0}),  # not the checkpoint's 0.95
 ])
 def test_eval_requests_carry_the_whole_sampling(fake_server, tmp_path, flags, expected):
-    """What reaches the server: every sampling field the protocol fixes is in the payload (None: left out)."""
+    """What reaches the server: temperature, top_p and top_k, always (an unset one would be the checkpoint's
+    generation_config's, e.g. top_p 0.95), and the results file records the three."""
     srv = fake_server()
+    out = tmp_path / "results.jsonl"
     rc = cli.main(["eval", "--url", srv.url, "--model", "gemma-verilog", "--tasks", MAJ.task_id,
-                  "--run-dir", str(tmp_path), *flags])
+                   "--run-dir", str(tmp_path), "--out", str(out), *flags])
     assert rc == 0
-    assert [{key: req.get(key) for key in expected} for req in srv.requests] == [expected]
+    assert [{key: req.get(key, "absent") for key in expected} for req in srv.requests] == [expected]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["temperature"], r["top_p"], r["top_k"]) for r in rows} == {
+        (expected["temperature"], expected["top_p"], expected["top_k"])}
 
 
 @needs_iverilog
