@@ -63,8 +63,8 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
 def compare(profile: Profile, base_dir, run_dir, steps: int = 4, prepared=None):
     """Run ``steps`` steps through :func:`train.train` (into a fresh ``run_dir``) and through the bare loop.
 
-    Returns a per-step table (loss and step time of each) whose ``attrs`` hold the median step times after the
-    first (compiling) step and their ratio, ``helpers / bare``.
+    Returns a per-step table (loss and step time of each) whose ``attrs`` hold the median step times over the
+    steps :func:`train.clean_step` times (the same steps for both loops) and their ratio, ``helpers / bare``.
     """
     import pandas as pd
     from transformers import AutoTokenizer
@@ -83,8 +83,12 @@ def compare(profile: Profile, base_dir, run_dir, steps: int = 4, prepared=None):
     table = pd.DataFrame({"step": np.arange(1, steps + 1), "helpers loss": ours["loss"].to_numpy(),
                           "bare tunix loss": bare["loss"], "helpers step s": ours["step_s"].to_numpy(),
                           "bare tunix step s": bare["step_s"]})
-    helpers_s = float(table["helpers step s"].iloc[1:].median())
-    bare_s = float(table["bare tunix step s"].iloc[1:].median())
+    clean = table["helpers step s"].notna()  # train.clean_step: no compile, evaluation or save in the time
+    if not clean.any():
+        raise ValueError(f"{steps} steps leave no step without a compile, evaluation or checkpoint save to time; "
+                         f"run more steps.")
+    helpers_s = float(table["helpers step s"][clean].median())
+    bare_s = float(table["bare tunix step s"][clean].median())
     table.attrs.update(helpers_step_s=helpers_s, bare_step_s=bare_s, ratio=helpers_s / bare_s,
                        max_loss_diff=float((table["helpers loss"] - table["bare tunix loss"]).abs().max()))
     return table

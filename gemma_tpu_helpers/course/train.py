@@ -23,7 +23,7 @@ from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
 from ..fixes.lora_checkpoint import list_steps
 from ..fixes.multihost import is_main, main_first, process_rows
-from ..fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
+from ..fixes.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
 from . import base_model
 from .profiles import Profile
 
@@ -116,23 +116,34 @@ class TrainResult:
     seconds: float
 
 
-class _PreemptionStop(Exception):
+class StopForPreemption(Exception):
     """Raised by the recorder's hook to leave tunix's loop at once; ``train`` saves the step and raises
     :class:`Preempted`."""
 
 
-def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True,
-              watch: PreemptionWatch | None = None, accum: int = 1):
+def clean_step(step: int, start_step: int, last_step: int, checkpoint_every: int, eval_every: int | None) -> bool:
+    """Whether the time to optimizer step ``step`` is the step's own: not the first of a process (it compiles), not
+    the last (the final save), and no checkpoint save or evaluation between it and the step before."""
+    return (start_step + 1 < step < last_step and step % checkpoint_every != 0
+            and (eval_every is None or step % eval_every != 0))
+
+
+def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True,
+              watch: PreemptionWatch | None = None, accum: int = 1, last_step: int | None = None,
+              checkpoint_every: int = 10**9, eval_every: int | None = None):
     from tunix.sft import hooks
 
     class Recorder(hooks.TrainingHooks):
         """Writes one metrics line per optimizer step; stops on a non-finite loss, and before the optimizer step
-        that follows the one where ``watch`` sees the preemption."""
+        that follows the one where ``watch`` sees the preemption. ``wall_s`` is the time between the ends of two
+        steps (tunix reports a step once the next is dispatched, so in a steady run that is one step); ``step_s``
+        the same only where :func:`clean_step` holds, else None: evaluations and saves are not the step."""
 
         def __init__(self):
             self.last = time.perf_counter()
             self.rows = []
             self.preempted_at: int | None = None
+            self.asked: dict[int, bool] = {}
             self.lines = path.read_text().splitlines(keepends=True) if write and path.is_file() else []
             self.written, self.uploaded = len(self.lines), -math.inf
 
@@ -159,18 +170,26 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
         def on_train_end(self, trainer):
             pass
 
+        def stop_after(self, done: int) -> None:
+            """Stop after ``done`` steps if the watch says so. Asked once per step (every process must ask with
+            the same step numbers), before an evaluation or the next step, whichever comes first."""
+            if watch is None:
+                return
+            if done not in self.asked:
+                self.asked[done] = watch.reached(done)
+            if self.asked[done]:
+                self.preempted_at = done
+                raise StopForPreemption
+
         def on_train_step_start(self, trainer):
             """Before each micro-batch; at an optimizer step's first, ``trainer.train_steps`` steps are done and
             saved if due (tunix calls ``on_train_step_end`` a step late, so the check cannot go there)."""
-            if watch is None or trainer.iter_steps % accum:
-                return
-            done = int(trainer.train_steps)
-            if watch.reached(done):
-                self.preempted_at = done
-                raise _PreemptionStop
+            if trainer.iter_steps % accum == 0:
+                self.stop_after(int(trainer.train_steps))
 
         def on_eval_step_start(self, trainer):
-            pass
+            """An evaluation on the stopping step would eat the grace period: the save comes first."""
+            self.stop_after(int(trainer.train_steps))
 
         def on_train_step_end(self, trainer, train_step, train_loss):
             now = time.perf_counter()
@@ -178,8 +197,11 @@ def _recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: st
             step = int(train_step)
             grad = trainer.metrics_logger.get_metric_history(prefix, "grad_norm", "train")[-1]
             tokens = int(tokens_per_step[step - 1]) if step - 1 < len(tokens_per_step) else 0
+            wall = now - self.last
+            clean = clean_step(step, start_step, last_step or 10**9, checkpoint_every, eval_every)
             row = {"step": step, "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(grad),
-                   "step_s": now - self.last, "tokens": tokens, "tokens_per_s": tokens / max(now - self.last, 1e-9)}
+                   "step_s": wall if clean else None, "wall_s": wall, "tokens": tokens,
+                   "tokens_per_s": tokens / max(wall, 1e-9) if clean else None}
             self.last = now
             self.record(row)
             if not math.isfinite(loss):
@@ -258,6 +280,18 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     process 0 alone writes the metrics, ``done.json`` and the LoRA metadata. The returned metrics are process 0's
     file, read by every process.
     """
+    watch = PreemptionWatch(at_once=True)  # while loading and restoring, a notice stops at once: nothing to save
+    try:
+        with watch:
+            return _train(profile, run_dir, base_dir, max_steps, prepared, progress, checkpoint_every, watch)
+    except NoticeBeforeTraining:
+        raise Preempted(f"SIGTERM: stopped before the first step, while loading or restoring: nothing was trained "
+                        f"since the last checkpoint. Run the same command again to resume (exit code "
+                        f"{PREEMPTED_EXIT}).") from None
+
+
+def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: bool, checkpoint_every,
+           watch: PreemptionWatch) -> TrainResult:
     import jax
     import orbax.checkpoint as ocp
     from transformers import AutoTokenizer
@@ -322,15 +356,17 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
         start_step = trainer.train_steps
         if main:
             _trim_metrics(metrics_path, start_step)
-        with PreemptionWatch() as watch:
+        with watch.training():  # from here a notice ends the step in progress, and the step is saved
             # the step we start from, reported at once: JAX's sync drops a notice that comes before any report
             watch.reached(start_step)
-            recorder = _recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix,
-                                 write=main, watch=watch, accum=t.grad_accum)
+            recorder = metrics_recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix,
+                                 write=main, watch=watch, accum=t.grad_accum, last_step=steps,
+                                 checkpoint_every=t.checkpoint_every,
+                                 eval_every=t.eval_every if eval_ds is not None else None)
             trainer.with_training_hooks(recorder)
             try:
                 trainer.train(train_ds, eval_ds)  # ends with trainer.close(): saves the last step if not saved yet
-            except _PreemptionStop:
+            except StopForPreemption:
                 trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed
             except BaseException:
                 trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new

@@ -15,20 +15,38 @@ others waiting in the next collective); with one, a SIGTERM handler sets a flag,
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again to resume
 
 
+class NoticeBeforeTraining(BaseException):
+    """The preemption notice came while the watch stops at once (loading, restoring: no step to finish or save).
+    A BaseException, so that no ``except Exception`` on the way swallows it."""
+
+
 class PreemptionWatch:
     """Watches for the preemption notice while training runs; a context manager (the SIGTERM handler of one
-    process is installed on entry and the previous one put back on exit)."""
+    process is installed on entry and the previous one put back on exit).
 
-    def __init__(self):
+    ``at_once``: until :meth:`training` is entered, a notice raises :class:`NoticeBeforeTraining` in the main thread
+    at once (one process: there is no step to finish while the model loads or a checkpoint restores)."""
+
+    def __init__(self, at_once: bool = False):
         self.signal_at: float | None = None  # this process's SIGTERM, time.monotonic() (one process only)
+        self.at_once = at_once
         self._previous = None
         self._installed = False
+
+    @contextlib.contextmanager
+    def training(self):
+        """From here on a notice stops at the next step that every process reaches (``reached``), not at once."""
+        if self.signal_at is not None and self.at_once:
+            raise NoticeBeforeTraining
+        self.at_once = False  # and it stays off: after the steps, a notice has nothing left to stop
+        yield self
 
     @staticmethod
     def _distributed() -> bool:
@@ -54,6 +72,8 @@ class PreemptionWatch:
     def _on_sigterm(self, signum, frame) -> None:
         self.signal_at = time.monotonic()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process
+        if self.at_once:
+            raise NoticeBeforeTraining
 
     def reached(self, step: int) -> bool:
         """True at the step where this process (and, with several, every process) should save and stop. Call it

@@ -50,7 +50,7 @@ def test_metrics_on_a_bucket_are_uploaded_at_most_every_two_seconds(gcs):
     """Cloud Storage takes about one write per second to one object: quick lines (a step's, then its eval's) are held
     back and uploaded together; flush (which train calls however training stops) uploads the rest."""
     path = file_io.to_path(f"{gcs}/throttle/train/metrics.jsonl")
-    recorder = train._recorder(path, 0, [10, 10, 10], lambda step: 0.0, "prefix")
+    recorder = train.metrics_recorder(path, 0, [10, 10, 10], lambda step: 0.0, "prefix")
     for step in (1, 2, 3):
         recorder.record({"step": step, "loss": 1.0})
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1]

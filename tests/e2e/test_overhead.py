@@ -13,7 +13,8 @@ def test_bare_tunix_loop_computes_what_the_helpers_compute(smoke, tiny_dir, tmp_
     # Same model, LoRA init, batches, loss and optimizer: if either loop trained something else, this fails.
     assert table.attrs["max_loss_diff"] < 1e-5, table
     assert table["helpers loss"].iloc[-1] != table["helpers loss"].iloc[0]  # it did train
-    assert (table[["helpers step s", "bare tunix step s"]] > 0).all().all()
+    assert (table["bare tunix step s"] > 0).all() and (table["helpers step s"].dropna() > 0).all()
+    assert list(table["helpers step s"].notna()) == [False, True, False]  # timed: not the compile, not the last
     assert math.isfinite(table.attrs["ratio"]) and table.attrs["ratio"] > 0
     print(f"\nstep time helpers {table.attrs['helpers_step_s']:.2f} s, bare tunix {table.attrs['bare_step_s']:.2f} s, "
           f"ratio {table.attrs['ratio']:.3f}")

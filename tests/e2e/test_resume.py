@@ -142,6 +142,32 @@ def test_sigterm_saves_the_step_in_progress_and_resume_matches(smoke_run, tiny_d
     check_resume(smoke_run[1], run_dir, stopped)
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a SIGTERM handler (Linux: /proc/PID/status); python installs none by itself."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def test_sigterm_while_loading_exits_75_at_once(tiny_dir, tmp_path):
+    """A notice before the first step (loading the base, restoring): nothing to finish or save, so the run stops at
+    once with the preemption exit code and says so, instead of training on until it is killed."""
+    run_dir = tmp_path / "early"
+    proc = start(*train_args(run_dir, tiny_dir))
+    try:
+        deadline = time.monotonic() + 300
+        while not _catches_sigterm(proc.pid):  # train() installs its watch before loading anything
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        (rc, out), = finish([proc], timeout=120)
+    finally:
+        kill([proc])
+    assert rc == PREEMPTED_EXIT, out[-3000:]
+    assert "preempted: SIGTERM: stopped before the first step" in out and "Traceback" not in out, out[-3000:]
+    assert train.read_metrics(run_dir).dropna(subset=["loss"]).empty  # no step ran
+
+
 def test_sigterm_to_one_of_two_processes_and_launch_resumes(sigterm_two, smoke_run):
     _check_two_processes(sigterm_two, smoke_run[1])
     assert (sigterm_two["run"] / "train" / train.DONE).is_file()

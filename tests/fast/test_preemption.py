@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
-from gemma_tpu_helpers.course import launch
-from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT, PreemptionWatch
+import pytest
+
+from gemma_tpu_helpers.course import launch, train
+from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
 from support import REPO
 
 
@@ -51,3 +54,44 @@ def test_train_help_documents_the_exit_code():
     r = subprocess.run([sys.executable, "-m", "gemma_tpu_helpers", "train", "--help"], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and str(PREEMPTED_EXIT) in r.stdout and "SIGTERM" in r.stdout, r.stdout
+
+
+def test_a_notice_while_loading_stops_at_once_and_one_while_training_at_the_step():
+    """Before training (loading, restoring) there is no step to finish: the notice raises at once. From
+    ``training()`` on it only sets the flag that ``reached`` reports at the next step."""
+    with PreemptionWatch(at_once=True):
+        with pytest.raises(NoticeBeforeTraining):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises between bytecodes, long before this ends
+    with PreemptionWatch(at_once=True) as watch:
+        with watch.training():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert watch.reached(1)
+        assert not watch.at_once  # after the steps too: a notice then has nothing to stop
+
+
+class AskedWatch:
+    """Says "stop" from ``stop_at`` on, and keeps the steps it was asked about (every process must be asked the
+    same step numbers, once each: JAX's sync point)."""
+
+    def __init__(self, stop_at):
+        self.stop_at, self.asked = stop_at, []
+
+    def reached(self, step):
+        self.asked.append(step)
+        return step >= self.stop_at
+
+
+def test_the_stopping_step_is_saved_before_its_evaluation(tmp_path):
+    """tunix runs an evaluation after step k and before step k+1: the recorder asks the watch before the
+    evaluation, so a notice stops there (the save fits the grace period), and it asks once per step."""
+    watch = AskedWatch(stop_at=2)
+    recorder = train.metrics_recorder(tmp_path / "metrics.jsonl", 0, [10] * 4, lambda s: 0.0, "p", write=False,
+                                      watch=watch)
+    recorder.on_eval_step_start(types.SimpleNamespace(iter_steps=1, train_steps=1))  # evaluation after step 1
+    recorder.on_train_step_start(types.SimpleNamespace(iter_steps=1, train_steps=1))  # step 2: step 1 asked already
+    assert watch.asked == [1] and recorder.preempted_at is None
+    with pytest.raises(train.StopForPreemption):
+        recorder.on_eval_step_start(types.SimpleNamespace(iter_steps=2, train_steps=2))  # evaluation after step 2
+    assert watch.asked == [1, 2] and recorder.preempted_at == 2
