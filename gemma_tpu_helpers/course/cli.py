@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -50,13 +51,28 @@ def build_parser(commands) -> OneLineParser:
     return ap
 
 
+# A fix's hint names no command; on the command line the course names its own.
+COURSE_HINTS = (
+    (re.compile(r"(r)ebuild the tiny replica in (.+?) \(overwrite=True\)", re.I),
+     r"\1ebuild it (`python -m gemma_tpu_helpers tiny-model \2 --overwrite`)"),
+    (re.compile(r"(r)un the merge again into (.+?) \(overwrite=True\)", re.I),
+     r"\1un the merge again (`python -m gemma_tpu_helpers merge ... --out \2 --overwrite`)"),
+)
+
+
+def with_course_commands(message: str) -> str:
+    for pattern, hint in COURSE_HINTS:
+        message = pattern.sub(hint, message)
+    return message
+
+
 def run_cli(command, args) -> int:
     """Run ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no traceback) and exits 2.
     An error class may set its own ``label`` and ``exit_code`` (a preempted training: ``preempted: ...``, 75)."""
     try:
         return command(args)
     except (GemmaTpuError, ValueError, FileExistsError) as e:
-        print(f"{getattr(e, 'label', 'error')}: {e}", file=sys.stderr)
+        print(f"{getattr(e, 'label', 'error')}: {with_course_commands(str(e))}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..fixes import data, gemma4, layout, parity, remat, step
+from . import paths
 from .profiles import GPU_RECIPE, Profile
 
 # tunix gives k and v one LoRA A on local layers (one kv_einsum); PEFT gives each its own. The parity run leaves
@@ -69,7 +70,8 @@ def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    examples = [e for e in data.tokenize_rows(data.load_rows("shipped"), tokenizer, progress=False)
+    rows = data.load_rows(str(paths.SHIPPED_REPLICA), config=paths.SHIPPED_CONFIG)
+    examples = [e for e in data.tokenize_rows(rows, tokenizer, progress=False)
                 if len(e[0]) <= seq_len]
     if len(examples) < batch:
         raise ValueError(f"Only {len(examples)} shipped examples fit in {seq_len} tokens; raise seq_len.")

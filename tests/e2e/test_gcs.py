@@ -113,7 +113,7 @@ def test_cli_steps_that_need_local_paths_say_so(gcs, tmp_path):
 def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tmp_path):
     """data-stats --source gs://.../CodeV-R1-dataset: the profile's config applies to the copy, as to a local one,
     and the figures are the local copy's; a second read uses the synced copy, and a changed object is fetched."""
-    from gemma_tpu_helpers.fixes.data import SHIPPED_REPLICA
+    from gemma_tpu_helpers.course.paths import SHIPPED_REPLICA
 
     local = tmp_path / "CodeV-R1-dataset"
     shutil.copytree(SHIPPED_REPLICA, local)

@@ -107,3 +107,14 @@ def test_no_long_function_in_the_cli():
             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, long
+
+
+def test_the_cli_names_its_own_command_where_a_fix_gives_a_plain_hint():
+    """A fix's message names no command (it travels alone); on the command line the course adds its own."""
+    msg = "x.safetensors is truncated. Rebuild the tiny replica in /runs/a b/base (overwrite=True)."
+    assert cli.with_course_commands(msg) == ("x.safetensors is truncated. Rebuild it (`python -m gemma_tpu_helpers "
+                                         "tiny-model /runs/a b/base --overwrite`).")
+    msg = "run the merge again into /runs/merged (overwrite=True)"
+    assert cli.with_course_commands(msg) == ("run the merge again (`python -m gemma_tpu_helpers merge ... --out "
+                                         "/runs/merged --overwrite`)")
+    assert cli.with_course_commands("no hint here") == "no hint here"
