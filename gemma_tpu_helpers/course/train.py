@@ -246,8 +246,9 @@ def _apply_lora(model, profile: Profile, seed: int):
     """The profile's LoRA on ``model``, then its remat policy (``remat.lora_then_remat``: the only working order).
 
     qwix creates the LoRA params by running the model once; that runs under ``nnx.jit`` (same params), since an eager
-    forward dispatches every op alone to every device and cannot unpack an array that spans processes. In one
-    process the replicated params are then placed as annotated, so training runs the program ``plan`` compiles."""
+    forward dispatches every op alone to every device and cannot unpack an array that spans processes. The params
+    come out replicated; they are then placed as annotated, in every process, so training runs the program ``plan``
+    compiles (sharded LoRA and AdamW state, a reduce-scatter of the gradient), not a replicated copy per chip."""
     import jax
     from flax import nnx
 
@@ -258,9 +259,8 @@ def _apply_lora(model, profile: Profile, seed: int):
                                      dropout=spec.dropout, qlora=spec.qlora)
 
     lora_model = nnx.jit(go)(model)
-    if jax.process_count() == 1:
-        mesh = next(x.sharding.mesh for x in jax.tree.leaves(nnx.state(model)) if hasattr(x, "sharding"))
-        sharding.apply_annotations(lora_model, mesh)
+    mesh = next(x.sharding.mesh for x in jax.tree.leaves(nnx.state(model)) if hasattr(x, "sharding"))
+    sharding.apply_annotations(lora_model, mesh)
     return lora_model
 
 

@@ -251,8 +251,9 @@ def fix_shardings(model, mesh, apply: bool = True):
 
 
 def apply_annotations(model, mesh) -> None:
-    """Place every parameter as its annotation says (``jax.device_put``). Raises :class:`ShardingError`, naming the
-    parameter and changing nothing, when an annotation cannot be applied on this mesh."""
+    """Place every parameter as its annotation says: ``jax.device_put``, or for an array that spans processes (a
+    multi-host run) a jitted identity with that output sharding, which reshards across hosts. Raises
+    :class:`ShardingError`, naming the parameter and changing nothing, when an annotation cannot be applied."""
     import jax
 
     placements = []
@@ -271,7 +272,11 @@ def apply_annotations(model, mesh) -> None:
             ) from None
         placements.append((v, want))
     for v, want in placements:
-        v.value = jax.device_put(v.value, want)
+        value = v.value
+        if getattr(value, "is_fully_addressable", True):
+            v.value = jax.device_put(value, want)
+        elif not value.sharding.is_equivalent_to(want, value.ndim):
+            v.value = jax.jit(lambda x: x, out_shardings=want)(value)
 
 
 def state_shardings(model, mesh):

@@ -130,3 +130,48 @@ def test_launch_prints_pod_and_local_commands():
     assert all("--coordinator 10.0.0.2:8476 --num-processes 2" in line for line in lines)
     r = run_cli("launch", "--workers", 2, "--tpu", "x", "--", "train")
     assert r.returncode == 2 and "--tpu needs --zone" in r.stderr
+
+
+PLANNED = """
+import sys
+from gemma_tpu_helpers.fixes import multihost
+from gemma_tpu_helpers.course import profiles
+profiles.configure_jax("smoke")
+multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
+from tunix.sft import peft_trainer
+from gemma_tpu_helpers.course import train
+from gemma_tpu_helpers.fixes import gemma4, sharding, step
+from gemma_tpu_helpers.fixes import mesh as mesh_lib
+smoke = profiles.get_profile("smoke")
+t, mesh = smoke.train, smoke.make_mesh()
+model = train._apply_lora(gemma4.load_model(sys.argv[3], mesh, dtype=smoke.model.dtype), smoke, t.seed)
+table = sharding.audit(model, mesh)
+lora = table[table["kind"] == "LoRAParam"]
+# LoRA params, applied as annotated, sharded over some axis, bytes per device as placed and as annotated
+print("lora", len(lora), int(lora["applied"].sum()), int(lora["placed"].str.contains("'").sum()),
+      int(lora["bytes/device placed"].sum()), int(lora["bytes/device"].sum()), flush=True)
+config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
+with mesh_lib.trainer_context(mesh):
+    trainer = step.make_trainer(model, t, 10, config)
+    train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
+    trained = train_fn.jitted.lower(trainer.model, trainer.optimizer,
+                                    step.abstract_batch(mesh, t.micro_batch, t.max_seq_len))
+args = step.abstract_arguments(gemma4.read_text_config(sys.argv[3]), mesh, smoke.lora, t, t.micro_batch,
+                               t.max_seq_len, dtype=smoke.model.dtype, remat=t.remat, total_steps=10)
+print("fingerprints", step.fingerprint(step.lower(*args, mesh)), step.fingerprint(trained), flush=True)
+"""
+
+
+def test_two_processes_train_the_planned_program_with_lora_sharded(tiny_dir):
+    """In two processes the LoRA params (initialised replicated under nnx.jit) are placed as annotated, so the
+    step the trainer compiles is, to the byte, the one the AOT plan compiles for that mesh: sharded LoRA and AdamW
+    state, a reduce-scatter of the gradient, not a replicated copy per chip."""
+    port = free_port_pair()
+    outs = finish([start("-c", PLANNED, f"127.0.0.1:{port}", i, tiny_dir, module=False) for i in (0, 1)], timeout=600)
+    for rc, out in outs:
+        assert rc == 0, out[-3000:]
+        line = next(x for x in out.splitlines() if x.startswith("lora "))
+        n, applied, sharded, placed, annotated = map(int, line.split()[1:])
+        assert n > 0 and applied == n and sharded > 0 and placed == annotated, line
+        planned, trained = next(x for x in out.splitlines() if x.startswith("fingerprints ")).split()[1:]
+        assert planned == trained, out[-3000:]
