@@ -308,7 +308,8 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
                             f"go under it).")
     base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
     # --base DIR: used as it is, or downloaded there; on a pod, by process 0 while the others wait (one download)
-    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base")
+    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base",
+                      directory=Path(base_dir).parent if base_dir else profile.local_dir(run_dir))
     mesh = profile.make_mesh()
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:

@@ -7,6 +7,7 @@ and only process 0 writes files and reports (:func:`is_main`, :func:`main_first`
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -182,27 +183,34 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+_CALLS = itertools.count()  # every process calls main_first in the same order: the n-th call's keys are its own
 MAIN_FIRST_TIMEOUT_S = 24 * 3600  # how long the others wait for process 0 (a 62 GB download on a slow link: hours)
 
 
-def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S):
+def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S, directory=None):
     """``fn()`` in process 0 first, then in the others, which find its work done (e.g. one download into a shared
     directory per pod). They wait on the distributed runtime's key-value store, not on files (gcsfuse has no locks),
-    and raise MultihostError naming process 0's error if ``fn`` failed there."""
+    and raise MultihostError naming process 0's error if ``fn`` failed there.
+
+    ``directory``: where ``fn`` writes. A process that does not see process 0's copy of it (hosts that share no
+    disk, e.g. each host's local cache under a gs:// run directory) runs ``fn`` at once, beside process 0: the hosts
+    download in parallel instead of one after the other. Every process must pass the same ``name``."""
     import jax
 
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return fn()
     from jax._src.distributed import global_state
 
-    client, key = global_state.client, "gemma_tpu/main_first/" + name.replace(" ", "_")
+    client, key = global_state.client, f"main_first/{next(_CALLS)}/" + name.replace(" ", "_")
+    if directory is not None and not _sees_process_0(client, key, directory, timeout_s):
+        return fn()
     if jax.process_index() == 0:
         try:
             out = fn()
         except BaseException as e:
             client.key_value_set(key, f"failed: {type(e).__name__}: {e}", allow_overwrite=True)
             raise
-        client.key_value_set(key, "done", allow_overwrite=True)  # a second call in the same job: done again
+        client.key_value_set(key, "done")
         return out
     try:
         said = client.blocking_key_value_get(key, int(timeout_s * 1000))
@@ -212,6 +220,30 @@ def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S):
     if said != "done":
         raise MultihostError(f"process 0 could not {name} ({said}); fix that and run again on every worker.")
     return fn()
+
+
+def _sees_process_0(client, key: str, directory, timeout_s: float) -> bool:
+    """Whether this process sees the file process 0 just wrote in ``directory`` (True in process 0). Process 0
+    removes it once every process has looked (a barrier)."""
+    import uuid
+    from pathlib import Path
+
+    import jax
+
+    probe = Path(directory) / ".multihost-probe"
+    if jax.process_index() == 0:
+        token = uuid.uuid4().hex
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+        client.key_value_set(key + "/probe", token)
+        seen = True
+    else:
+        token = client.blocking_key_value_get(key + "/probe", int(timeout_s * 1000))
+        seen = probe.is_file() and probe.read_text() == token
+    client.wait_at_barrier(key + "/probed", int(timeout_s * 1000))
+    if jax.process_index() == 0:
+        probe.unlink(missing_ok=True)
+    return seen
 
 
 def process_rows(mesh, global_batch: int, axis: str = "fsdp") -> slice:

@@ -76,40 +76,45 @@ MAIN_FIRST = """
 import sys, time
 from pathlib import Path
 from gemma_tpu_helpers.fixes import multihost
-coordinator, pid, shared, fail = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "fail"
+coordinator, pid, tmp, mode = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 multihost.initialize(coordinator, 2, pid, local_devices=4, timeout_s=60)
+where = tmp / f"host{pid}" if mode == "own" else tmp  # "own": hosts that share no disk
 
-def fetch():  # what train runs as ensure_base: a download into a directory the hosts share
-    with open(shared / "log", "a") as f:
+def fetch():  # what train runs as ensure_base: a download into the base's directory
+    with open(tmp / "log", "a") as f:
         f.write(f"start {pid}\\n")
-    if pid == 0:
+    if not (where / "base").is_dir():
         time.sleep(2)
-        if fail:
+        if mode == "fail":
             raise OSError("No space left on device")
-        (shared / "base").mkdir()
-    elif not (shared / "base").is_dir():
-        raise SystemExit("process 1 found no base")
-    with open(shared / "log", "a") as f:
+        (where / "base").mkdir(parents=True)
+    with open(tmp / "log", "a") as f:
         f.write(f"end {pid}\\n")
     return "base"
 
-print("got", multihost.main_first(fetch, "fetch the base"), flush=True)
+print("got", multihost.main_first(fetch, "fetch the base", directory=where), flush=True)
+print("probe left", (where / ".multihost-probe").exists(), flush=True)
 """
 
 
-@pytest.mark.parametrize("fail", [False, True])
-def test_one_download_per_pod(fail, tmp_path):
-    """Every worker runs train, which fetches the base into the directory they share: process 0 downloads while the
-    others wait on the distributed runtime (not on file locks: gcsfuse has none), then they find it there. If the
-    download fails, the others say so instead of waiting for a day."""
+@pytest.mark.parametrize("mode", ["shared", "fail", "own"])
+def test_one_download_per_pod(mode, tmp_path):
+    """Every worker runs train, which fetches the base into the base's directory. Shared by the hosts: process 0
+    downloads while the others wait on the distributed runtime (not on file locks: gcsfuse has none), then they find
+    it there. If the download fails, the others say so instead of waiting for a day. Hosts with a disk of their own
+    (a gs:// run directory keeps the base in each host's cache) download at once, side by side."""
     port = free_port_pair()
-    procs = [start("-c", MAIN_FIRST, f"127.0.0.1:{port}", i, tmp_path, "fail" if fail else "ok", module=False)
-             for i in (0, 1)]
+    procs = [start("-c", MAIN_FIRST, f"127.0.0.1:{port}", i, tmp_path, mode, module=False) for i in (0, 1)]
     (rc0, out0), (rc1, out1) = finish(procs, timeout=180)
     log = (tmp_path / "log").read_text().split()
-    if not fail:
+    if mode != "fail":
         assert rc0 == rc1 == 0 and "got base" in out0 and "got base" in out1, (out0[-2000:], out1[-2000:])
+        assert "probe left False" in out0 and "probe left False" in out1
+    if mode == "shared":
         assert log == ["start", "0", "end", "0", "start", "1", "end", "1"], log  # one after the other
+    elif mode == "own":
+        assert sorted(log[:4]) == ["0", "1", "start", "start"], log  # side by side: both start before either ends
+        assert (tmp_path / "host0" / "base").is_dir() and (tmp_path / "host1" / "base").is_dir()
     else:
         assert rc0 != 0 and "No space left on device" in out0, out0[-2000:]
         assert rc1 != 0 and log == ["start", "0"], (log, out1[-2000:])  # process 1 never fetched
