@@ -1,25 +1,33 @@
 """Spot and preemptible TPUs: on the preemption notice (SIGTERM, then about 30 s), stop at a step every process
 agrees on, with a checkpoint of that step::
 
-    with PreemptionWatch() as watch:
-        watch.reached(start)                 # at once: JAX's sync drops a notice that comes before any report
-        for step in range(start + 1, end + 1):
-            train_step(...)
-            if watch.reached(step):          # every process, every step, the same step numbers
-                save_checkpoint(step)        # Orbax's CheckpointManager.should_save asks the same question
-                sys.exit(PREEMPTED_EXIT)     # a restart resumes from the saved step
+    with PreemptionWatch(at_once=True) as watch:
+        load_or_restore()                    # a notice here stops at once: NoticeBeforeTraining
+        with watch.training():               # from here, at the next step every process reaches
+            watch.reached(start)             # at once: JAX's sync drops a notice that comes before any report
+            for step in range(start + 1, end + 1):
+                train_step(...)
+                if watch.reached(step):      # every process, every step, the same step numbers
+                    save_checkpoint(step)    # Orbax's CheckpointManager.should_save asks the same question
+                    sys.exit(PREEMPTED_EXIT) # a restart resumes from the saved step
 
 With several processes, JAX's preemption service tells every process (a flag of one host's own would leave the
 others waiting in the next collective); with one, a SIGTERM handler sets a flag, and a second SIGTERM kills.
+JAX's service drops a notice that comes before any process has reported a step (while loading), but it records
+every notice in the distributed runtime's key-value store: on entering :meth:`PreemptionWatch.training`, process 0
+reads it there and tells the others, so that every process stops at once, or none.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import time
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again to resume
+NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"  # where JAX's preemption service records the first notice of any process
+_CALLS = itertools.count()  # every process enters training() in the same order: the n-th entry's key is its own
 
 
 class NoticeBeforeTraining(BaseException):
@@ -31,8 +39,9 @@ class PreemptionWatch:
     """Watches for the preemption notice while training runs; a context manager (the SIGTERM handler of one
     process is installed on entry and the previous one put back on exit).
 
-    ``at_once``: until :meth:`training` is entered, a notice raises :class:`NoticeBeforeTraining` in the main thread
-    at once (one process: there is no step to finish while the model loads or a checkpoint restores)."""
+    ``at_once``: a notice before :meth:`training` is entered stops the run, as :class:`NoticeBeforeTraining`: there is
+    no step to finish while the model loads or a checkpoint restores. One process: raised in the main thread as soon
+    as the notice comes. Several: raised in every process on entering :meth:`training`, if any process had one."""
 
     def __init__(self, at_once: bool = False):
         self.signal_at: float | None = None  # this process's SIGTERM, time.monotonic() (one process only)
@@ -43,7 +52,7 @@ class PreemptionWatch:
     @contextlib.contextmanager
     def training(self):
         """From here on a notice stops at the next step that every process reaches (``reached``), not at once."""
-        if self.signal_at is not None and self.at_once:
+        if self.at_once and (self.signal_at is not None or (self._distributed() and self._any_notice())):
             raise NoticeBeforeTraining
         self.at_once = False  # and it stays off: after the steps, a notice has nothing left to stop
         yield self
@@ -54,6 +63,25 @@ class PreemptionWatch:
         import jax
 
         return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
+
+    @staticmethod
+    def _any_notice(timeout_s: float = 24 * 3600) -> bool:
+        """Whether any process has had a notice: process 0 looks and tells the others (one answer for all; a
+        notice that comes after it looked goes to the step protocol). The others wait for process 0 as long as it
+        may take to load (a download: hours)."""
+        import jax
+        from jax._src.distributed import global_state
+
+        client, key = global_state.client, f"gemma_tpu/preemption/before_training/{next(_CALLS)}"
+        if jax.process_index() != 0:
+            return client.blocking_key_value_get(key, int(timeout_s * 1000)) == "stop"
+        try:
+            client.key_value_try_get(NOTICE_KEY)
+            seen = True
+        except Exception:  # not found: no notice yet
+            seen = False
+        client.key_value_set(key, "stop" if seen else "go")
+        return seen
 
     def __enter__(self) -> "PreemptionWatch":
         if not self._distributed():

@@ -8,6 +8,8 @@ case, with as few trainings as that takes:
 | sigterm | 1 | local | SIGTERM after step 1: saves the step in progress, exit 75 | the same command |
 | sigterm-two | 2 | local | SIGTERM to process 1: both save the same step, exit 75 | `launch --run` |
 | sigterm-two-gcs | 2 | gs:// | SIGTERM to process 0 | `launch --run`, then `merge` reads the bucket |
+| sigterm-load | 1 | local | SIGTERM while loading: exit 75 at once, no step | - |
+| sigterm-load-two | 2 | local | SIGTERM to process 1 while loading: both exit 75 at once | - |
 
 Every resumed run records steps 1..STEPS once and its losses equal conftest's uninterrupted smoke run (one process,
 8 devices) within 1e-5: the two-process cases so prove the multi-host losses too, before and after the stop. A case
@@ -149,22 +151,28 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
 
-def test_sigterm_while_loading_exits_75_at_once(tiny_dir, tmp_path):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_while_loading_exits_75_at_once(processes, tiny_dir, tmp_path):
     """A notice before the first step (loading the base, restoring): nothing to finish or save, so the run stops at
-    once with the preemption exit code and says so, instead of training on until it is killed."""
+    once with the preemption exit code and says so, instead of training on until it is killed. With two processes
+    the notice goes to process 1 while JAX's own sync would drop it (no step reported yet): both stop."""
     run_dir = tmp_path / "early"
-    proc = start(*train_args(run_dir, tiny_dir))
+    multi = ["--coordinator", f"127.0.0.1:{free_port_pair()}", "--num-processes", 2]
+    procs = ([start(*train_args(run_dir, tiny_dir))] if processes == 1 else
+             [start(*train_args(run_dir, tiny_dir), *multi, "--process-id", i) for i in (0, 1)])
     try:
         deadline = time.monotonic() + 300
-        while not _catches_sigterm(proc.pid):  # train() installs its watch before loading anything
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        # one process: train() installs its watch before loading anything; two: JAX's service, when it starts
+        while not _catches_sigterm(procs[-1].pid):
+            assert procs[-1].poll() is None and time.monotonic() < deadline, procs[-1].communicate()[0][-3000:]
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGTERM)
-        (rc, out), = finish([proc], timeout=120)
+        os.kill(procs[-1].pid, signal.SIGTERM)
+        outs = finish(procs, timeout=300)
     finally:
-        kill([proc])
-    assert rc == PREEMPTED_EXIT, out[-3000:]
-    assert "preempted: SIGTERM: stopped before the first step" in out and "Traceback" not in out, out[-3000:]
+        kill(procs)
+    for rc, out in outs:
+        assert rc == PREEMPTED_EXIT, out[-3000:]
+        assert "stopped before the first step" in out and "Traceback" not in out, out[-3000:]
     assert train.read_metrics(run_dir).dropna(subset=["loss"]).empty  # no step ran
 
 
