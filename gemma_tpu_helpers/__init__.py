@@ -20,7 +20,7 @@ TIERS = (
         ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs",
                   "partition_specs")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
-        ("step", ("lora", "sharding", "parity", "remat", "step")),
+        ("step", ("expert_lora", "lora", "sharding", "parity", "remat", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
                        "peft_export", "vllm_command", "vllm_client", "vllm_server", "greedy", "adapters",
                        "eval_problems", "eval_simulate", "eval_score", "eval_sample")),

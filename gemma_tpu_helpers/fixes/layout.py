@@ -225,6 +225,63 @@ def peft_factors(row: Row, a, b, rank: int):
     return a2.T, b2.T
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The MoE's routed experts (26B-A4B): 3-D tensors, one LoRA A and B per expert (expert_lora.py). Not in ROWS yet:
+# the merge, the PEFT export and the plan read ROWS only, so check_targets refuses these names there.
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertRow:
+    """One routed-expert tensor: its PEFT ``target_parameters`` name, the tunix param under ``layers/<i>/moe``,
+    and the ``(in, out)`` of each expert's matrix as tunix's ``ragged_dot`` multiplies it."""
+
+    target: str
+    param: str
+    in_out: Callable[[dict], tuple[int, int]]  # from the text config
+    hf_layout: str  # the HF tensor's (E, out, in) layout, in words
+
+
+EXPERT_ROWS: tuple[ExpertRow, ...] = (
+    ExpertRow("experts.gate_up_proj", "gating_einsum",
+              lambda c: (c["hidden_size"], 2 * c["moe_intermediate_size"]),
+              "(E, 2I, D): gate is the first I rows, up the second; tunix keeps (E, 2, I, D)"),
+    ExpertRow("experts.down_proj", "linear", lambda c: (c["moe_intermediate_size"], c["hidden_size"]),
+              "(E, D, I); tunix keeps (E, I, D)"),
+)
+EXPERT_TARGETS: tuple[str, ...] = tuple(r.target for r in EXPERT_ROWS)
+
+
+def expert_lora_shapes(text_config: dict, rank: int, targets=EXPERT_TARGETS) -> dict[str, tuple]:
+    """``{"layers/<i>/moe/<param>_lora_a": (E, in, r), ..._lora_b: (E, r, out)}`` for the targeted experts of
+    every MoE layer (none for a dense config)."""
+    c = text_config
+    if not c.get("enable_moe_block"):
+        return {}
+    e, out = c["num_experts"], {}
+    for i in range(c["num_hidden_layers"]):
+        for row in EXPERT_ROWS:
+            if row.target in targets:
+                d_in, d_out = row.in_out(c)
+                out[f"layers/{i}/moe/{row.param}_lora_a"] = (e, d_in, rank)
+                out[f"layers/{i}/moe/{row.param}_lora_b"] = (e, rank, d_out)
+    return out
+
+
+def expert_delta(a, b, scale: float):
+    """ΔW of every expert in the HF tensor's layout ``(E, out, in)``, from tunix's A ``(E, in, r)`` and B
+    ``(E, r, out)``: ``ΔW[e] = scale · (A[e] · B[e])ᵀ``."""
+    import numpy as np
+
+    return scale * np.einsum("eir,ero->eoi", a, b)
+
+
+def expert_peft_factors(a, b):
+    """PEFT's ``(lora_A (r·E, in), lora_B (out, r·E))`` for a ``target_parameters`` expert tensor: PEFT takes
+    expert ``e``'s A as rows ``e·r .. e·r+r-1`` and its B as columns ``e, E+e, 2E+e, ...``."""
+    e, d_in, r = a.shape
+    return a.transpose(0, 2, 1).reshape(e * r, d_in), b.transpose(2, 1, 0).reshape(b.shape[2], r * e)
+
+
 def synthetic_lora(text_config: dict, targets, rank: int, seed: int = 0, std: float = 0.02,
                    dtype=None) -> dict:
     """Random LoRA arrays with tunix's paths and shapes for ``text_config`` (benchmarks, exercises: no training)."""

@@ -2,14 +2,16 @@
 
 qwix selects modules by a regex over *tunix* paths, and says nothing when it matches none (HF names) or misses some
 (``k_einsum``, only on Gemma 4's global k=v layers). :func:`apply_lora` takes HF names, maps them through
-:mod:`layout`, and raises if a target got no LoRA; :func:`coverage_of_regex` reports on a raw qwix regex.
+:mod:`layout`, and raises if a target got no LoRA; :func:`coverage_of_regex` reports on a raw qwix regex. The MoE's
+routed experts (26B-A4B), which qwix does not reach, take LoRA through :mod:`expert_lora` when targeted by PEFT's
+names (:data:`EXPERT_TARGETS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from . import compat, layout
+from . import compat, expert_lora, layout
 from .errors import GemmaTpuError
 
 
@@ -22,6 +24,8 @@ class LoraSpec:
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     # QLoRA: the frozen targeted weights quantized to this qwix type ("nf4"), None for plain LoRA (lora.apply_lora)
     qlora: str | None = None
+    # the rank of each routed expert's LoRA (EXPERT_TARGETS), None for ``rank``: PEFT's docs suggest a smaller one
+    expert_rank: int | None = None
 
 HF_TARGETS = layout.TARGETS  # the canonical order
 # The regex in the paper's public code (h2loop/gemma-tpu): tunix names, but no k_einsum.
@@ -37,9 +41,11 @@ _TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum":
 # (ragged_dot, which it does not intercept): a rule naming the MoE adapts only the router's einsum.
 MOE_WEIGHTS = {"experts.gate_up_proj": "moe/gating_einsum", "experts.down_proj": "moe/linear",
                "router.proj": "moe/router_logits"}
+# The routed experts as PEFT's ``target_parameters`` names them: one A and B per expert (expert_lora.py)
+EXPERT_TARGETS = layout.EXPERT_TARGETS
 EXPERTS_WHY = ("3-D expert tensors run through jax.lax.ragged_dot, which qwix's LoraProvider does not intercept: "
-               "no LoRA reaches them")
-_EXPERT_NAMES = {*MOE_WEIGHTS, "experts", "gate_up_proj", "router", "gating_einsum", "moe"}
+               "no LoRA reaches them unless targeted (experts.gate_up_proj, experts.down_proj)")
+_EXPERT_NAMES = {*MOE_WEIGHTS, "experts", "gate_up_proj", "router", "gating_einsum", "moe"} - set(EXPERT_TARGETS)
 
 
 class LoraConfigError(GemmaTpuError, ValueError):
@@ -66,9 +72,10 @@ def tunix_module(target: str, kind: str, k_eq_v: bool, kv_shared: bool = False) 
 def _unknown_message(unknown) -> str:
     experts = [u for u in unknown if u in _EXPERT_NAMES or u.startswith(("experts.", "moe/"))]
     if experts:
-        return (f"LoRA target(s) {', '.join(map(repr, experts))} name the MoE's experts or router (26B-A4B): "
-                f"their {EXPERTS_WHY}, so the adapter would silently train nothing there. Train attention and the "
-                f"dense MLP ({', '.join(HF_TARGETS)}), which every MoE layer also has.")
+        return (f"LoRA target(s) {', '.join(map(repr, experts))} name the MoE's router or its experts by another "
+                f"name (26B-A4B). The routed experts take LoRA as {' and '.join(EXPERT_TARGETS)} (PEFT's "
+                f"target_parameters names); the router takes none. Attention and the dense MLP "
+                f"({', '.join(HF_TARGETS)}) are in every MoE layer too.")
     hints = [f"{u!r} is a tunix module name; use {_TUNIX_TO_HF[u]}" for u in unknown if u in _TUNIX_TO_HF]
     return (f"Unknown LoRA target(s) {', '.join(map(repr, unknown))}. Valid targets are the Hugging Face / PEFT "
             f"names: {', '.join(HF_TARGETS)}." + (" " + "; ".join(hints) + "." if hints else "")
@@ -76,27 +83,43 @@ def _unknown_message(unknown) -> str:
 
 
 def validate_targets(targets) -> tuple[str, ...]:
-    """The targets as a tuple of HF names, in canonical order; raises LoraConfigError on unknown names."""
+    """The targets as a tuple of HF names, in canonical order (the dense ones, then the experts); raises
+    LoraConfigError on unknown names."""
     if isinstance(targets, str):
         targets = [targets]
     targets = list(targets)
     if not targets:
-        raise LoraConfigError(f"No LoRA targets given. Pick from: {', '.join(HF_TARGETS)}.")
-    unknown = [t for t in targets if t not in HF_TARGETS]
+        raise LoraConfigError(f"No LoRA targets given. Pick from: {', '.join(HF_TARGETS + EXPERT_TARGETS)}.")
+    unknown = [t for t in targets if t not in HF_TARGETS + EXPERT_TARGETS]
     if unknown:
         raise LoraConfigError(_unknown_message(unknown))
-    return tuple(t for t in HF_TARGETS if t in targets)
+    return tuple(t for t in HF_TARGETS + EXPERT_TARGETS if t in targets)
+
+
+def dense_targets(targets) -> tuple[str, ...]:
+    """The targets that qwix's own LoRA reaches (attention and the dense MLP)."""
+    return tuple(t for t in validate_targets(targets) if t in HF_TARGETS)
+
+
+def expert_targets(targets) -> tuple[str, ...]:
+    """The routed experts' targets (:data:`EXPERT_TARGETS`) among ``targets``."""
+    return tuple(t for t in validate_targets(targets) if t in EXPERT_TARGETS)
 
 
 def regex_for(targets) -> str:
-    """The qwix ``module_path`` regex (fullmatch over ``layers/<i>/attn/q_einsum``-style paths) for HF targets."""
-    return layout.qwix_regex(validate_targets(targets))
+    """The qwix ``module_path`` regex (fullmatch over ``layers/<i>/attn/q_einsum``-style paths) for HF targets
+    (the dense ones: the experts have a rule of their own, :func:`expert_lora.expert_rule`)."""
+    return layout.qwix_regex(dense_targets(targets))
+
+
+# The tunix module that holds a layer's routed experts, for the experts' rule
+EXPERT_MODULE_REGEX = r".*/moe"
 
 
 def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
     """PEFT's ``target_modules`` as one regex over the language model only: plain names would also match the
     vision tower's modules, which PEFT cannot wrap. ``k_layers`` limits ``k_proj`` to those layers (None: all)."""
-    targets = validate_targets(targets)
+    targets = dense_targets(targets)  # the experts are PEFT target_parameters, not modules
     parent = {r.target: r.hf_module.split(".")[0] for r in layout.ROWS}  # self_attn or mlp
     attn = [t for t in targets if parent[t] == "self_attn" and (t != "k_proj" or k_layers is None)]
     mlp = [t for t in targets if parent[t] == "mlp"]
@@ -181,7 +204,7 @@ def coverage(lora_model, targets=HF_TARGETS, base_params: int | None = None):
     A shared ``kv_einsum`` is counted on the k_proj row only, so the column sums to the model's count."""
     import pandas as pd
 
-    targets = validate_targets(targets)
+    targets = dense_targets(targets)  # the MoE's rows are listed whatever the targets
     sizes = _lora_sizes(lora_model)
     moe_layers = [i for i, layer in enumerate(lora_model.layers) if hasattr(layer, "moe")]
     moe_lora = _moe_lora_sizes(lora_model)
@@ -292,20 +315,35 @@ def _check_tile(model, targets, tile_size: int | None) -> int:
     return tile_size
 
 
+def _check_rank(rank, what: str = "LoRA rank") -> None:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise LoraConfigError(f"{what} must be a positive integer, got {rank!r} (the paper uses 64; smoke 8).")
+
+
 def make_provider(targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-                  qlora: str | None = None, tile_size: int | None = None, regex: str | None = None):
-    """The qwix ``LoraProvider`` for HF targets (or a raw ``regex``), with arguments checked."""
+                  qlora: str | None = None, tile_size: int | None = None, regex: str | None = None,
+                  expert_rank: int | None = None):
+    """The qwix ``LoraProvider`` for HF targets (or a raw ``regex``), with arguments checked: one rule for
+    attention and the dense MLP, and one for the routed experts when targeted (rank ``expert_rank``, default
+    ``rank``; scale ``alpha / expert_rank``). QLoRA quantizes the dense targets only: the experts stay as loaded."""
     import qwix
 
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
-        raise LoraConfigError(f"LoRA rank must be a positive integer, got {rank!r} (the paper uses 64; smoke 8).")
+    _check_rank(rank)
+    if expert_rank is not None:
+        _check_rank(expert_rank, "The experts' LoRA rank")
     if not 0.0 <= dropout < 1.0:
         raise LoraConfigError(f"LoRA dropout must be in [0, 1), got {dropout!r}.")
-    kwargs = dict(module_path=regex if regex is not None else regex_for(targets), rank=rank, alpha=float(alpha),
-                  dropout=float(dropout))
-    if qlora is not None:
-        kwargs.update(weight_qtype=qlora, tile_size=tile_size)
-    return qwix.LoraProvider(**kwargs)
+    quant = dict(weight_qtype=qlora, tile_size=tile_size) if qlora is not None else {}
+    if regex is not None:
+        return qwix.LoraProvider(module_path=regex, rank=rank, alpha=float(alpha), dropout=float(dropout), **quant)
+    from qwix._src.providers.lora import LoraRule
+
+    rules = [LoraRule(module_path=regex_for(targets), rank=rank, alpha=float(alpha), dropout=float(dropout),
+                      **quant)] if dense_targets(targets) else []
+    if expert_targets(targets):
+        rules.append(expert_lora.expert_rule(EXPERT_MODULE_REGEX, expert_rank or rank, alpha, dropout))
+        return expert_lora.make_provider(rules)
+    return qwix.LoraProvider(rules)
 
 
 def _run_qwix(model, provider, seed: int, abstract: bool):
@@ -319,19 +357,21 @@ def _run_qwix(model, provider, seed: int, abstract: bool):
 
 
 def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-               qlora: str | None = None, tile_size: int | None = None, seed: int = 0, abstract: bool = False):
+               qlora: str | None = None, tile_size: int | None = None, seed: int = 0, abstract: bool = False,
+               expert_rank: int | None = None):
     """Apply (Q)LoRA to a tunix Gemma 4 by HF target names; return ``(lora_model, coverage report)``, the report's
     ``attrs`` holding ``lora_params``, ``base_params`` and ``regex``. The input model is not changed.
 
     ``qlora="nf4"`` quantizes the frozen base (and applies the compat shim tunix needs for it); ``tile_size`` must
     divide the contracted dims (default: the largest that does). ``abstract``: shapes only (``nnx.eval_shape``).
+    :data:`EXPERT_TARGETS` give each routed expert of an MoE its own LoRA, of rank ``expert_rank`` (default ``rank``).
     Raises :class:`LoraConfigError` for bad arguments, :class:`LoraCoverageError` when a target got LoRA nowhere.
     """
     targets = validate_targets(targets)
     if qlora is not None:
-        tile_size = _check_tile(model, targets, tile_size)
+        tile_size = _check_tile(model, dense_targets(targets), tile_size)
     regex = regex_for(targets)
-    provider = make_provider(targets, rank, alpha, dropout, qlora, tile_size, regex=regex)
+    provider = make_provider(targets, rank, alpha, dropout, qlora, tile_size, expert_rank=expert_rank)
     base = base_param_count(model)
     if qlora is not None:
         compat.patch_gemma4_qlora_einsum()
@@ -340,6 +380,9 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
     report = coverage(lora_model, targets, base_params=base)
     present = report[report["module"] != "(none)"]
     missing = [t for t in targets if not present.loc[present["target"] == t, "has LoRA"].any()]
+    if expert_targets(targets) and not any(hasattr(layer, "moe") for layer in lora_model.layers):
+        raise LoraCoverageError(f"{', '.join(expert_targets(targets))}: this model has no routed experts (a "
+                                f"mixture of experts such as Gemma 4 26B-A4B has); drop those targets.")
     if unused or missing:
         raise LoraCoverageError(
             f"LoRA target(s) {', '.join(missing) or ', '.join(targets)} matched no module in any layer "
@@ -348,7 +391,7 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
             f"model is a tunix Gemma 4 (e.g. v_proj alone has nothing to adapt when every layer is a global k=v layer)."
         )
     report.attrs.update(regex=regex, unused_rules=[], rank=rank, alpha=alpha, qlora=qlora,
-                        tile_size=tile_size)
+                        tile_size=tile_size, expert_rank=(expert_rank or rank) if expert_targets(targets) else None)
     return lora_model, report
 
 

@@ -141,9 +141,10 @@ def test_tunix_as_shipped_matches_transformers_on_the_moe(base, mesh):
     assert stats["rel"] <= parity.DEFAULT_REL_BOUND
 
 
-def test_expert_targets_are_refused_with_the_reason():
-    for target in ("experts.gate_up_proj", "experts", "router"):
-        with pytest.raises(lora.LoraConfigError, match="ragged_dot.*Train attention and the dense MLP"):
+def test_other_names_for_the_experts_and_the_router_are_refused_with_the_right_ones():
+    assert lora.validate_targets(["experts.down_proj", "q_proj"]) == ("q_proj", "experts.down_proj")
+    for target in ("experts", "router", "gate_up_proj", "moe/linear"):
+        with pytest.raises(lora.LoraConfigError, match="experts.gate_up_proj and experts.down_proj"):
             lora.validate_targets(["q_proj", target])
 
 
