@@ -130,16 +130,21 @@ def run_mesh(args) -> int:
 def lora_arguments(p) -> None:
     profile_argument(p)
     p.add_argument("--regex", default=None, help="report a raw qwix regex instead (e.g. the paper's)")
+    p.add_argument("--no-experts", action="store_true",
+                   help="MoE profiles: LoRA on attention and the dense MLP only, the routed experts untrained")
 
 
 def run_lora(args) -> int:
     """Step 02: which tunix module gets LoRA for each HF target, per layer."""
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # the TPU profiles load the real model on the chips (after downloading it)
+    if args.no_experts:
+        prof = profile_steps.without_experts(prof)
     report = profile_steps.lora_report(prof, regex=args.regex)
     print(report.to_string(index=False))
-    if report.attrs.get("experts"):  # an MoE: where most of its parameters are, and that LoRA does not reach them
-        print(report.attrs["experts"])
+    for key in ("experts", "counts"):  # an MoE: where most of its parameters are, and what LoRA reaches
+        if report.attrs.get(key):
+            print(report.attrs[key])
     return 0
 
 

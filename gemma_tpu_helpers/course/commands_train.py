@@ -11,7 +11,7 @@ from pathlib import Path
 from ..fixes import data, merge, multihost, peft_export, verify, weight_check
 from ..fixes.file_io import cli_path, cli_path_or_gs
 from ..fixes.preemption import PREEMPTED_EXIT
-from . import launch, preflight, profiles, train
+from . import launch, preflight, profile_steps, profiles, train
 from .cli import Command, data_source_arguments, non_negative_int, positive_int, positive_seconds, profile_argument
 
 SHOWN_PROBLEMS = 8
@@ -33,6 +33,8 @@ def train_arguments(p) -> None:
     p.add_argument("--checkpoint-every", type=positive_int, default=None,
                    help="override the profile's checkpoint interval")
     data_source_arguments(p)
+    p.add_argument("--no-experts", action="store_true",
+                   help="MoE profiles: LoRA on attention and the dense MLP only, the routed experts untrained")
     g = p.add_argument_group("multi-host (every worker runs the same command; see `launch`)")
     g.add_argument("--coordinator", default=None,
                    help="process 0's HOST:PORT (PORT+1 is used too), or 'auto' on a TPU pod (JAX detects the workers)")
@@ -62,6 +64,8 @@ def run_train(args) -> int:
     if args.coordinator:
         _join(prof, args)
     prof = dataclasses.replace(prof, data=data.with_source(prof.data, args.source, args.config))
+    if args.no_experts:
+        prof = profile_steps.without_experts(prof)
     result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
                          checkpoint_every=args.checkpoint_every)
     if not multihost.is_main():

@@ -39,18 +39,19 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 GIB = 1024**3
 
 
-def lora_param_count(c: dict, rank: int, targets) -> int:
+def lora_param_count(c: dict, rank: int, targets, expert_rank: int | None = None) -> int:
     """LoRA parameters for HF target names, from the layout table (``layout.lora_param_count``).
 
-    k and v share one ``kv_einsum`` (one A) on local layers; global k=v layers have only ``k_einsum``.
+    k and v share one ``kv_einsum`` (one A) on local layers; global k=v layers have only ``k_einsum``; the routed
+    experts (``experts.gate_up_proj``, ``experts.down_proj``) count at ``expert_rank`` (default ``rank``).
     """
-    return layout.lora_param_count(c, rank, targets)
+    return layout.lora_param_count(c, rank, targets, expert_rank)
 
 
 def memory_estimate(profile: Profile, text_config: dict) -> dict:
     """Per-device bytes for frozen params (fully sharded), LoRA params, their grads and AdamW state (replicated)."""
     p = param_count(text_config)
-    lora = lora_param_count(text_config, profile.lora.rank, profile.lora.targets)
+    lora = lora_param_count(text_config, profile.lora.rank, profile.lora.targets, profile.lora.expert_rank)
     nbytes = _DTYPE_BYTES[profile.model.dtype]
     devices = profile.hardware.num_devices
     per_device = {
@@ -252,7 +253,7 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
     spec = dataclasses.replace(profile.train, grad_accum=1, warmup_steps=0, micro_batch=batch, max_seq_len=seq_len)
     lora = profile.lora
     model = remat_lib.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none",
-                                  seed=seed, targets=lora.targets, dropout=0.0)
+                                  seed=seed, targets=lora.targets, dropout=0.0, expert_rank=lora.expert_rank)
     start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))  # the step donates the model's arrays
     tokens = np.random.default_rng(seed).integers(3, model.config.num_embed, (batch, seq_len), dtype=np.int32)
     rows = {"tokens": tokens, "loss_mask": np.ones_like(tokens, np.int8), "segment_ids": np.ones_like(tokens),
@@ -573,7 +574,8 @@ def extrapolation_error(plan: dict, checks: list[dict]):
 _RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1}
 
 
-def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, targets, policy: str) -> dict:
+def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, targets, policy: str,
+                        expert_rank: int | None = None) -> dict:
     """FLOPs of one LoRA micro-step (all chips together), counted from the config: matmuls only (2 per
     multiply-add), attention dense over the full causal square (the sliding window is a mask in the compiled step),
     the frozen weights' backward through the activations only, LoRA's full backward, and the forward ``policy``
@@ -597,6 +599,10 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
         lora += sum(2 * tokens * rank * (i + o) for i, o, name in modules if name in t or name == "kv")
         if c.get("enable_moe_block"):  # the router, and the top-k experts a token runs through (26B-A4B: 8 of 128)
             frozen += 2 * tokens * (d * c["num_experts"] + c["top_k_experts"] * 3 * d * c["moe_intermediate_size"])
+            fe = c["moe_intermediate_size"]  # each expert's LoRA, where targeted, on the top-k a token runs through
+            lora += sum(2 * tokens * c["top_k_experts"] * (expert_rank or rank) * (i + o)
+                        for i, o, name in ((d, 2 * fe, "experts.gate_up_proj"), (fe, d, "experts.down_proj"))
+                        if name in t)
     frozen += 2 * tokens * d * c["num_hidden_layers"] * pl  # embeddings -> per-layer inputs (E2B/E4B)
     logits = 2 * tokens * d * c["vocab_size"]
     forward = frozen + attention + lora + logits
@@ -638,7 +644,7 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     step_s = micro_s * tr.grad_accum
     text = with_layers(text_config or base_model.profile_text_config(profile), plan["layers"])
     analytic = analytic_step_flops(text, plan["batch"], plan["seq_len"], plan["lora_rank"], profile.lora.targets,
-                                   plan["remat"])
+                                   plan["remat"], profile.lora.expert_rank)
     xla_total = plan["flops"] * chips
     rows = epoch_rows(profile)
     steps = {k: math.ceil(rows[f"{k}_rows"] / rows_per_step) for k in ("packed", "padded")}

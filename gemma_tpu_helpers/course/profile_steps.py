@@ -3,11 +3,13 @@ for a profile's model, mesh and LoRA settings. Each function here reads a profil
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..fixes import gemma4, vllm_command
 from ..fixes.file_io import path_id
-from ..fixes.lora import apply_lora, coverage_of_regex, summary
+from ..fixes.layout import lora_param_count
+from ..fixes.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex, summary
 from ..fixes.merge import merge_lora, read_merge_info
 from ..fixes.sharding import plan_lora_sharding
 from . import base_model, train
@@ -22,8 +24,22 @@ def lora_report(profile, regex: str | None = None, model=None):
     if regex is not None:
         return summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
     _, report = apply_lora(model, targets=spec.targets, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
-                           abstract=True)
-    return summary(report)
+                           abstract=True, expert_rank=spec.expert_rank)
+    out = summary(report)
+    text = base_model.profile_text_config(profile)
+    if text.get("enable_moe_block"):  # an MoE: both counts, with and without the routed experts
+        dense = [t for t in spec.targets if t not in EXPERT_TARGETS]
+        with_experts = lora_param_count(text, spec.rank, dense + list(EXPERT_TARGETS), spec.expert_rank)
+        out.attrs["counts"] = (f"LoRA parameters: {with_experts:,} with the routed experts, "
+                               f"{lora_param_count(text, spec.rank, dense):,} on attention and the dense MLP alone "
+                               f"(--no-experts)")
+    return out
+
+
+def without_experts(profile):
+    """The profile with LoRA on attention and the dense MLP only (``--no-experts``): the routed experts untrained."""
+    targets = tuple(t for t in profile.lora.targets if t not in EXPERT_TARGETS)
+    return dataclasses.replace(profile, lora=dataclasses.replace(profile.lora, targets=targets))
 
 
 def hbm_per_chip(profile, weight_dtype: str | None = None) -> dict:
@@ -35,7 +51,8 @@ def sharding_plan(profile):
     """``sharding.plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
     text = base_model.profile_text_config(profile)
     return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
-                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype)
+                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype,
+                              expert_rank=profile.lora.expert_rank)
 
 
 def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..fixes import file_io, vllm_command
 from ..fixes import mesh as mesh_lib
 from ..fixes.data import DataSpec
-from ..fixes.lora import LoraSpec
+from ..fixes.lora import EXPERT_TARGETS, LoraSpec
 from ..fixes.multihost import cpu_xla_flags
 from ..fixes.process_groups import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*)
 from ..fixes.step import TrainSpec
@@ -306,7 +306,8 @@ PROFILES: dict[str, Profile] = {
             # 2 global KV heads allow tp <= 2, as on the real 26B; fsdp=4 divides the 8 experts
             hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0, tiny_variant="26b-a4b"),
-            lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
+            # the routed experts too (fixes/expert_lora.py): the point of fine-tuning a mixture of experts
+            lora=LoraSpec(rank=8, alpha=16, dropout=0.0, targets=LoraSpec.targets + EXPERT_TARGETS),
             train=_SMOKE_TRAIN,
             data=_SMOKE_DATA,
             serve=_SMOKE_SERVE,

@@ -79,7 +79,9 @@ class GlobalBatches:
 
 def lora_metadata(profile: Profile, text_config: dict) -> dict:
     targets = list(lora.validate_targets(profile.lora.targets))
+    experts = bool(lora.expert_targets(targets))
     return {"targets": targets, "rank": profile.lora.rank, "alpha": profile.lora.alpha,
+            "expert_rank": (profile.lora.expert_rank or profile.lora.rank) if experts else None,
             "dropout": profile.lora.dropout, "qwix_regex": lora.regex_for(targets), "base_model": profile.model.source,
             "base_config_sha256": config_hash(text_config), "num_layers": text_config["num_hidden_layers"]}
 
@@ -256,7 +258,7 @@ def _apply_lora(model, profile: Profile, seed: int):
 
     def go(m):
         return remat.lora_then_remat(m, spec.rank, spec.alpha, profile.train.remat, seed=seed, targets=spec.targets,
-                                     dropout=spec.dropout, qlora=spec.qlora)
+                                     dropout=spec.dropout, qlora=spec.qlora, expert_rank=spec.expert_rank)
 
     lora_model = nnx.jit(go)(model)
     mesh = next(x.sharding.mesh for x in jax.tree.leaves(nnx.state(model)) if hasattr(x, "sharding"))

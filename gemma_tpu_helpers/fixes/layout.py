@@ -172,9 +172,13 @@ def lora_shapes(text_config: dict, rank: int, targets=TARGETS) -> dict[str, tupl
     return out
 
 
-def lora_param_count(text_config: dict, rank: int, targets=TARGETS) -> int:
-    """LoRA parameters for ``targets`` at ``rank`` (a shared kv_einsum counted once)."""
-    return sum(math.prod(s) for s in lora_shapes(text_config, rank, targets).values())
+def lora_param_count(text_config: dict, rank: int, targets=TARGETS, expert_rank: int | None = None) -> int:
+    """LoRA parameters for ``targets`` at ``rank`` (a shared kv_einsum counted once); the routed experts'
+    (:data:`EXPERT_TARGETS`) at ``expert_rank`` (default ``rank``)."""
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    dense = [t for t in targets if t not in EXPERT_TARGETS]
+    experts = expert_lora_shapes(text_config, expert_rank or rank, [t for t in targets if t in EXPERT_TARGETS])
+    return sum(math.prod(s) for s in [*lora_shapes(text_config, rank, dense).values(), *experts.values()])
 
 
 _PATH_RE = re.compile(r"^layers/(\d+)/(" + "|".join(re.escape(m) for m in MODULES) + r")/(\w+)_lora_([ab])$")

@@ -2,7 +2,8 @@
 
 Read from :mod:`layout`'s table (tunix module -> HF tensor(s), shapes, the ΔW reshape): a module's LoRA is checked
 against the table's shapes for this base, and each row on it gives one :class:`Delta` (a ``kv_einsum`` gives two:
-k is ``B[:, 0]``, v is ``B[:, 1]``, with one shared A). Used by the merge, the PEFT export and the exercises.
+k is ``B[:, 0]``, v is ``B[:, 1]``, with one shared A). The MoE's routed experts (``layout.EXPERT_ROWS``) give one
+3-D :class:`Delta` per tensor: one A and B per expert. Used by the merge, the PEFT export and the exercises.
 """
 
 from __future__ import annotations
@@ -29,36 +30,51 @@ def hf_name(layer: int, target: str) -> str:
 
 @dataclasses.dataclass
 class Delta:
-    """One HF tensor's LoRA update: ΔW = scale · (A2 · B2)ᵀ, with A2 (in, r) and B2 (r, out)."""
+    """One HF tensor's LoRA update: ΔW = scale · (A2 · B2)ᵀ, with A2 (in, r) and B2 (r, out); for a 3-D expert
+    tensor (E, out, in), A2 (E, in, r) and B2 (E, r, out): one such update per expert."""
 
     hf: str  # full HF tensor name
-    module: str  # tunix module path, e.g. layers/3/attn/kv_einsum
+    module: str  # tunix module path, e.g. layers/3/attn/kv_einsum (layers/3/moe/linear for an expert tensor)
     target: str  # HF target name (q_proj ...)
-    a: np.ndarray  # (in, r)
-    b: np.ndarray  # (r, out)
+    a: np.ndarray  # (in, r), or (E, in, r)
+    b: np.ndarray  # (r, out), or (E, r, out)
     scale: float
     note: str = ""
 
     @property
-    def shape(self) -> tuple[int, int]:  # HF [out, in]
-        return (self.b.shape[1], self.a.shape[0])
+    def shape(self) -> tuple[int, ...]:  # HF [out, in], or [E, out, in]
+        return (*self.a.shape[:-2], self.b.shape[-1], self.a.shape[-2])
+
+    def parts(self) -> list[Delta]:
+        """The 2-D updates, in the tensor's storage order: itself, or one per expert (its contiguous [out, in])."""
+        if self.a.ndim == 2:
+            return [self]
+        return [dataclasses.replace(self, a=a, b=b) for a, b in zip(self.a, self.b, strict=True)]
 
     def delta(self) -> np.ndarray:
-        """ΔW in fp32, HF layout [out, in]."""
+        """ΔW in fp32, HF layout [out, in] (or [E, out, in])."""
+        if self.a.ndim == 3:
+            return np.stack([p.delta() for p in self.parts()])
         return (np.float32(self.scale) * (self.a.astype(np.float32) @ self.b.astype(np.float32))).T
 
 
+_EXPERT_PATH = re.compile(r"^layers/(\d+)/moe/(" + "|".join(r.param for r in layout.EXPERT_ROWS) + r")_lora_([ab])$")
+
+
 def group_modules(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
-    """``{"layers/0/attn/q_einsum": {"a": A, "b": B}}``; raises LoraMismatchError on paths that are not tunix LoRA
-    params of a module in the layout table."""
+    """``{"layers/0/attn/q_einsum": {"a": A, "b": B}}`` (``"layers/0/moe/linear"`` for an expert tensor); raises
+    LoraMismatchError on paths that are not tunix LoRA params of a module in the layout table."""
     modules: dict[str, dict] = {}
     for path, arr in arrays.items():
-        parsed = layout.parse_lora_path(path)
-        if not parsed or parsed[2] != layout.rows_of_module(parsed[1])[0].param:
+        parsed, expert = layout.parse_lora_path(path), _EXPERT_PATH.match(path)
+        if expert:
+            key, ab = f"layers/{expert.group(1)}/moe/{expert.group(2)}", expert.group(3)
+        elif not parsed or parsed[2] != layout.rows_of_module(parsed[1])[0].param:
             raise LoraMismatchError(f"Unexpected LoRA param {path!r} in the checkpoint (not a tunix Gemma 4 "
-                                    f"attention/MLP module). Was it trained by this course?")
-        layer, module, _, ab = parsed
-        key = f"layers/{layer}/{module}"
+                                    f"attention/MLP module or routed expert). Was it trained by this course?")
+        else:
+            layer, module, _, ab = parsed
+            key = f"layers/{layer}/{module}"
         if ab in modules.setdefault(key, {}):
             raise LoraMismatchError(f"{key} has two LoRA {ab.upper()} params.")
         modules[key][ab] = arr
@@ -81,14 +97,17 @@ def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> 
     """
     rank, alpha = int(meta["rank"]), float(meta["alpha"])
     scale = alpha / rank
-    targets = layout.check_targets(meta["targets"])
+    experts = [t for t in meta["targets"] if t in layout.EXPERT_TARGETS]
+    targets = layout.check_targets([t for t in meta["targets"] if t not in layout.EXPERT_TARGETS])
     n_layers = text_config["num_hidden_layers"]
     if meta.get("num_layers") not in (None, n_layers):
         raise LoraMismatchError(f"The LoRA was trained on a {meta['num_layers']}-layer base, but this base has "
                                 f"{n_layers} layers: wrong base model (lora_config.json "
                                 f"base_model={meta.get('base_model')!r}).")
     modules = group_modules(arrays)
-    expected = layout.modules(text_config, targets)
+    expert_rank = int(meta.get("expert_rank") or rank)
+    expected_experts = _expert_modules(text_config, experts, expert_rank)
+    expected = {**layout.modules(text_config, targets), **expected_experts}
     extra = sorted(set(modules) - set(expected), key=_natural)
     missing = sorted(set(expected) - set(modules), key=_natural)
     if extra:
@@ -101,6 +120,9 @@ def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> 
                                 f"another model.")
     deltas = []
     for key in sorted(modules, key=_natural):
+        if key in expected_experts:
+            deltas.append(_expert_delta(key, modules[key], expected_experts[key], alpha / expert_rank))
+            continue
         layer, rows = expected[key]
         a, b = modules[key]["a"], modules[key]["b"]
         a_shape, b_shape = rows[0].a(layer, rank), rows[0].b(layer, rank)
@@ -113,6 +135,28 @@ def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> 
             deltas.append(Delta(layout.hf_key(layer.index, row), key, row.target, a2, b2, scale,
                                 _NOTES.get((row.module, row.target), "")))
     return deltas
+
+
+def _expert_modules(text_config: dict, targets, rank: int) -> dict[str, tuple[int, layout.ExpertRow, dict]]:
+    """``{"layers/<i>/moe/<param>": (layer, row, {"a": shape, "b": shape})}`` of the targeted expert tensors."""
+    shapes = layout.expert_lora_shapes(text_config, rank, targets)
+    rows = {r.param: r for r in layout.EXPERT_ROWS}
+    out = {}
+    for path, shape in shapes.items():
+        key, ab = path.rsplit("_lora_", 1)
+        layer, param = int(key.split("/")[1]), key.rsplit("/", 1)[1]
+        out.setdefault(key, (layer, rows[param], {}))[2][ab] = shape
+    return out
+
+
+def _expert_delta(key: str, ab: dict, expected, scale: float) -> Delta:
+    layer, row, shapes = expected
+    if tuple(ab["a"].shape) != shapes["a"] or tuple(ab["b"].shape) != shapes["b"]:
+        raise LoraMismatchError(f"{key}: LoRA A {tuple(ab['a'].shape)} / B {tuple(ab['b'].shape)} do not fit this "
+                                f"base's experts, which need A {shapes['a']} / B {shapes['b']} (expert rank "
+                                f"{shapes['a'][-1]}): another base model, or another expert rank.")
+    return Delta(f"{KEY_PREFIX}layers.{layer}.{row.target}", key, row.target, ab["a"], ab["b"], scale,
+                 f"one ΔW per expert; HF {row.hf_layout}")
 
 
 def _natural(s: str):
@@ -129,7 +173,8 @@ def mapping_table(deltas: list[Delta], arrays: dict[str, np.ndarray] | None = No
                "A2 (in, r)": d.a.shape, "B2 (r, out)": d.b.shape, "scale": d.scale, "note": d.note}
         if arrays is not None:
             for ab in ("a", "b"):
-                k = next(k for k in arrays if k.startswith(d.module + "/") and k.endswith(f"_lora_{ab}"))
+                k = next(k for k in arrays if k.startswith((d.module + "/", d.module + "_lora_"))
+                         and k.endswith(f"_lora_{ab}"))
                 row[f"LoRA {ab.upper()} (tunix)"] = tuple(arrays[k].shape)
         rows.append(row)
     return pd.DataFrame(rows)

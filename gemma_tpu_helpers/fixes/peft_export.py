@@ -40,13 +40,20 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
     step, arrays = restore_lora(checkpoint_dir, step)
     deltas = plan_merge(arrays, meta, read_text_config(base_dir))
     tensors = {}
+    experts = [t for t in layout.EXPERT_TARGETS if any(d.target == t for d in deltas)]
     for d in deltas:  # d.a = A2 (in, r), d.b = B2 (r, out): PEFT's lora_A = A2ᵀ, lora_B = B2ᵀ (layout.peft_factors)
-        key = layout.PEFT_PREFIX + d.hf.removesuffix(".weight")
-        tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(d.a.T.astype(np.float32))
-        tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(d.b.T.astype(np.float32))
-    targets = layout.check_targets({d.target for d in deltas})
-    cfg = LoraConfig(r=int(meta["rank"]), lora_alpha=float(meta["alpha"]), lora_dropout=0.0,
-                     target_modules=peft_target_modules(targets),  # the language model's, not the vision tower's
+        if d.a.ndim == 3:
+            key, (lora_a, lora_b) = _expert_key(d, experts), layout.expert_peft_factors(d.a, d.b)
+        else:
+            key, lora_a, lora_b = layout.PEFT_PREFIX + d.hf.removesuffix(".weight"), d.a.T, d.b.T
+        tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(lora_a.astype(np.float32))
+        tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(lora_b.astype(np.float32))
+    dense = layout.check_targets({d.target for d in deltas} - set(experts))
+    rank, expert_rank = int(meta["rank"]), int(meta.get("expert_rank") or meta["rank"])
+    cfg = LoraConfig(r=rank, lora_alpha=float(meta["alpha"]), lora_dropout=0.0,
+                     target_modules=peft_target_modules(dense) if dense else [],  # the language model's only
+                     target_parameters=experts or None,  # the routed experts: one A and B per expert
+                     rank_pattern={t: expert_rank for t in experts} if expert_rank != rank else {},
                      base_model_name_or_path=str(meta.get("base_model") if meta.get("base_model") not in (None, "tiny")
                                                  else Path(base_dir).resolve()))
     tmp = temp_dir_beside(out_dir)
@@ -61,6 +68,14 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _expert_key(d, experts) -> str:
+    """Where PEFT keeps an expert tensor's factors: it wraps the ``experts`` module once per targeted tensor, in
+    ``target_parameters`` order, so with both targeted ``gate_up_proj`` is the inner wrapper's (``base_layer``)."""
+    module = d.hf.rsplit(".", 1)[0]  # model.language_model.layers.<i>.experts
+    inner = len(experts) == 2 and d.target == experts[0]
+    return layout.PEFT_PREFIX + module + (".base_layer" if inner else "")
 
 
 def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:

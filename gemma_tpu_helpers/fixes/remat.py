@@ -93,7 +93,8 @@ def set_remat(model, policy: str, require_lora: bool = True) -> str:
 
 
 def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: int = 0,
-                    targets=lora.HF_TARGETS, dropout: float = 0.0, qlora: str | None = None, abstract: bool = False):
+                    targets=lora.HF_TARGETS, dropout: float = 0.0, qlora: str | None = None, abstract: bool = False,
+                    expert_rank: int | None = None):
     """Apply LoRA (``lora.apply_lora``; QLoRA with ``qlora="nf4"``), then the remat policy; return the model, ready
     to train. ``abstract``: shapes only (``nnx.eval_shape``). Raises :class:`RematOrderError` if remat is already on.
     """
@@ -106,7 +107,8 @@ def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: 
             f"Load the model with remat='none', apply LoRA, then set remat (remat.lora_then_remat(model, rank, "
             f"alpha, policy={current!r}) does it in this order)."
         )
-    model = lora.apply_lora(model, targets, rank, alpha, dropout, qlora=qlora, seed=seed, abstract=abstract)[0]
+    model = lora.apply_lora(model, targets, rank, alpha, dropout, qlora=qlora, seed=seed, abstract=abstract,
+                            expert_rank=expert_rank)[0]
     if dropout > 0:
         # qwix draws LoRA dropout masks from the modules' ``qwix_rngs``, which it unsets after creating the params:
         # without these the first train step fails ("Cannot find rngs in the current module").

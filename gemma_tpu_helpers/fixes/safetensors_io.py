@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -240,6 +241,11 @@ def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel:
     if kernel not in MERGE_KERNELS:
         raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
     dtype = np_dtype(entry["dtype"])
+    if len(entry["shape"]) == 3:  # the MoE's experts: E matrices [out, in], one after the other, each its own ΔW
+        matrix = {**entry, "shape": entry["shape"][1:]}
+        size = math.prod(matrix["shape"]) * dtype.itemsize
+        return max(_write_merged_tensor(src, out, offset + e * size, matrix, part, kernel)
+                   for e, part in enumerate(d.parts()))
     out_dim, in_dim = entry["shape"]
     rows = block_rows(in_dim)
     a = d.a.astype(np.float32)  # (in, r)

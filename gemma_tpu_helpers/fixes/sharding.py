@@ -301,7 +301,8 @@ def one_period_config(text_config: dict) -> tuple[dict, int]:
 
 
 def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), axes=("fsdp", "tp"),
-                       rank: int = 64, alpha: float = 64.0, targets=None, dtype: str = "bfloat16"):
+                       rank: int = 64, alpha: float = 64.0, targets=None, dtype: str = "bfloat16",
+                       expert_rank: int | None = None):
     """Per-device bytes of a LoRA model on a mesh, from abstract shapes only: ``(summary, audit, changes)``.
 
     One sliding/global period is built and scaled by the number of periods (a 60-layer abstract LoRA takes
@@ -316,7 +317,7 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     cfg = gemma4.to_tunix_config(cut, dtype=dtype)
     base = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0)))
     targets = targets or lora.HF_TARGETS
-    model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True)
+    model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True, expert_rank=expert_rank)
     mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
     before = audit(model, mesh)
     changes = fix_shardings(model, mesh, apply=False)

@@ -241,7 +241,7 @@ def abstract_arguments(text_config: dict, mesh, lora_spec, train_spec, batch: in
     # LoRA on the abstract base, not inside the base's eval_shape: traced there, qwix's QLoRA adapts no MLP einsum.
     model = remat_lib.lora_then_remat(nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0))), lora_spec.rank,
                                       lora_spec.alpha, policy, targets=lora_spec.targets, dropout=lora_spec.dropout,
-                                      qlora=lora_spec.qlora, abstract=True)
+                                      qlora=lora_spec.qlora, abstract=True, expert_rank=lora_spec.expert_rank)
     optimizer = nnx.eval_shape(lambda m: optimizer_for(m, train_spec, total_steps), model)
     _place(model, mesh)
     _place(optimizer, mesh)

@@ -39,7 +39,8 @@ def lora_model(base_dir, checkpoint_dir, mesh, step: int | None = None, arrays=N
     if arrays is None:
         _, arrays = restore_lora(checkpoint_dir, step)
     model = gemma4.load_model(base_dir, mesh, dtype="float32")
-    model, _ = lora.apply_lora(model, meta["targets"], int(meta["rank"]), float(meta["alpha"]), 0.0)
+    model, _ = lora.apply_lora(model, meta["targets"], int(meta["rank"]), float(meta["alpha"]), 0.0,
+                               expert_rank=meta.get("expert_rank"))
     state = nnx.state(model, nnx.LoRAParam)
     flat = nnx.to_flat_state(state)
     seen = set()

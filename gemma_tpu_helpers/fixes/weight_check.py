@@ -101,6 +101,8 @@ def _readinto(f, offset: int, buf: np.ndarray) -> np.ndarray:
 
 def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int) -> dict:
     dtype = safetensors_io.np_dtype(entry["dtype"])
+    if len(entry["shape"]) == 3:  # the MoE's experts: E matrices [out, in], one after the other, each its own ΔW
+        return _check_experts(fb, fm, b_off, m_off, entry, d, max_ulps, dtype.itemsize)
     out_dim, in_dim = entry["shape"]
     rows = 1 << (max(1, CHECK_BLOCK_ELEMENTS // in_dim).bit_length() - 1)
     at = np.ascontiguousarray(d.a.astype(np.float32).T)  # (r, in)
@@ -164,6 +166,22 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
         changed += int(np.count_nonzero(m != w))
     return {"max_ulps": worst, "excess": excess, "worst_at": worst_at, "error_there": err,
             "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
+
+
+def _check_experts(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int,
+                   itemsize: int) -> dict:
+    """:func:`_check_blocks` for each expert's matrix of a 3-D tensor, combined: the worst expert's figures (its
+    index first in ``worst_at``), ΔW's RMS over all of them, the changed elements summed."""
+    matrix = {**entry, "shape": entry["shape"][1:]}
+    size = int(np.prod(matrix["shape"])) * itemsize
+    parts = [_check_blocks(fb, fm, b_off + e * size, m_off + e * size, matrix, part, max_ulps)
+             for e, part in enumerate(d.parts())]
+    e = max(range(len(parts)), key=lambda i: parts[i]["excess"])
+    worst = parts[e]
+    return {"max_ulps": max(p["max_ulps"] for p in parts), "excess": worst["excess"],
+            "worst_at": (e, *worst["worst_at"]) if worst["worst_at"] else None, "error_there": worst["error_there"],
+            "delta_rms": float(np.sqrt(np.mean([p["delta_rms"] ** 2 for p in parts]))),
+            "changed": sum(p["changed"] for p in parts)}
 
 
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
@@ -264,7 +282,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                     bar.update(b1 - b0)
             for row, future in pending:
                 row.update(future.result())
-                bar.update(row["shape"][0] * row["shape"][1] * safetensors_io.np_dtype(row["dtype"]).itemsize)
+                bar.update(int(np.prod(row["shape"])) * safetensors_io.np_dtype(row["dtype"]).itemsize)
                 if row["excess"] > 1 and not np.isfinite(row["error_there"]):  # NaN or inf against a number
                     row["ok"] = False
                     problems.append(f"{row['tensor']} in {merged_dir / shard}: a NaN or inf at {row['worst_at']} "
