@@ -82,27 +82,10 @@ def serve_python() -> Path:
 
 def check_server(url: str, model: str | None = None, api_key: str | None = None,
                  timeout: float = CONNECT_TIMEOUT_S) -> dict:
-    """``GET /v1/models``: the entry of ``model`` (or the first one). A :class:`BenchError` within ``timeout`` s
-    when nothing answers, the key is refused, or the model is not served."""
-    base = http_client.api_root(url)
-    try:
-        listing = http_client.get_json(http_client.api_url(base, "models"), api_key, timeout)
-    except http_client.RequestError as e:
-        if e.status is not None:
-            raise BenchError(f"The server at {base} answered /v1/models: {e}") from None
-        raise BenchError(f"No OpenAI-compatible server answered at {base} within {timeout:g} s ({e}). Start it "
-                         f"first (vllm_server.start(...) or notebook 08), or check with "
-                         f"`curl {base}/v1/models`.") from None
-    entries = listing.get("data") or []
-    if not entries:
-        raise BenchError(f"The server at {base} lists no models at /v1/models")
-    if model is None:
-        return entries[0]
-    for entry in entries:
-        if entry.get("id") == model:
-            return entry
-    raise BenchError(f"The server at {base} does not serve model {model!r}; it serves "
-                     f"{[e.get('id') for e in entries]}.")
+    """``GET /v1/models``: the entry of ``model`` (or the first one); a :class:`BenchError` within ``timeout`` s
+    when nothing answers, the key is refused, or the model is not served (``http_client.served_models``)."""
+    entries = http_client.served_models(url, model, api_key, timeout, BenchError)
+    return next(e for e in entries if model is None or e.get("id") == model)
 
 
 def resolve_tokenizer(entry: dict, tokenizer: str | os.PathLike | None) -> str:

@@ -33,19 +33,7 @@ def check_server(url: str, model: str | None = None, api_key: str | None = None,
                  connect_timeout: float = 10.0) -> list[str]:
     """The model ids the server lists at ``/v1/models``; a clear :class:`ServerError` within ``connect_timeout``.
     ``url`` is the server's base URL, with or without ``/v1`` (``http_client.api_root``)."""
-    base = http_client.api_root(url)
-    try:
-        listing = http_client.get_json(http_client.api_url(base, "models"), api_key, connect_timeout)
-    except http_client.RequestError as e:
-        if e.status is not None:
-            raise ServerError(f"The server at {base} answered /v1/models: {e}") from None
-        raise ServerError(f"Could not reach an OpenAI-compatible server at {base} within {connect_timeout:g} s "
-                          f"({e}). Is vLLM running (vllm_server.start starts it)? Check with "
-                          f"`curl {base}/v1/models`.") from None
-    ids = [m.get("id") for m in listing.get("data", [])]
-    if model is not None and ids and model not in ids:
-        raise ServerError(f"The server at {base} does not serve model {model!r}; it serves {ids}.")
-    return ids
+    return [e.get("id") for e in http_client.served_models(url, model, api_key, connect_timeout, ServerError)]
 
 
 def sample_completions(url: str, model: str, problems: Sequence[Problem], n: int = 1, temperature: float = 0.0,

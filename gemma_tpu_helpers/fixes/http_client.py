@@ -139,6 +139,27 @@ def get_json(url: str, api_key: str | None = None, timeout: float = REQUEST_TIME
     return request_json("GET", url, None, api_key, timeout, error)
 
 
+def served_models(url: str, model: str | None = None, api_key: str | None = None, timeout: float = 10.0,
+                  error: type[Exception] = RequestError) -> list[dict]:
+    """``GET /v1/models``: the entries the server lists, raising ``error`` (one line) within ``timeout`` s when
+    nothing answers, the server refuses (a wrong key), it lists no model, or ``model`` is not among them."""
+    base = api_root(url)
+    try:
+        listing = get_json(api_url(base, "models"), api_key, timeout)
+    except RequestError as e:
+        if e.status is not None:
+            raise _fail(error, f"The server at {base} answered /v1/models: {e}", e.status) from None
+        raise _fail(error, f"No OpenAI-compatible server answered at {base} within {timeout:g} s ({e}): start it "
+                           f"(vllm_server.start), or check the URL with `curl {base}/v1/models`.") from None
+    entries = listing.get("data") or []
+    if not entries:
+        raise _fail(error, f"The server at {base} lists no models at /v1/models.")
+    if model is not None and model not in [e.get("id") for e in entries]:
+        raise _fail(error, f"The server at {base} does not serve model {model!r}; it serves "
+                           f"{[e.get('id') for e in entries]}.")
+    return entries
+
+
 def post_json(url: str, payload: dict, api_key: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
               error: type[Exception] = RequestError) -> dict:
     return request_json("POST", url, payload, api_key, timeout, error)
