@@ -12,6 +12,7 @@ from gemma_tpu_helpers.fixes import (
     compat,
     gemma4,
     greedy,
+    layout,
     lora,
     parity,
     peft_export,
@@ -146,6 +147,103 @@ def test_other_names_for_the_experts_and_the_router_are_refused_with_the_right_o
     for target in ("experts", "router", "gate_up_proj", "moe/linear"):
         with pytest.raises(lora.LoraConfigError, match="experts.gate_up_proj and experts.down_proj"):
             lora.validate_targets(["q_proj", target])
+
+
+EXPERT_LORA_RANK, EXPERT_LORA_ALPHA = 4, 8.0
+
+
+def _expert_lora(model, seed: int = 0, b_std: float = 0.0):
+    """Expert-only LoRA (rank EXPERT_LORA_RANK); B drawn with ``b_std`` (0: as qwix creates it) from ``seed``."""
+    lm, report = lora.apply_lora(model, lora.EXPERT_TARGETS, rank=EXPERT_LORA_RANK, alpha=EXPERT_LORA_ALPHA, seed=seed)
+    if b_std:
+        rng = np.random.default_rng(seed)
+        for layer in lm.layers:
+            for row in layout.EXPERT_ROWS:
+                b = getattr(layer.moe, row.param + "_lora_b")
+                b.value = (rng.standard_normal(b.value.shape) * b_std).astype(np.float32)
+    return lm, report
+
+
+def _lora_arrays(lm) -> dict:
+    """``{(layer, tunix param): (A, B)}`` of every expert LoRA, as numpy."""
+    return {(i, row.param): (np.asarray(getattr(layer.moe, row.param + "_lora_a").value),
+                             np.asarray(getattr(layer.moe, row.param + "_lora_b").value))
+            for i, layer in enumerate(lm.layers) for row in layout.EXPERT_ROWS}
+
+
+def test_expert_lora_equals_peft_target_parameters_on_transformers(base, mesh):
+    """The same A and B in tunix and in PEFT (``target_parameters``, one A and B per expert) give the same logits,
+    within the bound every parity check uses (fp32 rounding: ~1e-5 relative; a misplaced expert or a transposed
+    factor: O(1)); and the LoRA moves the logits by far more than that bound, so the check can fail."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    moe_model = gemma4.load_model(base, mesh, dtype="float32")
+    lm, _ = _expert_lora(moe_model, seed=1, b_std=0.3)
+    hf = parity.load_hf(base)
+    peft_model = get_peft_model(hf, LoraConfig(r=EXPERT_LORA_RANK, lora_alpha=EXPERT_LORA_ALPHA, lora_dropout=0.0,
+                                               target_modules=[], target_parameters=list(lora.EXPERT_TARGETS)))
+    arrays = _lora_arrays(lm)
+    param_of = {row.target.split(".")[1]: row.param for row in layout.EXPERT_ROWS}
+    copied = 0
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            if getattr(module, "parameter_name", None) in param_of and hasattr(module, "lora_A"):
+                layer = int(name.split(".layers.")[1].split(".")[0])
+                a, b = layout.expert_peft_factors(*arrays[(layer, param_of[module.parameter_name])])
+                module.lora_A["default"].weight.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+                module.lora_B["default"].weight.copy_(torch.from_numpy(np.ascontiguousarray(b)))
+                copied += 1
+    assert copied == 6 * 2
+    tokens = parity.sample_tokens(gemma4.read_text_config(base)["vocab_size"], 40)
+    ours = parity.tunix_logits(lm, tokens, mesh)
+    with torch.no_grad():
+        ref = peft_model(input_ids=torch.as_tensor(tokens, dtype=torch.long)).logits.double().numpy()
+    base = parity.tunix_logits(moe_model, tokens, mesh)
+    scale = np.abs(ref).max()
+    rel, moved = np.abs(ours - ref).max() / scale, np.abs(ours - base).max() / scale
+    print(f"\nexpert LoRA vs PEFT target_parameters: relative {rel:.2e}; the LoRA moved the logits by {moved:.2e}")
+    assert rel <= parity.DEFAULT_REL_BOUND
+    assert moved > 100 * parity.DEFAULT_REL_BOUND
+
+
+def test_only_the_experts_a_token_is_routed_to_get_a_gradient(base, mesh):
+    """Two tokens (one would be tunix's decoding path): each layer's router picks top_k experts per token
+    (transformers' router, hooked, is the reference); those experts' B get a gradient, every other expert's B
+    exactly zero."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from gemma_tpu_helpers.fixes.forward_inputs import causal_inputs
+
+    text = gemma4.read_text_config(base)
+    moe_model = gemma4.load_model(base, mesh, dtype="float32")
+    lm, _ = _expert_lora(moe_model, seed=2)  # B = 0, as training starts
+    tokens = parity.sample_tokens(text["vocab_size"], 2, seed=3)
+
+    @nnx.jit
+    def grads(m, toks, positions, mask):
+        return nnx.grad(lambda m: jnp.mean(m(toks, positions, None, mask)[0] ** 2),
+                        argnums=nnx.DiffState(0, nnx.LoRAParam))(m)
+
+    with jax.set_mesh(mesh):
+        g = grads(lm, *causal_inputs(tokens))
+    hf, chosen = parity.load_hf(base), {}
+    hooks = [layer.router.register_forward_hook(lambda m, i, o, at=at: chosen.__setitem__(at, o[2]))
+             for at, layer in enumerate(hf.model.language_model.layers)]
+    with torch.no_grad():
+        hf(input_ids=torch.as_tensor(tokens, dtype=torch.long))
+    for h in hooks:
+        h.remove()
+    for i in range(text["num_hidden_layers"]):
+        want = set(chosen[i].flatten().tolist())
+        assert text["top_k_experts"] <= len(want) < text["num_experts"]  # some experts get no token
+        for row in layout.EXPERT_ROWS:
+            gb = np.asarray(g["layers"][i]["moe"][row.param + "_lora_b"].value)
+            nonzero = {e for e in range(text["num_experts"]) if np.any(gb[e] != 0)}
+            assert nonzero == want, (i, row.param, nonzero, want)
 
 
 def test_a_regex_naming_the_moe_reaches_the_router_not_the_experts(base, mesh):
