@@ -240,13 +240,15 @@ def learn_arguments(p) -> None:
                        f"{k}: {v}" for k, v in learning_check.BROKEN.items()))
     p.add_argument("--generator", choices=learning_check.GENERATORS, default="vllm",
                    help="who answers: vLLM's server (default, as notebook 08 serves) or transformers in-process")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="training seed: the LoRA's initial A and the rows' order (default: the profile's, 0)")
     p.add_argument("--run-dir", type=cli_path, default=None, help="run directory (default runs/<profile>); the "
                    "check works in its learn/ folder")
 
 
 def run_learn(args) -> int:
     """Steps 06/09: train on K eval problems, merge, serve, score: one line ``pass@1 before X after Y``."""
-    prof = profiles.get_profile(args.profile)
+    prof = learning_check.with_seed(profiles.get_profile(args.profile), args.seed)
     learning_check.check_profile(prof)
     profiles.configure_jax(prof)
     preflight.require(prof)

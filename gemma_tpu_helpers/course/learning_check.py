@@ -207,9 +207,17 @@ class LearnResult:
 
 def settings(profile, tasks, broken) -> dict:
     """What the trained and merged model depends on: the learn spec, the LoRA targets, the base model, the problems
-    trained on and the broken link."""
+    trained on, the seed (the LoRA's initial A and the rows' order) and the broken link."""
     return {"learn": dataclasses.asdict(profile.learn), "lora_targets": list(profile.lora.targets),
-            "model": dataclasses.asdict(profile.model), "tasks": list(tasks), "broken": broken}
+            "model": dataclasses.asdict(profile.model), "tasks": list(tasks), "seed": profile.train.seed,
+            "broken": broken}
+
+
+def with_seed(profile, seed: int | None):
+    """The profile with its training seed set to ``seed`` (``None``: unchanged)."""
+    if seed is None:
+        return profile
+    return dataclasses.replace(profile, train=dataclasses.replace(profile.train, seed=seed))
 
 
 def learn_dir(profile, run_dir=None, broken: str | None = None) -> Path:

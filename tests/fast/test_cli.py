@@ -63,6 +63,7 @@ def test_train_with_negative_max_steps(tmp_path):
     (["serve", "--model", "m", "--timeout", "nan"], "--timeout"),
     (["tiny-model", "out", "--layers", "0"], "--layers"),
     (["tiny-model", "out", "--seed", "-1"], "--seed"),
+    (["learn", "--seed", "-1"], "--seed"),
     (["plan", "--seq-len", "0"], "--seq-len"),
     (["bench", "--url", "u", "--num-prompts", "0"], "--num-prompts"),
     (["data-stats", "--show-example", "-1"], "--show-example"),
@@ -78,6 +79,19 @@ def test_zero_where_zero_means_something():
     assert args.top_k == 0
     args = cli.build_parser(main_module.COMMANDS).parse_args(["train", "--process-id", "0", "--max-steps", "1"])
     assert (args.process_id, args.max_steps) == (0, 1)
+
+
+def test_a_learning_check_of_another_seed_is_another_cached_result():
+    """``learn --seed N`` trains another LoRA: the seed is in the settings its cache is keyed on."""
+    from gemma_tpu_helpers.course import learning_check, profiles
+
+    smoke = profiles.get_profile("smoke")
+    args = cli.build_parser(main_module.COMMANDS).parse_args(["learn", "--seed", "3"])
+    seeded = learning_check.with_seed(smoke, args.seed)
+    assert seeded.train.seed == 3 and learning_check.with_seed(smoke, None) is smoke
+    tasks = ["Prob001_majority3"]
+    assert learning_check.settings(seeded, tasks, None) != learning_check.settings(smoke, tasks, None)
+    assert learning_check.settings(seeded, tasks, None)["seed"] == 3
 
 
 # ------------------------------------------------------------------------------------------------ one pattern, once
