@@ -111,6 +111,32 @@ FAULTS: tuple[Fault, ...] = (
         "generation_config's eos 106 no longer ends a turn",
     ),
 )
+FAULTS += (
+    Fault(
+        "expert-lora-on-every-expert",
+        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "            low = jax.lax.ragged_dot(lhs, lora_a.astype(lhs.dtype), group_sizes, precision=precision,\n"
+        "                                     group_offset=group_offset)\n",
+        "            low = jax.lax.ragged_dot(lhs, lora_a[:1].astype(lhs.dtype), group_sizes.sum(keepdims=True),\n"
+        "                                     precision=precision)\n",
+        "the experts' LoRA A is applied as one shared matrix (expert 0's) to every routed row, not per expert",
+    ),
+    Fault(
+        "merge-skips-expert-tensors",
+        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "            deltas.append(_expert_delta(key, modules[key], expected_experts[key], alpha / expert_rank))\n",
+        "            pass\n",
+        "the merge leaves the 3-D expert tensors as they were: the trained experts' LoRA is lost in the merged model",
+    ),
+    Fault(
+        "peft-expert-factors-transposed",
+        "gemma_tpu_helpers/fixes/layout.py",
+        "    return a.transpose(0, 2, 1).reshape(e * r, d_in), b.transpose(2, 1, 0).reshape(b.shape[2], r * e)\n",
+        "    return a.transpose(0, 2, 1).reshape(e * r, d_in), b.transpose(2, 0, 1).reshape(b.shape[2], r * e)\n",
+        "the PEFT export groups lora_B's columns by expert instead of by rank: PEFT pairs each expert's A with "
+        "other experts' B",
+    ),
+)
 BY_NAME = {f.name: f for f in FAULTS}
 BASELINE = "none"
 
