@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import signal
+import sys
 import time
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again to resume
@@ -47,6 +48,7 @@ class PreemptionWatch:
         self.signal_at: float | None = None  # this process's SIGTERM, time.monotonic() (one process only)
         self.at_once = at_once
         self._previous = None
+        self._previous_hook = None
         self._installed = False
 
     @contextlib.contextmanager
@@ -88,6 +90,7 @@ class PreemptionWatch:
             try:
                 self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
                 self._installed = True
+                self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
             except ValueError:  # not the main thread: no handler, the default action stays
                 pass
         return self
@@ -95,7 +98,14 @@ class PreemptionWatch:
     def __exit__(self, *exc) -> None:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            sys.unraisablehook = self._previous_hook
             self._installed = False
+
+    def _unraisable(self, unraisable) -> None:
+        """A notice raised where Python can only print it (inside a gc callback or a finalizer, e.g. JAX's
+        ``_xla_gc_callback``) is not an error to show: the flag is set, and :meth:`training` stops the run."""
+        if not isinstance(unraisable.exc_value, NoticeBeforeTraining):
+            self._previous_hook(unraisable)
 
     def _on_sigterm(self, signum, frame) -> None:
         self.signal_at = time.monotonic()

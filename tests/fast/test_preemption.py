@@ -71,6 +71,39 @@ def test_a_notice_while_loading_stops_at_once_and_one_while_training_at_the_step
         assert not watch.at_once  # after the steps too: a notice then has nothing to stop
 
 
+def test_a_notice_inside_a_gc_callback_prints_nothing_and_still_stops(capfd):
+    """The handler runs between any two bytecodes of the main thread, also inside a gc callback (JAX has one), where
+    Python cannot raise and prints "Exception ignored in ... Traceback" instead. Seen in CI: the run stopped with
+    exit 75, but after a traceback. Now nothing is printed and training() stops the run."""
+    import gc
+
+    fired = []
+
+    def callback(phase, info):
+        if phase == "start" and not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler raises here, inside the callback
+
+    hook, sys.unraisablehook = sys.unraisablehook, sys.__unraisablehook__  # Python's own: it prints (pytest's warns)
+    try:
+        with PreemptionWatch(at_once=True) as watch:
+            gc.callbacks.append(callback)
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(callback)
+            assert fired and watch.signal_at is not None
+            with pytest.raises(NoticeBeforeTraining):
+                with watch.training():
+                    pass
+        assert sys.unraisablehook is sys.__unraisablehook__  # put back on exit
+    finally:
+        sys.unraisablehook = hook
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
 class AskedWatch:
     """Says "stop" from ``stop_at`` on, and keeps the steps it was asked about (every process must be asked the
     same step numbers, once each: JAX's sync point)."""
