@@ -6,13 +6,17 @@ case, with as few trainings as that takes:
 | --- | --- | --- | --- | --- |
 | sigkill | 1 | local | SIGKILL after the checkpoint of step EVERY | the same command |
 | sigterm | 1 | local | SIGTERM after step 1: saves the step in progress, exit 75 | the same command |
-| sigterm-two | 2 | local | SIGTERM to process 1: both save the same step, exit 75 | `launch --run` |
-| sigterm-two-gcs | 2 | gs:// | SIGTERM to process 0 | `launch --run`, then `merge` reads the bucket |
+| sigterm-two | 2 | gs:// | SIGTERM to process 1: both save one step in the bucket, exit 75 | `launch --run`; merge |
 | sigterm-load | 1 | local | SIGTERM while loading: exit 75 at once, no step | - |
 | sigterm-load-two | 2 | local | SIGTERM to process 1 while loading: both exit 75 at once | - |
 
+The two-process case goes to the bucket with its notice to process 1, one training for what two proved before (a local
+two-process case and a bucket one with the notice on process 0: 185 s more): process 1's notice must reach process 0,
+which records and saves; the single-process cases give process 0 its own notice, on local disk. `merge` then reads
+the bucket's checkpoint.
+
 Every resumed run records steps 1..STEPS once and its losses equal conftest's uninterrupted smoke run (one process,
-8 devices) within 1e-5: the two-process cases so prove the multi-host losses too, before and after the stop. A case
+8 devices) within 1e-5: the two-process case so proves the multi-host losses too, before and after the stop. A case
 trains in a process group of its own that is killed when the test ends, whatever happened.
 """
 
@@ -103,8 +107,10 @@ def _check_two_processes(case, reference):
 
 
 @pytest.fixture(scope="module")
-def sigterm_two(smoke_run, tiny_dir, tmp_path_factory):
-    return _sigterm_two(tmp_path_factory.mktemp("sigterm_two") / "run", tiny_dir, to=1)
+def sigterm_two(gcs, smoke_run, tiny_dir):
+    """The pod case: hosts share nothing but a bucket. Two processes train into gs://, process 1 gets the SIGTERM,
+    both save the step in the bucket, `launch --run` resumes from there."""
+    return _sigterm_two(f"{gcs}/two", tiny_dir, to=1)
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(smoke_run, tiny_dir, tmp_path):
@@ -176,44 +182,42 @@ def test_sigterm_while_loading_exits_75_at_once(processes, tiny_dir, tmp_path):
     assert train.read_metrics(run_dir).dropna(subset=["loss"]).empty  # no step ran
 
 
-def test_sigterm_to_one_of_two_processes_and_launch_resumes(sigterm_two, smoke_run):
+def test_sigterm_to_one_of_two_processes_on_a_bucket_and_launch_resumes(sigterm_two, smoke_run):
+    run = sigterm_two["run"]
+    assert f"saved it in {run}/checkpoints/{sigterm_two['stopped']}" in sigterm_two["outs"][0][1]  # process 0 saved
     _check_two_processes(sigterm_two, smoke_run[1])
-    assert (sigterm_two["run"] / "train" / train.DONE).is_file()
+    bucket_run = file_io.to_path(run)
+    assert json.loads((bucket_run / "train" / train.DONE).read_text())["steps"] == STEPS
+    assert json.loads((bucket_run / "checkpoints" / train.METADATA).read_text())["rank"] > 0
+    assert (bucket_run / "train" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any(p.name.startswith(".") for p in (bucket_run / "train").iterdir())  # no temp files left behind
+    assert len(losses(train.read_metrics(run))) == STEPS
 
 
 def test_checkpoint_from_two_processes_restores_on_one_host(sigterm_two, smoke_run):
-    """merge reads the multi-process checkpoint alone (host numpy): the LoRA equals the one-process run's.
+    """merge reads the multi-process checkpoint alone (host numpy, from the bucket): the LoRA equals the one-process
+    run's.
 
     Elementwise, Adam's first updates are about +-lr wherever a gradient is near 0, so a different float summation
     order can move single elements by up to ~lr (seen: 466 of 250k elements, max 8e-4). The bound is on each array's
     relative norm; a missing or misplaced process piece would give ~1.
     """
-    item = sigterm_two["run"] / "checkpoints" / str(STEPS) / "model_params"
+    checkpoints = f"{sigterm_two['run']}/checkpoints"
+    item = file_io.to_path(checkpoints) / str(STEPS) / "model_params"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in item.iterdir()}  # both processes wrote
     ref = lora_checkpoint.restore_lora(smoke_run[0] / "checkpoints", STEPS)[1]
-    ours = lora_checkpoint.restore_lora(sigterm_two["run"] / "checkpoints", STEPS)[1]
+    ours = lora_checkpoint.restore_lora(checkpoints, STEPS)[1]
     assert ours.keys() == ref.keys() and len(ours) > 0
     rel = max(float(np.linalg.norm(ours[k] - ref[k]) / np.linalg.norm(ref[k])) for k in ref)
     print(f"LoRA parity after {STEPS} steps: max relative norm of the difference = {rel:.2e}")
     assert rel <= 1e-3
 
 
-def test_two_processes_on_a_bucket_stop_resume_and_merge_reads_it(gcs, smoke_run, tiny_dir, tmp_path):
-    """The pod case: hosts share nothing but a bucket. Two processes train into gs://, process 0 gets the SIGTERM,
-    both save the step in the bucket, `launch --run` resumes from there; then `merge --checkpoint gs://...` gives the
-    bytes of a merge of a local copy of the checkpoint."""
+def test_merge_reads_the_two_process_checkpoint_from_the_bucket(sigterm_two, tiny_dir, tmp_path):
+    """`merge --checkpoint gs://...` gives the bytes of a merge of a local copy of the checkpoint."""
     import fsspec
 
-    run = f"{gcs}/two"
-    case = _sigterm_two(run, tiny_dir, to=0)
-    assert f"saved it in {run}/checkpoints/{case['stopped']}" in case["outs"][0][1]
-    _check_two_processes(case, smoke_run[1])
-    bucket_run = file_io.to_path(run)
-    assert json.loads((bucket_run / "train" / train.DONE).read_text())["steps"] == STEPS
-    assert json.loads((bucket_run / "checkpoints" / train.METADATA).read_text())["rank"] > 0
-    assert (bucket_run / "train" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not any(p.name.startswith(".") for p in (bucket_run / "train").iterdir())  # no temp files left behind
-
+    run = sigterm_two["run"]
     started = time.perf_counter()
     r = run_cli("merge", "--base", tiny_dir, "--checkpoint", f"{run}/checkpoints", "--out", tmp_path / "m_gs")
     gs_s = time.perf_counter() - started
@@ -230,4 +234,3 @@ def test_two_processes_on_a_bucket_stop_resume_and_merge_reads_it(gcs, smoke_run
         assert (tmp_path / "m_gs" / name).read_bytes() == (tmp_path / "m_local" / name).read_bytes(), name
     info = json.loads((tmp_path / "m_gs" / "merge_info.json").read_text())
     assert info["checkpoint_dir"] == f"{run}/checkpoints" and info["step"] == STEPS
-    assert len(losses(train.read_metrics(run))) == STEPS
