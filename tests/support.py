@@ -230,7 +230,37 @@ def shard_tensors(path: Path) -> dict:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
-# ----------------------------------------------------------------------------------- LoRA checkpoints
+# ----------------------------------------------------------------------------------- LoRA training and checkpoints
+
+def lora_train_steps(model, steps=1) -> list[float]:
+    """``steps`` Adam steps (lr 1e-2) of a model's LoRA params on one random batch of 2 x 8 tokens: the losses.
+    The plain next-token loss, not the course's step: what a LoRA or QLoRA model must be able to train."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    b, t = 2, 8
+    tokens = jax.random.randint(jax.random.key(0), (b, t), 0, model.config.num_embed)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+
+    def loss_fn(m):
+        logits, _ = m(tokens, pos, None, mask)
+        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
+        return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
+
+    @nnx.jit
+    def step(m, o):
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(m)
+        o.update(m, grads)
+        return loss
+
+    return [float(step(model, opt)) for _ in range(steps)]
+
+
 
 def lora_ckpt(base: Path, ckpt: Path, steps=((1, 0),), std: float = 0.05) -> Path:
     """A LoRA checkpoint on every target of ``base``, one synthetic LoRA per (step, seed)."""

@@ -6,6 +6,7 @@ import pytest
 
 from gemma_tpu_helpers.course import plan, tiny
 from gemma_tpu_helpers.fixes import gemma4, lora
+from support import lora_train_steps
 
 
 @pytest.fixture(scope="module")
@@ -168,33 +169,6 @@ def qlora_model():
     return model, report
 
 
-def _qlora_step(model, steps=1):
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import nnx
-
-    b, t = 2, 8
-    tokens = jax.random.randint(jax.random.key(0), (b, t), 0, model.config.num_embed)
-    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-    mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
-
-    def loss_fn(m):
-        logits, _ = m(tokens, pos, None, mask)
-        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-        return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
-
-    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
-
-    @nnx.jit
-    def step(m, o):
-        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(m)
-        o.update(m, grads)
-        return loss
-
-    return [float(step(model, opt)) for _ in range(steps)]
-
-
 def test_qlora_training_step_runs(qlora_model):
     import jax.numpy as jnp
     from flax import nnx
@@ -207,7 +181,7 @@ def test_qlora_training_step_runs(qlora_model):
     frozen = [v.value for p, v in nnx.iter_graph(model) if p and p[-1] == "qvalue"]
     assert frozen and all(v.dtype != jnp.float32 for v in frozen)  # the base really is quantized
     b_before = [v.value.copy() for p, v in nnx.iter_graph(model) if p and str(p[-1]).endswith("_lora_b")]
-    losses = _qlora_step(model, steps=2)
+    losses = lora_train_steps(model, steps=2)
     assert all(jnp.isfinite(jnp.asarray(losses)))
     b_after = [v.value for p, v in nnx.iter_graph(model) if p and str(p[-1]).endswith("_lora_b")]
     assert any(not jnp.array_equal(x, y) for x, y in zip(b_before, b_after))  # the optimizer moved LoRA B
@@ -222,4 +196,4 @@ def test_qlora_without_the_shim_still_crashes_upstream(qlora_model):
 
     model, _ = qlora_model
     with compat.unpatched():
-        _qlora_step(model)
+        lora_train_steps(model)
