@@ -54,8 +54,11 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
     lora = lora_param_count(text_config, profile.lora.rank, profile.lora.targets, profile.lora.expert_rank)
     nbytes = _DTYPE_BYTES[profile.model.dtype]
     devices = profile.hardware.num_devices
+    quantized = quantized_param_count(text_config, profile.lora.targets) if profile.lora.qlora else 0
+    base = (p - quantized) * nbytes + quantized * (0.5 + nbytes / NF4_TILE)
     per_device = {
-        "base params (sharded)": p * nbytes / devices,
+        "base params (sharded)" if not quantized else f"base params (sharded; {quantized / p:.0%} in nf4)":
+            base / devices,
         "LoRA params (replicated)": lora * nbytes,
         "LoRA grads (fp32)": lora * 4,
         "AdamW state (fp32, 2x)": lora * 8,
@@ -73,11 +76,25 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
     }
 
 
+NF4_TILE = 64  # QLoRA's tile on the real Gemma 4 sizes (lora.apply_lora picks the largest <= 256 that divides)
+
+
+def quantized_param_count(text_config: dict, targets) -> int:
+    """The frozen weights QLoRA stores in nf4: every weight a LoRA on ``targets`` adapts, and the routed experts of a
+    MoE, targeted or not (``expert_lora.quantize_experts``)."""
+    dense = [t for t in targets if t not in layout.EXPERT_TARGETS]
+    n = sum(math.prod(s) for s in layout.targeted_weights(text_config, dense).values())
+    if text_config.get("enable_moe_block"):
+        c = text_config
+        n += c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
+    return n
+
+
 def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
     """Can an MoE (26B-A4B) train on one chip? Its frozen weights per chip, before activations, three ways (pandas):
     bf16 (LoRA); QLoRA as qwix does it (nf4 on what LoRA targets: attention and the dense MLP; the experts, which
-    run through ``ragged_dot``, and the embedding stay bf16); and nf4 experts too (what a provider that reaches
-    ``ragged_dot`` would give). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights."""
+    run through ``ragged_dot``, and the embedding stay bf16); and nf4 experts too (``lora.apply_lora(qlora="nf4")``
+    on a MoE: ``expert_lora.quantize_experts``). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights."""
     import pandas as pd
 
     c = text_config
@@ -89,7 +106,7 @@ def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
     nf4 = 0.5 + 2 / tile
     rows = [("LoRA, bf16 weights", total * 2),
             ("QLoRA nf4 as qwix does it (experts stay bf16)", (embed + experts) * 2 + other * nf4),
-            ("QLoRA with nf4 experts (not reachable today)", embed * 2 + (experts + other) * nf4)]
+            ("QLoRA with nf4 experts (the course's QLoRA: colab-v6e-1-moe)", embed * 2 + (experts + other) * nf4)]
     return pd.DataFrame([{"setting": name, "weights GiB": round(b / GIB, 1), "XLA can use GiB": usable_gib,
                           "fits before activations": b / GIB < usable_gib} for name, b in rows])
 

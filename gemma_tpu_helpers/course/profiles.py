@@ -106,6 +106,9 @@ class Profile:
     data: DataSpec
     serve: ServeSpec
     learn: LearnSpec | None = None  # the learning check (smoke profiles): a fine-tune that visibly works on a CPU
+    # the profile whose slice serves this one's merged model, when its own chips cannot hold it (the 26B trained
+    # on one chip with QLoRA is served in bf16 on a v6e-4); None: served where it trains
+    serve_on: str | None = None
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -134,8 +137,9 @@ class Profile:
 
     @property
     def serving(self) -> vllm_command.ServeTarget:
-        """What ``fixes/serve.py`` reads of this profile: its ServeSpec, chips, dtype, LoRA rank, HBM and log dir."""
-        hw = self.hardware
+        """What ``fixes/serve.py`` reads of this profile: its ServeSpec, chips, dtype, LoRA rank, HBM and log dir
+        (``serve_on``'s slice, when that profile serves this one's model)."""
+        hw = PROFILES[self.serve_on].hardware if self.serve_on else self.hardware
         return vllm_command.ServeTarget(name=self.name, platform=hw.platform, chips=hw.num_devices, spec=self.serve,
                                  dtype=self.model.dtype, hosts=hw.hosts, max_lora_rank=self.lora.rank,
                                  hbm_gib_per_chip=hw.hbm_gib_per_chip, log_dir=self.local_dir() / "serve",
@@ -371,6 +375,17 @@ PROFILES: dict[str, Profile] = {
         _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, dataclasses.replace(_V5P_SERVE, max_model_len=8192),
              "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
              "recipe under DECODER remat: the smallest v6e slice that holds the model.", remat="decoder"),
+        # The 26B on one chip: QLoRA with nf4 experts too (fixes/expert_lora.quantize_experts), LoRA on attention,
+        # the dense MLP and each routed expert (rank 8 per expert). Serving the merged bf16 model needs a v6e-4.
+        dataclasses.replace(
+            _colab("v6e", 32.0, "google/gemma-4-26B-A4B-it", 3072,
+                   "Gemma 4 26B-A4B (MoE) QLoRA training on a Colab TPU v6e-1 (one chip, 32 GiB): nf4 weights, the "
+                   "experts included, LoRA on attention, the dense MLP and each routed expert; serve on a v6e-4.",
+                   remat="decoder"),
+            name="colab-v6e-1-moe",
+            lora=dataclasses.replace(_PAPER_LORA, targets=LoraSpec.targets + EXPERT_TARGETS, qlora="nf4",
+                                     expert_rank=8),
+            serve=dataclasses.replace(_V5P_SERVE, max_model_len=8192), serve_on="v6e-4-moe"),
         Profile(
             name="v6e-8",
             description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, "
@@ -406,6 +421,8 @@ def default_profile_name() -> str:
     if accel in PROFILES:
         return accel
     named = [p.name for p in PROFILES.values() if accel and p.hardware.accelerator_type == accel]
+    if len(named) > 1:  # a Colab v6e runtime: E4B (colab-v6e-1); the 26B's one-chip profile is asked for by name
+        named = [n for n in named if not n.endswith("-moe")]
     if len(named) == 1:  # Cloud's name for the slice, e.g. v5litepod-1 (a Colab v5e runtime) -> colab-v5e-1
         return named[0]
     raise ValueError(

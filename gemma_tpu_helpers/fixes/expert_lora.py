@@ -6,12 +6,21 @@ one ``(in, out)`` matrix per expert. qwix's ``LoraProvider`` intercepts ``dot_ge
 gives each expert its own A ``(E, in, r)`` and B ``(E, r, out)``, applied as two more ``ragged_dot`` with the same group
 sizes: row ``i`` of expert ``e`` gets ``x_i · A_e · B_e · alpha/r``, exactly what adding ``A_e · B_e · alpha/r`` to
 ``W_e`` gives (PEFT's ``target_parameters`` on the 3-D expert tensors, one A and B per expert).
+
+QLoRA: qwix quantizes the weights of the ops it intercepts when it first meets them, and tunix reads the experts'
+``.value`` and transposes it before ``ragged_dot``, which qwix's quantized array refuses. :func:`quantize_experts`
+stores them as nf4 codes instead (qwix's quantizer, one scale per expert, output channel and ``tile_size`` inputs)
+in a :func:`quantized_class` box whose ``.value`` is the dequantized weight: tunix's forward runs unchanged, and the
+experts, most of a MoE's weights, take 4 bits each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+
+from . import layout
 
 OP = "ragged_dot"
 
@@ -38,9 +47,71 @@ def _weight_name(module, rhs) -> str | None:
     if name is not None:
         return name
     hits = [n for n, v in vars(module).items()
-            if type(v) is nnx.Param and v.value.ndim >= 3 and v.value.shape[0] == rhs.shape[0]
-            and math.prod(v.value.shape) == math.prod(rhs.shape)]
+            if (type(v) is nnx.Param or isinstance(v, quantized_class())) and len(v.shape) >= 3
+            and v.shape[0] == rhs.shape[0] and math.prod(v.shape) == math.prod(rhs.shape)]
     return hits[0] if len(hits) == 1 else None
+
+
+@functools.cache
+def quantized_class():
+    """The box of a quantized expert weight: qwix's ``QArray`` (its arrays each a ``Param`` with the weight's
+    sharding), read as the dequantized weight through ``.value`` as tunix reads a ``Param``."""
+    import flax
+    from flax import nnx
+    from qwix._src.core import qarray
+    from qwix._src.utils import flax_util
+
+    @flax.struct.dataclass
+    class QuantizedExperts:
+        array: qarray.QArray
+
+        shape = property(lambda self: flax_util.unbox(self.array.qvalue).shape)
+        ndim = property(lambda self: len(self.shape))
+        dtype = property(lambda self: flax_util.unbox(self.array.scale).dtype)
+
+        @property
+        def value(self):
+            return qarray.dequantize(flax_util.unbox(self.array))
+
+    nnx.register_data_type(QuantizedExperts)
+    return QuantizedExperts
+
+
+def quantize_experts(model, qtype: str = "nf4", tile_size: int = 64, abstract: bool = False):
+    """Store the routed experts of every MoE layer of a tunix Gemma 4 as ``qtype`` codes with one scale per expert,
+    output channel and ``tile_size`` contracted inputs (qwix's quantizer, as its QLoRA quantizes dense weights);
+    in place, also returned. LoRA params stay as they are. ``abstract``: shapes only, for a model from
+    ``nnx.eval_shape``."""
+    from flax import nnx
+    from qwix._src.core import qarray
+    from qwix._src.utils import flax_util
+
+    box = quantized_class()
+
+    def quantize(m):
+        for layer in m.layers:
+            moe = getattr(layer, "moe", None)
+            for row in layout.EXPERT_ROWS if moe is not None else ():
+                param = getattr(moe, row.param)
+                if isinstance(param, box):
+                    continue
+                w = param[...]
+                if w.shape[row.contracted] % tile_size:
+                    raise ValueError(f"tile_size {tile_size} does not divide the experts' {row.param} axis "
+                                     f"{row.contracted} ({w.shape[row.contracted]}).")
+                how = qarray.HowToQuantize(qtype=qtype, channelwise_axes=[a for a in range(w.ndim)
+                                                                          if a != row.contracted],
+                                           tiled_axes={row.contracted: tile_size})
+                q = qarray.quantize(w, how)
+                # the scale has a tile's fraction of the contracted axis, which a mesh axis need not divide: that
+                # axis of it is replicated (scales are 1/tile of the weight)
+                keep = [a if a != row.contracted else None for a in range(w.ndim)]
+                setattr(moe, row.param, box(dataclasses.replace(
+                    q, qvalue=flax_util.update_boxed(param, value=q.qvalue),
+                    scale=flax_util.update_boxed(param, value=q.scale, transpose=keep))))
+        return m
+
+    return nnx.eval_shape(quantize, model) if abstract else quantize(model)
 
 
 def make_provider(rules):
@@ -75,7 +146,7 @@ def provider_class():
             if name is None:
                 return res
             e, k, n = rhs.shape
-            same_layout = tuple(getattr(module, name).value.shape) == (e, k, n)
+            same_layout = tuple(getattr(module, name).shape) == (e, k, n)
             lora_a, lora_b = qwix_lora._get_or_create_lora_params(  # the dense LoRA's own: names, sharding
                 name=name, rule=rule, a_shape=(e, k, rule.rank), b_shape=(e, rule.rank, n),
                 a_sharding_transpose=(0, 1, None) if same_layout else (0, None, None),

@@ -243,14 +243,15 @@ class ExpertRow:
     param: str
     in_out: Callable[[dict], tuple[int, int]]  # from the text config
     hf_layout: str  # the HF tensor's (E, out, in) layout, in words
+    contracted: int  # the axis of tunix's param that the matmul sums over (``in``)
 
 
 EXPERT_ROWS: tuple[ExpertRow, ...] = (
     ExpertRow("experts.gate_up_proj", "gating_einsum",
               lambda c: (c["hidden_size"], 2 * c["moe_intermediate_size"]),
-              "(E, 2I, D): gate is the first I rows, up the second; tunix keeps (E, 2, I, D)"),
+              "(E, 2I, D): gate is the first I rows, up the second; tunix keeps (E, 2, I, D)", contracted=3),
     ExpertRow("experts.down_proj", "linear", lambda c: (c["moe_intermediate_size"], c["hidden_size"]),
-              "(E, D, I); tunix keeps (E, I, D)"),
+              "(E, D, I); tunix keeps (E, I, D)", contracted=1),
 )
 EXPERT_TARGETS: tuple[str, ...] = tuple(r.target for r in EXPERT_ROWS)
 

@@ -10,6 +10,7 @@ names (:data:`EXPERT_TARGETS`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from . import compat, expert_lora, layout
 from .errors import GemmaTpuError
@@ -260,14 +261,14 @@ def expert_line(model) -> str:
     experts = [layer.moe for layer in model.layers if hasattr(layer, "moe")]
     if not experts:
         return ""
-    n_exp = sum(int(getattr(m, w.split("/")[1]).value.size) for m in experts
+    n_exp = sum(math.prod(getattr(m, w.split("/")[1]).shape) for m in experts
                 for name, w in MOE_WEIGHTS.items() if name.startswith("experts"))
     base = base_param_count(model)
     moe_lora = _moe_lora_sizes(model)
     on_router = sum(v for p, v in moe_lora.items() if p.endswith("router_logits"))
     on_experts = sum(moe_lora.values()) - on_router
     router = f"; the router's einsum got {on_router:,} LoRA parameters" if on_router else ""
-    shape = tuple(experts[0].gating_einsum.value.shape)
+    shape = tuple(experts[0].gating_einsum.shape)  # .shape: also of quantized experts
     head = (f"experts: {len(experts)} layers x {shape[0]} experts hold {n_exp:,} of the {base:,} frozen parameters "
             f"({100 * n_exp / base:.0f}%)")
     if on_experts:
@@ -296,14 +297,21 @@ def summary(report):
     return out
 
 
+def _has_experts(model) -> bool:
+    return any(hasattr(layer, "moe") for layer in model.layers)
+
+
 def _check_tile(model, targets, tile_size: int | None) -> int:
-    """A QLoRA tile size that divides every contracted dim of the targeted modules (largest <= 256 if None)."""
+    """A QLoRA tile size that divides every contracted dim of the targeted modules, and of the routed experts of
+    a MoE, which QLoRA quantizes whether targeted or not (largest <= 256 if None)."""
     cfg = model.config
     dims = {cfg.embed_dim}
     if "o_proj" in targets:
         dims |= {cfg.head_dim, cfg.global_key_size}
     if "down_proj" in targets:
         dims.add(cfg.hidden_dim)
+    if _has_experts(model):
+        dims.add(cfg.expert_dim)
     valid = [t for t in (256, 128, 64, 32, 16, 8) if all(d % t == 0 for d in dims)]
     if tile_size is None:
         if not valid:
@@ -325,7 +333,8 @@ def make_provider(targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropou
                   expert_rank: int | None = None):
     """The qwix ``LoraProvider`` for HF targets (or a raw ``regex``), with arguments checked: one rule for
     attention and the dense MLP, and one for the routed experts when targeted (rank ``expert_rank``, default
-    ``rank``; scale ``alpha / expert_rank``). QLoRA quantizes the dense targets only: the experts stay as loaded."""
+    ``rank``; scale ``alpha / expert_rank``). qwix's QLoRA quantizes the dense targets only: :func:`apply_lora`
+    quantizes the experts (``expert_lora.quantize_experts``)."""
     import qwix
 
     _check_rank(rank)
@@ -362,8 +371,9 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
     """Apply (Q)LoRA to a tunix Gemma 4 by HF target names; return ``(lora_model, coverage report)``, the report's
     ``attrs`` holding ``lora_params``, ``base_params`` and ``regex``. The input model is not changed.
 
-    ``qlora="nf4"`` quantizes the frozen base (and applies the compat shim tunix needs for it); ``tile_size`` must
-    divide the contracted dims (default: the largest that does). ``abstract``: shapes only (``nnx.eval_shape``).
+    ``qlora="nf4"`` quantizes the frozen base: the targeted dense weights (qwix; with the compat shim tunix needs)
+    and the routed experts of a MoE, targeted or not; ``tile_size`` must divide the contracted dims (default: the
+    largest that does). ``abstract``: shapes only (``nnx.eval_shape``).
     :data:`EXPERT_TARGETS` give each routed expert of an MoE its own LoRA, of rank ``expert_rank`` (default ``rank``).
     Raises :class:`LoraConfigError` for bad arguments, :class:`LoraCoverageError` when a target got LoRA nowhere.
     """
@@ -376,11 +386,13 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
     if qlora is not None:
         compat.patch_gemma4_qlora_einsum()
     lora_model = _run_qwix(model, provider, seed, abstract)
+    if qlora is not None and _has_experts(lora_model):  # qwix's quantizer never meets them (ragged_dot)
+        lora_model = expert_lora.quantize_experts(lora_model, qlora, tile_size, abstract=abstract)
     unused = provider.get_unused_rules()
     report = coverage(lora_model, targets, base_params=base)
     present = report[report["module"] != "(none)"]
     missing = [t for t in targets if not present.loc[present["target"] == t, "has LoRA"].any()]
-    if expert_targets(targets) and not any(hasattr(layer, "moe") for layer in lora_model.layers):
+    if expert_targets(targets) and not _has_experts(lora_model):
         raise LoraCoverageError(f"{', '.join(expert_targets(targets))}: this model has no routed experts (a "
                                 f"mixture of experts such as Gemma 4 26B-A4B has); drop those targets.")
     if unused or missing:

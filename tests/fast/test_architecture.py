@@ -151,9 +151,9 @@ def test_each_notebook_names_the_files_that_travel_together():
         assert listed == closure(module), (name, sorted(listed ^ closure(module)))
 
 
-COPY_BUDGET_LINES = 2100  # what copying one fix may cost, the module and what it imports together (2650 before
+COPY_BUDGET_LINES = 2200  # what copying one fix may cost, the module and what it imports together (2650 before
 # #44 split the modules by concern and cut their prose; 2000 before #45 gave the MoE's experts LoRA, which every copy
-# that applies LoRA carries: the step's went from 1,877 to 2,068 lines)
+# that applies LoRA carries: the step's went from 1,877 to 2,068 lines; 2100 before their nf4 QLoRA: 2,158)
 
 
 def test_a_fix_travels_without_the_course():

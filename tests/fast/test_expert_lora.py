@@ -41,3 +41,88 @@ def test_expert_targets_on_a_dense_model_are_refused(tunix_model):
         lora.apply_lora(tunix_model, ["q_proj", "experts.down_proj"], rank=2, abstract=True)
     with pytest.raises(lora.LoraConfigError, match="experts.gate_up_proj and experts.down_proj"):
         lora.validate_targets(["q_proj", "experts"])
+
+
+# ------------------------------------------------------------------------------------------ QLoRA: nf4 experts
+
+def _compute_layout(row, w):
+    """An expert weight as tunix hands it to ragged_dot, (E, in, out): gating_einsum (E, 2, I, D) -> (E, D, 2I)."""
+    if row.param == "gating_einsum":
+        e, _, i, d = w.shape
+        return np.transpose(w, (0, 3, 1, 2)).reshape(e, d, 2 * i)
+    return w
+
+
+def test_nf4_experts_are_within_the_rounding_bound_of_nf4():
+    """Each weight rounds to the nearest of nf4's 16 levels times its tile's scale (the tile's absmax), so it moves
+    by at most half the widest gap between levels times that scale; an expert's matmul then moves by at most
+    sum_k |x_k| * that, plus fp32's summation bound of the two dots (2 * in * 2^-24 * sum_k |x_k| |w_k|)."""
+    import jax
+    import jax.numpy as jnp
+    from qwix._src.core import numerics
+    from qwix._src.utils import flax_util
+
+    from gemma_tpu_helpers.fixes import expert_lora
+
+    text = tiny.tiny_text_config(6, "26b-a4b")
+    model = sharding.model_from_config(text, layer_types=["sliding_attention"])
+    moe = model.layers[0].moe
+    before = {row.param: np.asarray(getattr(moe, row.param).value) for row in layout.EXPERT_ROWS}
+    tile = 64
+    expert_lora.quantize_experts(model, "nf4", tile)
+    half_gap = float(np.diff(np.asarray(numerics.get_nf4_buckets())).max()) / 2  # 0.152, at the -1 end
+    eps = 2.0**-24
+    rng = np.random.default_rng(0)
+    e = text["num_experts"]
+    sizes = np.array([7, 0, 3, 12, 1, 5, 0, 4])[:e]  # rows per expert, two experts with none
+    for row in layout.EXPERT_ROWS:
+        box = getattr(moe, row.param)
+        assert isinstance(box, expert_lora.quantized_class())
+        assert flax_util.unbox(box.array.qvalue).dtype == jnp.uint4  # 4 bits a weight
+        w, wq = before[row.param], np.asarray(box.value)
+        scale = np.repeat(np.asarray(flax_util.unbox(box.array.scale)), tile, axis=row.contracted)
+        assert scale.shape == w.shape
+        assert (np.abs(w - wq) <= half_gap * scale + eps * np.abs(wq)).all(), row.param
+        wc, wqc, sc = (_compute_layout(row, a) for a in (w, wq, half_gap * scale))
+        x = rng.standard_normal((int(sizes.sum()), wc.shape[1])).astype(np.float32)
+        dot = lambda a, b: np.asarray(jax.lax.ragged_dot(jnp.asarray(a), jnp.asarray(b), jnp.asarray(sizes)))  # noqa: E731
+        moved = np.abs(dot(x, wc) - dot(x, wqc))
+        bound = dot(np.abs(x), sc) + 2 * wc.shape[1] * eps * (dot(np.abs(x), np.abs(wc)) + dot(np.abs(x), np.abs(wqc)))
+        assert (moved <= bound).all(), (row.param, float((moved / bound).max()))
+        rel = float(np.linalg.norm(moved) / np.linalg.norm(dot(x, wc)))
+        print(f"{row.param}: nf4 vs fp32 expert matmul, max |diff| / bound = {(moved / bound).max():.3f}, "
+              f"relative norm of the difference {rel:.3f}")
+
+
+def test_qlora_quantizes_the_experts_and_their_lora_trains():
+    """QLoRA on the MoE: the dense targets in nf4 (qwix), the experts in nf4 too (targeted or not), each expert's
+    LoRA on top; a few steps on one batch lower the loss and move the experts' B."""
+    import jax.numpy as jnp
+    from flax import nnx
+    from qwix._src.utils import flax_util
+
+    from gemma_tpu_helpers.fixes import expert_lora
+    from support import lora_train_steps
+
+    text = tiny.tiny_text_config(6, "26b-a4b")
+    targets = lora.HF_TARGETS + lora.EXPERT_TARGETS
+    plain = lora.apply_lora(sharding.model_from_config(text, abstract=True), targets, rank=RANK, alpha=ALPHA,
+                            expert_rank=EXPERT_RANK, abstract=True)[1]
+    abstract, report = lora.apply_lora(sharding.model_from_config(text, abstract=True), targets, rank=RANK,
+                                       alpha=ALPHA, expert_rank=EXPERT_RANK, qlora="nf4", abstract=True)
+    assert report.attrs["lora_params"] == plain.attrs["lora_params"]  # the same LoRA, on a quantized base
+    assert lora.base_param_count(abstract) == plain.attrs["base_params"]  # scales not counted as parameters
+    box = expert_lora.quantized_class()
+    for layer in abstract.layers:
+        assert all(flax_util.unbox(getattr(layer.moe, row.param).array.qvalue).dtype == jnp.uint4
+                   for row in layout.EXPERT_ROWS)
+
+    model, _ = lora.apply_lora(sharding.model_from_config(text, layer_types=["sliding_attention"]),
+                               targets, rank=RANK, alpha=ALPHA, expert_rank=EXPERT_RANK, qlora="nf4")
+    assert all(isinstance(getattr(layer.moe, row.param), box) for layer in model.layers for row in layout.EXPERT_ROWS)
+    b_before = {p: v.value.copy() for p, v in nnx.iter_graph(model) if p and str(p[-1]).endswith("_lora_b")}
+    assert any("moe" in p for p in b_before)
+    losses = lora_train_steps(model, steps=3)
+    assert losses[-1] < losses[0], losses
+    moved = {p for p, v in nnx.iter_graph(model) if p in b_before and not jnp.array_equal(v.value, b_before[p])}
+    assert {p[-1] for p in moved if "moe" in p} == {"gating_einsum_lora_b", "linear_lora_b"}

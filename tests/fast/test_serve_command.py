@@ -138,11 +138,13 @@ def test_every_tpu_profile_serves_on_one_hosts_chips_and_fits():
     for name, prof in profiles.PROFILES.items():
         if prof.hardware.platform != "tpu":
             continue
-        chips = prof.hardware.num_devices // prof.hardware.hosts
-        assert prof.serve.tensor_parallel <= chips, name
+        target = prof.serving  # a profile that trains where its model does not fit to serve names its serving slice
+        assert prof.serve_on is None or (target.chips, prof.serve) == (
+            profiles.get_profile(prof.serve_on).hardware.num_devices, profiles.get_profile(prof.serve_on).serve), name
+        assert prof.serve.tensor_parallel <= target.chips // target.hosts, name
         assert profile_steps.hbm_per_chip(prof)["fits"], name
         argv = vllm_command.serve_command(prof.serving, "/data/merged")
-        if name.startswith("colab-"):  # no Docker on Colab
+        if name.startswith("colab-") and not prof.serve_on:  # no Docker on Colab
             assert vllm_command.route(prof.serving) == "pip" and "docker" not in argv and argv[1] == "serve", name
         else:
             assert vllm_command.route(prof.serving) == "docker" and argv[:2] == ["docker", "run"], name
