@@ -186,7 +186,14 @@ def run_plan(args) -> int:
           f"({est['trainable_pct']:.2f}% trainable)")
     print(plan.memory_table(est).to_string(index=False))
     if not args.aot:
-        print("(add --aot for XLA's compiled per-chip figures, activations included)")
+        known = plan.course_plans(profile.run_dir(), settings=((profile.name, args.remat or profile.train.remat,
+                                                                 args.qlora or profile.lora.qlora),),
+                                  seq_len=args.seq_len, layers=args.layers)
+        if known:  # compiled here before (runs/<profile>/plan) or shipped with the course: no compile
+            print(plan.format_plan(known[0]))
+            print(f"  from: {known[0]['source']}")
+        print("(add --aot for XLA's compiled per-chip figures, activations included" +
+              (", compiled now)" if known else ")"))
         return 0
     result = plan.aot_plan(profile, args.remat, args.seq_len, args.layers, qlora=args.qlora)
     print(plan.format_plan(result))

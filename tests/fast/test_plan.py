@@ -330,3 +330,15 @@ def test_notebook_04_records_the_tested_figure():
     record = [c.source for c in nb.cells if c.cell_type == "code" and "logbook.record(" in c.source]
     assert len(record) == 1 and "tiny_tpu_temp_mib=plan.tpu_temp_mib(policies)" in record[0], record
     assert "nan" not in record[0].lower()
+
+
+def test_plan_without_aot_prints_the_shipped_verdict(tmp_path):
+    """`plan --profile NAME` reads the shipped compiled point of the profile's setting: the verdict and GiB, no
+    compile (and the run directory's own compiled plans when there are)."""
+    r = run_cli("plan", "--profile", "colab-v6e-1", cwd=tmp_path, env={"GEMMA_TPU_RUNS": "runs"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = plan.course_plans("/nonexistent", settings=(("colab-v6e-1", "block", None),))[0]
+    assert f"{ref['peak_bytes'] / plan.GIB:.2f} GiB of the 31.24 GiB XLA can use" in r.stdout and "FITS" in r.stdout
+    assert "from: reference" in r.stdout and not (tmp_path / "runs").exists()  # nothing compiled, nothing written
+    r = run_cli("plan", "--profile", "v6e-8", "--remat", "none", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and "AOT plan" not in r.stdout and "(add --aot" in r.stdout  # no shipped point
