@@ -187,6 +187,29 @@ _CALLS = itertools.count()  # every process calls main_first in the same order: 
 MAIN_FIRST_TIMEOUT_S = 24 * 3600  # how long the others wait for process 0 (a 62 GB download on a slow link: hours)
 
 
+def process_0_says(key: str, decide, what: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S) -> str:
+    """Process 0's ``decide()`` (a string) in every process: process 0 runs it and publishes it under ``key`` in the
+    distributed runtime's key-value store; the others wait for it (MultihostError after ``timeout_s``, naming
+    ``what`` process 0 was doing). If ``decide`` raises in process 0, the others read ``failed: <error>``."""
+    import jax
+    from jax._src.distributed import global_state
+
+    client = global_state.client
+    if jax.process_index() == 0:
+        try:
+            said = decide()
+        except BaseException as e:
+            client.key_value_set(key, f"failed: {type(e).__name__}: {e}", allow_overwrite=True)
+            raise
+        client.key_value_set(key, said)
+        return said
+    try:
+        return client.blocking_key_value_get(key, int(timeout_s * 1000))
+    except Exception as e:  # the runtime's timeout (or process 0 gone): one line, not a C++ status dump
+        raise MultihostError(f"waited {timeout_s:.0f} s for process 0 to {what} ({type(e).__name__}); check "
+                             f"process 0's output.") from None
+
+
 def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S, directory=None):
     """``fn()`` in process 0 first, then in the others, which find its work done (e.g. one download into a shared
     directory per pod). They wait on the distributed runtime's key-value store, not on files (gcsfuse has no locks),
@@ -199,48 +222,38 @@ def main_first(fn, name: str, timeout_s: float = MAIN_FIRST_TIMEOUT_S, directory
 
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return fn()
-    from jax._src.distributed import global_state
-
-    client, key = global_state.client, f"main_first/{next(_CALLS)}/" + name.replace(" ", "_")
-    if directory is not None and not _sees_process_0(client, key, directory, timeout_s):
+    key = f"main_first/{next(_CALLS)}/" + name.replace(" ", "_")
+    if directory is not None and not _sees_process_0(key, directory, timeout_s):
         return fn()
-    if jax.process_index() == 0:
-        try:
-            out = fn()
-        except BaseException as e:
-            client.key_value_set(key, f"failed: {type(e).__name__}: {e}", allow_overwrite=True)
-            raise
-        client.key_value_set(key, "done")
-        return out
-    try:
-        said = client.blocking_key_value_get(key, int(timeout_s * 1000))
-    except Exception as e:  # the runtime's timeout (or process 0 gone): one line, not a C++ status dump
-        raise MultihostError(f"waited {timeout_s:.0f} s for process 0 to {name} ({type(e).__name__}); check "
-                             f"process 0's output.") from None
+    out = []
+    said = process_0_says(key, lambda: (out.append(fn()), "done")[1], name, timeout_s)
+    if out:  # process 0
+        return out[0]
     if said != "done":
         raise MultihostError(f"process 0 could not {name} ({said}); fix that and run again on every worker.")
     return fn()
 
 
-def _sees_process_0(client, key: str, directory, timeout_s: float) -> bool:
+def _sees_process_0(key: str, directory, timeout_s: float) -> bool:
     """Whether this process sees the file process 0 just wrote in ``directory`` (True in process 0). Process 0
     removes it once every process has looked (a barrier)."""
     import uuid
     from pathlib import Path
 
     import jax
+    from jax._src.distributed import global_state
 
     probe = Path(directory) / ".multihost-probe"
-    if jax.process_index() == 0:
+
+    def write() -> str:
         token = uuid.uuid4().hex
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_text(token)
-        client.key_value_set(key + "/probe", token)
-        seen = True
-    else:
-        token = client.blocking_key_value_get(key + "/probe", int(timeout_s * 1000))
-        seen = probe.is_file() and probe.read_text() == token
-    client.wait_at_barrier(key + "/probed", int(timeout_s * 1000))
+        return token
+
+    token = process_0_says(key + "/probe", write, f"write {probe}", timeout_s)
+    seen = jax.process_index() == 0 or (probe.is_file() and probe.read_text() == token)
+    global_state.client.wait_at_barrier(key + "/probed", int(timeout_s * 1000))
     if jax.process_index() == 0:
         probe.unlink(missing_ok=True)
     return seen

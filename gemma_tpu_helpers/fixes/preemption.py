@@ -26,6 +26,8 @@ import signal
 import sys
 import time
 
+from . import multihost
+
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again to resume
 NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"  # where JAX's preemption service records the first notice of any process
 _CALLS = itertools.count()  # every process enters training() in the same order: the n-th entry's key is its own
@@ -71,19 +73,17 @@ class PreemptionWatch:
         """Whether any process has had a notice: process 0 looks and tells the others (one answer for all; a
         notice that comes after it looked goes to the step protocol). The others wait for process 0 as long as it
         may take to load (a download: hours)."""
-        import jax
         from jax._src.distributed import global_state
 
-        client, key = global_state.client, f"gemma_tpu/preemption/before_training/{next(_CALLS)}"
-        if jax.process_index() != 0:
-            return client.blocking_key_value_get(key, int(timeout_s * 1000)) == "stop"
-        try:
-            client.key_value_try_get(NOTICE_KEY)
-            seen = True
-        except Exception:  # not found: no notice yet
-            seen = False
-        client.key_value_set(key, "stop" if seen else "go")
-        return seen
+        def look() -> str:
+            try:
+                global_state.client.key_value_try_get(NOTICE_KEY)
+                return "stop"
+            except Exception:  # not found: no notice yet
+                return "go"
+
+        key = f"gemma_tpu/preemption/before_training/{next(_CALLS)}"
+        return multihost.process_0_says(key, look, "load", timeout_s) == "stop"
 
     def __enter__(self) -> "PreemptionWatch":
         if not self._distributed():
