@@ -37,17 +37,14 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args()
 
-    from gemma_tpu_helpers.course import learning_check, paths, profiles
+    from gemma_tpu_helpers.course import learning_check, profiles
 
     profile = profiles.configure_jax(profiles.get_profile(args.profile))
     changes = {k: v for k, v in (("steps", args.steps), ("learning_rate", args.lr), ("rank", args.rank),
                                  ("alpha", args.rank and 2 * args.rank)) if v is not None}
     profile = dataclasses.replace(profile, learn=dataclasses.replace(profile.learn, **changes))
-    from gemma_tpu_helpers.fixes import eval_problems
-
     k = profile.learn.tasks
-    problems = {p.task_id: p for p in eval_problems.load_problems(paths.SHIPPED_EVAL)}
-    by_length = sorted(problems, key=lambda t: (len(eval_problems.reference_code(problems[t])), t))
+    by_length = learning_check.by_length()  # the ranking the default set comes from
     sets = [sorted(by_length[i * k:(i + 1) * k]) for i in map(int, args.sets.split(","))]
     seeds = [int(s) for s in args.seeds.split(",")]
     work = args.work or Path(tempfile.mkdtemp(prefix="learn-spread-"))

@@ -54,10 +54,15 @@ def _profiles_with_learn():
     return [p for p in profiles.PROFILES.values() if p.learn is not None]
 
 
+def by_length(problems=None) -> list[str]:
+    """Task ids, the shortest reference first (the quickest to learn; ties by id): the shipped problems by default."""
+    problems = problems if problems is not None else eval_problems.load_problems(paths.SHIPPED_EVAL)
+    return [p.task_id for p in sorted(problems, key=lambda p: (len(eval_problems.reference_code(p)), p.task_id))]
+
+
 def default_tasks(k: int, held_out: int, problems=None) -> tuple[list[str], list[str]]:
     """The ``k`` problems with the shortest references (the quickest to learn), and the ``held_out`` next shortest."""
-    problems = problems if problems is not None else eval_problems.load_problems(paths.SHIPPED_EVAL)
-    ids = [p.task_id for p in sorted(problems, key=lambda p: (len(eval_problems.reference_code(p)), p.task_id))]
+    ids = by_length(problems)
     if k + held_out > len(ids):
         raise LearnError(f"{k} trained + {held_out} held-out problems: the problem set has only {len(ids)}.")
     return sorted(ids[:k]), sorted(ids[k:k + held_out])  # in task-id order, as load_problems returns them
