@@ -234,6 +234,14 @@ def _read_block(src, nbytes: int, align: int = 64) -> np.ndarray:
     return block
 
 
+def expert_slabs(entry: dict, d) -> list[tuple[int, dict, object]]:
+    """The MoE's experts in a 3-D tensor: E matrices [out, in], one after the other, each its own ΔW.
+    ``[(byte offset from the tensor's start, the matrix's entry, its part of ΔW d)]``."""
+    matrix = {**entry, "shape": entry["shape"][1:]}
+    size = math.prod(matrix["shape"]) * np_dtype(entry["dtype"]).itemsize
+    return [(e * size, matrix, part) for e, part in enumerate(d.parts())]
+
+
 def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel: str = "xla") -> float:
     """Read one base tensor, add its ΔW in fp32, write it in the base dtype, in row blocks of about
     ``MERGE_BLOCK_ELEMENTS`` elements; return max |ΔW|. ``kernel``: "xla" (bf16/fp32 bases; block ``i + 1`` is read
@@ -241,11 +249,9 @@ def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel:
     if kernel not in MERGE_KERNELS:
         raise ValueError(f"kernel must be one of {MERGE_KERNELS}, got {kernel!r}")
     dtype = np_dtype(entry["dtype"])
-    if len(entry["shape"]) == 3:  # the MoE's experts: E matrices [out, in], one after the other, each its own ΔW
-        matrix = {**entry, "shape": entry["shape"][1:]}
-        size = math.prod(matrix["shape"]) * dtype.itemsize
-        return max(_write_merged_tensor(src, out, offset + e * size, matrix, part, kernel)
-                   for e, part in enumerate(d.parts()))
+    if len(entry["shape"]) == 3:
+        return max(_write_merged_tensor(src, out, offset + at, matrix, part, kernel)
+                   for at, matrix, part in expert_slabs(entry, d))
     out_dim, in_dim = entry["shape"]
     rows = block_rows(in_dim)
     a = d.a.astype(np.float32)  # (in, r)

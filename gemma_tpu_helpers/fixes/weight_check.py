@@ -102,7 +102,7 @@ def _readinto(f, offset: int, buf: np.ndarray) -> np.ndarray:
 def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int) -> dict:
     dtype = safetensors_io.np_dtype(entry["dtype"])
     if len(entry["shape"]) == 3:  # the MoE's experts: E matrices [out, in], one after the other, each its own ΔW
-        return _check_experts(fb, fm, b_off, m_off, entry, d, max_ulps, dtype.itemsize)
+        return _check_experts(fb, fm, b_off, m_off, entry, d, max_ulps)
     out_dim, in_dim = entry["shape"]
     rows = 1 << (max(1, CHECK_BLOCK_ELEMENTS // in_dim).bit_length() - 1)
     at = np.ascontiguousarray(d.a.astype(np.float32).T)  # (r, in)
@@ -168,14 +168,11 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
 
 
-def _check_experts(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int,
-                   itemsize: int) -> dict:
+def _check_experts(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int) -> dict:
     """:func:`_check_blocks` for each expert's matrix of a 3-D tensor, combined: the worst expert's figures (its
     index first in ``worst_at``), ΔW's RMS over all of them, the changed elements summed."""
-    matrix = {**entry, "shape": entry["shape"][1:]}
-    size = int(np.prod(matrix["shape"])) * itemsize
-    parts = [_check_blocks(fb, fm, b_off + e * size, m_off + e * size, matrix, part, max_ulps)
-             for e, part in enumerate(d.parts())]
+    parts = [_check_blocks(fb, fm, b_off + at, m_off + at, matrix, part, max_ulps)
+             for at, matrix, part in safetensors_io.expert_slabs(entry, d)]
     e = max(range(len(parts)), key=lambda i: parts[i]["excess"])
     worst = parts[e]
     return {"max_ulps": max(p["max_ulps"] for p in parts), "excess": worst["excess"],
