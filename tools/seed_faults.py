@@ -136,6 +136,21 @@ FAULTS += (
         "the PEFT export groups lora_B's columns by expert instead of by rank: PEFT pairs each expert's A with "
         "other experts' B",
     ),
+    Fault(
+        "qlora-experts-scale-per-expert-only",
+        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "                                           tiled_axes={row.contracted: tile_size})\n",
+        "                                           tiled_axes={row.contracted: w.shape[row.contracted]})\n",
+        "QLoRA's nf4 experts get one scale per expert and output channel, not per tile of 64 inputs: coarser than "
+        "the bound the tile size promises",
+    ),
+    Fault(
+        "qlora-skips-the-experts",
+        "gemma_tpu_helpers/fixes/lora.py",
+        "    if qlora is not None and _has_experts(lora_model):  # qwix's quantizer never meets them (ragged_dot)\n",
+        "    if False:\n",
+        "QLoRA leaves the routed experts in bf16 (what qwix alone does): no memory saved on a MoE",
+    ),
 )
 BY_NAME = {f.name: f for f in FAULTS}
 BASELINE = "none"
