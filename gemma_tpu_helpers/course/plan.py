@@ -524,8 +524,9 @@ COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1"
                ("colab-v6e-1", "none"), ("colab-v6e-1", "block"), ("colab-v6e-1", "decoder"),
                ("colab-v6e-1", "block", "nf4"))
 
-# Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2): notebook 04's MoE rows.
-MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"), ("v6e-4-moe", "decoder"))
+# Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2), and QLoRA (nf4 experts) on
+# one Colab v6e chip: notebook 04's MoE rows.
+MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"), ("v6e-4-moe", "decoder"), ("colab-v6e-1-moe", "decoder"))
 MOE_PREDICTIONS = (("v5p-8-moe", "block"), ("v6e-4-moe", "decoder"))  # the settings the MoE profiles train with
 
 # XLA's compiled points for the course's settings (batch 1, bf16, LoRA rank 64), shown when nothing is compiled
