@@ -25,10 +25,10 @@ from ..fixes.file_io import config_hash, write_atomic
 from ..fixes.gemma4 import (
     PATTERN,
     attn_dims,
+    expert_param_count,
     kv_shared_layers,
     layer_kinds,
     load_model,
-    moe_layer_params,
     param_count,
     read_text_config,
 )
@@ -55,7 +55,7 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
     nbytes = _DTYPE_BYTES[profile.model.dtype]
     devices = profile.hardware.num_devices
     quantized = quantized_param_count(text_config, profile.lora.targets) if profile.lora.qlora else 0
-    base = (p - quantized) * nbytes + quantized * (0.5 + nbytes / NF4_TILE)
+    base = (p - quantized) * nbytes + quantized * nf4_bytes(nbytes)
     per_device = {
         "base params (sharded)" if not quantized else f"base params (sharded; {quantized / p:.0%} in nf4)":
             base / devices,
@@ -79,15 +79,17 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
 NF4_TILE = 64  # QLoRA's tile on the real Gemma 4 sizes (lora.apply_lora picks the largest <= 256 that divides)
 
 
+def nf4_bytes(scale_bytes: int = 2, tile: int = NF4_TILE) -> float:
+    """Bytes a weight takes in nf4: 4 bits, plus its share of one scale per ``tile`` weights."""
+    return 0.5 + scale_bytes / tile
+
+
 def quantized_param_count(text_config: dict, targets) -> int:
     """The frozen weights QLoRA stores in nf4: every weight a LoRA on ``targets`` adapts, and the routed experts of a
     MoE, targeted or not (``expert_lora.quantize_experts``)."""
     dense = [t for t in targets if t not in layout.EXPERT_TARGETS]
-    n = sum(math.prod(s) for s in layout.targeted_weights(text_config, dense).values())
-    if text_config.get("enable_moe_block"):
-        c = text_config
-        n += c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
-    return n
+    return (sum(math.prod(s) for s in layout.targeted_weights(text_config, dense).values())
+            + expert_param_count(text_config))
 
 
 def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
@@ -100,10 +102,9 @@ def one_chip_moe(text_config: dict, usable_gib: float, tile: int = 256):
     c = text_config
     total = param_count(c)
     embed = c["vocab_size"] * c["hidden_size"]
-    experts = c["num_hidden_layers"] * (moe_layer_params(c) - c["hidden_size"] * c["num_experts"] - c["hidden_size"]
-                                        - c["num_experts"])
+    experts = expert_param_count(c)
     other = total - embed - experts  # attention, dense MLP, router, norms
-    nf4 = 0.5 + 2 / tile
+    nf4 = nf4_bytes(2, tile)
     rows = [("LoRA, bf16 weights", total * 2),
             ("QLoRA nf4 as qwix does it (experts stay bf16)", (embed + experts) * 2 + other * nf4),
             ("QLoRA with nf4 experts (the course's QLoRA: colab-v6e-1-moe)", embed * 2 + (experts + other) * nf4)]

@@ -368,7 +368,7 @@ PROFILES: dict[str, Profile] = {
         _colab("v6e", 32.0, "google/gemma-4-E4B-it", 3072,
                "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
         # Gemma 4 26B-A4B (MoE): its 2 global KV heads allow tp <= 2. A v6e-4 is the smallest one-host v6e slice that
-        # holds its bf16 weights; QLoRA cannot take it to one chip, the experts stay bf16 (plan.one_chip_moe).
+        # holds its bf16 weights; qwix's QLoRA alone leaves the experts bf16 (plan.one_chip_moe), see colab-v6e-1-moe.
         _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe."),
         # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does

@@ -181,6 +181,13 @@ def param_count(c: dict) -> int:
     return total
 
 
+def expert_param_count(c: dict) -> int:
+    """The routed experts' weights of every layer (gate_up [E, 2F, D] and down [E, D, F]); 0 for a dense model."""
+    if not c.get("enable_moe_block"):
+        return 0
+    return c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
+
+
 def moe_layer_params(c: dict, active: bool = False) -> int:
     """One layer's router (proj, scale, per-expert scale) and experts (gate_up [E, 2F, D], down [E, D, F]); with
     ``active``, only the ``top_k_experts`` that run for a token (what the FLOPs see)."""
