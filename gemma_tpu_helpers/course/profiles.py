@@ -207,6 +207,8 @@ _V6E_SERVE = ServeSpec(
 )
 # Serving on the training slice (a smoke test of the merged model on the v5p VM): one host's 4 chips, TP4.
 _V5P_SERVE = dataclasses.replace(_V6E_SERVE, tensor_parallel=4)
+# The 26B-A4B on a v6e-4 (TP4): 8192-token sequences; it also serves what colab-v6e-1-moe trains.
+_V6E4_MOE_SERVE = dataclasses.replace(_V5P_SERVE, max_model_len=8192)
 
 # Colab TPU runtimes: one chip, no Docker (vllm-tpu from pip in the serving venv). The sizes are tpu-inference's CI's
 # for E2B/E4B on one chip (larger ones ran out of HBM; E4B needs 0.85); 4096 tokens hold a prompt and 2048 new ones.
@@ -372,7 +374,7 @@ PROFILES: dict[str, Profile] = {
         _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe."),
         # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does
-        _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, dataclasses.replace(_V5P_SERVE, max_model_len=8192),
+        _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, _V6E4_MOE_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
              "recipe under DECODER remat: the smallest v6e slice that holds the model.", remat="decoder"),
         # The 26B on one chip: QLoRA with nf4 experts too (fixes/expert_lora.quantize_experts), LoRA on attention,
@@ -386,7 +388,7 @@ PROFILES: dict[str, Profile] = {
             name="colab-v6e-1-moe",
             lora=dataclasses.replace(_PAPER_LORA, targets=LoraSpec.targets + EXPERT_TARGETS, qlora="nf4",
                                      expert_rank=8),
-            serve=dataclasses.replace(_V5P_SERVE, max_model_len=8192), serve_on="v6e-4-moe"),
+            serve=_V6E4_MOE_SERVE, serve_on="v6e-4-moe"),
         Profile(
             name="v6e-8",
             description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, "
