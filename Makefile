@@ -68,14 +68,19 @@ check: lint
 # One JAX compilation cache per `make test`, fresh each time (nothing carries over from an earlier run): the tests
 # and notebooks compile the same smoke train step and model in dozens of processes; the later ones read it back
 # (the learning check's step: 30 s cold, 16 s from the cache).
+# One run directory for the notebooks, fresh too (your runs/ is left alone): tests/e2e/test_learn.py runs the
+# README's `learn --profile smoke` in it (GEMMA_TPU_TEST_LEARNER), and notebooks 06 and 09 read that check back
+# instead of training and serving it a second time (about 170 s of the notebooks' longest run).
 # OpenMP threads that wait passively: two workers share the cores, and a spinning thread takes the other's
 # (tests/conftest.py measures it; the notebooks' kernels run two at a time too).
 test: setup lint
 	@export OMP_WAIT_POLICY=PASSIVE; \
 	export JAX_COMPILATION_CACHE_DIR=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-jax-cache.XXXXXX"); \
+	export GEMMA_TPU_TEST_LEARNER=$$(mktemp -d "$${TMPDIR:-/tmp}/gemma-tpu-test-runs.XXXXXX"); \
 	$(PY) -m pytest tests/ -q -m "not slow" -n 2 --durations=25 && \
+	GEMMA_TPU_RUNS=$$GEMMA_TPU_TEST_LEARNER/runs \
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-pipeline test-notebooks-rest; \
-	rc=$$?; rm -rf "$$JAX_COMPILATION_CACHE_DIR"; exit $$rc
+	rc=$$?; rm -rf "$$JAX_COMPILATION_CACHE_DIR" "$$GEMMA_TPU_TEST_LEARNER"; exit $$rc
 
 # The notebooks as two runs side by side on the one run directory: 06-09 in order (each uses what the one before
 # built: the trained LoRA, the merged model), and the others, which need only the tiny base (built once under a lock,

@@ -11,7 +11,9 @@
 
 import dataclasses
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,8 +31,13 @@ LINE = re.compile(r"^pass@1 before (\d\.\d\d) after (\d\.\d\d) \((\d+) trained p
 @pytest.fixture(scope="module")
 def working(tmp_path_factory):
     """The README's `learn --profile smoke`, run from an empty directory with GEMMA_TPU_RUNS=runs (relative).
-    Returns (stdout, the LearnResult it wrote, its run directory)."""
-    d = tmp_path_factory.mktemp("learner")
+    Returns (stdout, the LearnResult it wrote, its run directory).
+
+    `make test` names that directory (GEMMA_TPU_TEST_LEARNER, a fresh temporary one) and then runs the notebooks
+    on its runs/: notebooks 06 and 09 read this check back (same settings) instead of training and serving it again."""
+    shared = os.environ.get("GEMMA_TPU_TEST_LEARNER")
+    d = Path(shared) if shared else tmp_path_factory.mktemp("learner")
+    assert not any(d.iterdir()), f"GEMMA_TPU_TEST_LEARNER={d} must be an empty directory"
     r = run_cli("learn", "--profile", "smoke", cwd=d, env={"GEMMA_TPU_RUNS": "runs"}, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
     run_dir = d / "runs" / "smoke"
