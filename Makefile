@@ -99,7 +99,7 @@ test-notebooks-rest:
 test-notebooks:
 	$(NBMAKE) $(NB)
 
-# The slow tests (AOT compiles of the 31B, the remat policy table): minutes each on 2 cores.
+# The slow tests (AOT compiles of the 31B, the remat policy table, the MoE's learning check): minutes each on 2 cores.
 test-slow: venv serve-venv iverilog
 	$(PY) -m pytest tests/ -q -m slow
 
