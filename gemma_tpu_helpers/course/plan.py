@@ -96,8 +96,8 @@ def one_chip_moe(text_config: dict, usable_gib: float, tile: int = NF4_TILE):
     """Can an MoE (26B-A4B) train on one chip? Its frozen weights per chip, before activations, three ways (pandas):
     bf16 (LoRA); QLoRA as qwix does it (nf4 on what LoRA targets: attention and the dense MLP; the experts, which
     run through ``ragged_dot``, and the embedding stay bf16); and nf4 experts too (``lora.apply_lora(qlora="nf4")``
-    on a MoE: ``expert_lora.quantize_experts``). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights (default: the tile QLoRA picks on the real
-    26B)."""
+    on a MoE: ``expert_lora.quantize_experts``). nf4: 4 bits a weight plus a bf16 scale per ``tile`` weights
+    (default: the tile QLoRA picks on the real 26B)."""
     import pandas as pd
 
     c = text_config
