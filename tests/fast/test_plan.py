@@ -342,3 +342,25 @@ def test_plan_without_aot_prints_the_shipped_verdict(tmp_path):
     assert "from: reference" in r.stdout and not (tmp_path / "runs").exists()  # nothing compiled, nothing written
     r = run_cli("plan", "--profile", "v6e-8", "--remat", "none", cwd=tmp_path, timeout=300)
     assert r.returncode == 0 and "AOT plan" not in r.stdout and "(add --aot" in r.stdout  # no shipped point
+
+
+def test_the_moe_tpu_profiles_train_the_experts_where_the_compiled_step_fits():
+    """Issue 45 item 4: v5p-8-moe adapts every routed expert (rank 8) and its shipped points are that program;
+    v6e-4-moe does not yet (with them its DECODER step compiled here to 32.29 GiB a chip, 1.05 over: README)."""
+    from gemma_tpu_helpers.fixes.lora import EXPERT_TARGETS
+
+    v5p, v6e = profiles.get_profile("v5p-8-moe"), profiles.get_profile("v6e-4-moe")
+    assert set(EXPERT_TARGETS) <= set(v5p.lora.targets) and v5p.lora.expert_rank == 8
+    assert not set(EXPERT_TARGETS) & set(v6e.lora.targets)
+    # Same mesh (fsdp=2 x tp=2) and rows: the arguments differ by the experts' LoRA and its Adam state only, at least
+    # 1.5 bytes a parameter (bf16 weight and two bf16 moments over 4 chips) and at most 12 (fp32 ones on every chip).
+    text = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
+    dense = [t for t in v5p.lora.targets if t not in EXPERT_TARGETS]
+    experts = plan.lora_param_count(text, 64, v5p.lora.targets, 8) - plan.lora_param_count(text, 64, dense)
+    points = {name: {p["layers"]: p["argument_bytes"]
+                     for p in plan.REFERENCE_POINTS[plan.plan_key(name, "block", 3072, None, None)]}
+              for name in ("v5p-8-moe", "v6e-4-moe")}
+    for layers in plan.FIT_LAYERS:
+        extra = points["v5p-8-moe"][layers] - points["v6e-4-moe"][layers]
+        n = experts * layers / text["num_hidden_layers"]
+        assert 1.5 * n <= extra <= 12 * n, (layers, extra / n)
