@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import base_model, plan, profiles, tiny
+from gemma_tpu_helpers.course import base_model, plan, profile_steps, profiles, tiny
 from gemma_tpu_helpers.fixes import gemma4
 from support import run_cli
 
@@ -354,9 +354,10 @@ def test_the_moe_tpu_profiles_train_the_experts_where_the_compiled_step_fits():
     assert not set(EXPERT_TARGETS) & set(v6e.lora.targets)
     # Same mesh (fsdp=2 x tp=2) and rows: the arguments differ by the experts' LoRA and its Adam state only, at least
     # 1.5 bytes a parameter (bf16 weight and two bf16 moments over 4 chips) and at most 12 (fp32 ones on every chip).
-    text = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
-    dense = [t for t in v5p.lora.targets if t not in EXPERT_TARGETS]
-    experts = plan.lora_param_count(text, 64, v5p.lora.targets, 8) - plan.lora_param_count(text, 64, dense)
+    text, spec = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, v5p.lora
+    dense = profile_steps.without_experts(v5p).lora.targets
+    experts = (plan.lora_param_count(text, spec.rank, spec.targets, spec.expert_rank)
+               - plan.lora_param_count(text, spec.rank, dense))
     points = {name: {p["layers"]: p["argument_bytes"]
                      for p in plan.REFERENCE_POINTS[plan.plan_key(name, "block", 3072, None, None)]}
               for name in ("v5p-8-moe", "v6e-4-moe")}
