@@ -25,6 +25,16 @@ NO_PERIODIC = ["--checkpoint-every", 1000]
 SHIPPED = {"source": str(REPO / "gemma_tpu_helpers" / "data" / "codev_r1_replica"), "config": "sft"}
 
 
+def short_rows(profile, seq: int = 256):
+    """``profile`` training on rows of ``seq`` tokens instead of its ``max_seq_len`` (smoke: 512), for the tests whose
+    subject is not the row length (what a step times, what the helpers add, a bf16 merge). A smoke step on 256-token
+    rows takes 1.7-2.0 s here against 4.5 s on 512 (the same 8 rows and 8 devices); 124 of the shipped replica's 256
+    examples fit, 252 on 512 rows."""
+    import dataclasses
+
+    return dataclasses.replace(profile, train=dataclasses.replace(profile.train, max_seq_len=seq))
+
+
 def serve_python() -> Path:
     """The serving venv's python, as the course finds it ($GEMMA_TPU_SERVE_PYTHON, else .venv-serve)."""
     from gemma_tpu_helpers.course import paths

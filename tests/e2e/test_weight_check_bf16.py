@@ -2,7 +2,7 @@
 The check's rules on synthetic LoRAs: tests/fast/test_weight_check.py."""
 
 from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, weight_check
-from support import bf16_copy, lora_ckpt
+from support import bf16_copy, lora_ckpt, short_rows
 
 
 def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
@@ -19,7 +19,8 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     model = gemma4.load_model(base, mesh, dtype="float32")
     assert {str(v.value.dtype) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))} == {"float32"}
     del model
-    train.train(smoke, run_dir=tmp_path / "run", base_dir=base, max_steps=2, checkpoint_every=2, progress=False)
+    train.train(short_rows(smoke), run_dir=tmp_path / "run", base_dir=base, max_steps=2, checkpoint_every=2,
+                progress=False)
     ckpt = tmp_path / "run" / "checkpoints"
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
     res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
