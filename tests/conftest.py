@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 
 os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")
 # Two workers share two cores: an OpenMP thread that spins while it waits (the default) takes the core the other
@@ -54,13 +54,14 @@ def tunix_model(tiny_dir, mesh):
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory, tiny_dir):
-    """One uninterrupted smoke training in this process: SMOKE_RUN_STEPS steps, a checkpoint every SMOKE_RUN_EVERY.
-    The reference of test_train (a killed and resumed run) and of test_multihost (two processes); trained once.
-    Read-only for tests: copy it before changing it. (run_dir, TrainResult)."""
+    """One uninterrupted smoke training in this process: SMOKE_RUN_STEPS steps on rows of SMOKE_RUN_SEQ tokens, a
+    checkpoint every SMOKE_RUN_EVERY (what support.train_args runs). The reference of test_resume's killed and resumed
+    runs, the checkpoints test_merge merges, the run test_train checks; trained once. Read-only for tests: copy it
+    before changing it. (run_dir, TrainResult)."""
     from gemma_tpu_helpers.course import train
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
-    return run_dir, train.train(SMOKE, run_dir=run_dir, base_dir=tiny_dir, max_steps=SMOKE_RUN_STEPS,
+    return run_dir, train.train(smoke_run_profile(), run_dir=run_dir, base_dir=tiny_dir, max_steps=SMOKE_RUN_STEPS,
                                 checkpoint_every=SMOKE_RUN_EVERY, progress=False)
 
 

@@ -30,6 +30,9 @@ def train_arguments(p) -> None:
     p.add_argument("--base", type=cli_path, default=None,
                    help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="override the profile's max_steps")
+    p.add_argument("--max-seq-len", type=positive_int, default=None,
+                   help="override the profile's max_seq_len: tokens per row (longer examples are dropped, or trimmed "
+                        "if the profile says so)")
     p.add_argument("--checkpoint-every", type=positive_int, default=None,
                    help="override the profile's checkpoint interval")
     data_source_arguments(p)
@@ -64,6 +67,8 @@ def run_train(args) -> int:
     if args.coordinator:
         _join(prof, args)
     prof = dataclasses.replace(prof, data=data.with_source(prof.data, args.source, args.config))
+    if args.max_seq_len:
+        prof = dataclasses.replace(prof, train=dataclasses.replace(prof.train, max_seq_len=args.max_seq_len))
     if args.no_experts:
         prof = profile_steps.without_experts(prof)
     result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,

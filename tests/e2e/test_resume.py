@@ -16,8 +16,10 @@ which records and saves; the single-process cases give process 0 its own notice,
 the bucket's checkpoint.
 
 Every resumed run records steps 1..STEPS once and its losses equal conftest's uninterrupted smoke run (one process,
-8 devices) within 1e-5: the two-process case so proves the multi-host losses too, before and after the stop. A case
-trains in a process group of its own that is killed when the test ends, whatever happened.
+8 devices, rows of 256 tokens): bit for bit in one process; with two, within the summation-order bound where both runs
+hold the same parameters and within 1e-4 of the loss after Adam's updates (see AFTER_UPDATES_REL), so the two-process
+case proves the multi-host losses too, before and after the stop. A case trains in a process group of its own that is
+killed when the test ends, whatever happened.
 """
 
 import json
@@ -28,12 +30,11 @@ import time
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import train
+from gemma_tpu_helpers.course import profiles, train
 from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
 from support import (
     NO_PERIODIC,
-    RESUME_TOL,
     SMOKE_RUN_EVERY,
     SMOKE_RUN_STEPS,
     check_resume,
@@ -85,9 +86,34 @@ def _sigterm_two(run_dir, base, to: int) -> dict:
                 resume_out=resume_out)
 
 
+# The two-process run against the one-process reference: the same arithmetic but for the cross-device sums (the
+# loss's over the batch, the gradients' over the fsdp axis), which the two processes add in another order.
+# - Steps 1 and 2 compute on the same parameters in both runs (the warmup's learning rate is 0 at step 1, so its
+#   update moves nothing): each device's partial sum is computed alike, and only their order differs. A sum of D
+#   partials >= 0 is within (D - 1)u of the exact sum in any order (u = 2^-24), so two orders are within 2(D - 1)u of
+#   each other; the division by the token count rounds once more in each run (2u), and the step's loss is the mean
+#   of its N = grad_accum micro-batch losses (np.mean in float32: (N - 1)u for the sum and u for the division, in each
+#   run). Loss parity there: (2D + 2N)u of the loss.
+# - From step 3 the parameters differ: Adam's first update is lr * g/|g| elementwise, so a gradient element whose
+#   rounding noise outweighs it flips a whole +-lr step, and no bound follows from the arithmetic. There (and for the
+#   evaluations, which average a number of batches this test does not see) the runs must agree to 1e-4 of the loss:
+#   seen up to 3.6e-6 relative here (steps 3-4, the evaluation after step 3), while the four steps move the evaluation
+#   by 2.5e-3 relative (printed), so a lost or doubled process share, or a restore of the wrong state, moves it past
+#   1e-4. The gradient norms and the trained LoRA are compared as relative norms within 1e-2 likewise: seen 4e-5 and
+#   6e-4; a missing or misplaced process share moves them by tens of percent.
+AFTER_UPDATES_REL = 1e-4
+NORM_REL = 1e-2
+
+
+def _same_params_bound() -> float:
+    smoke = profiles.get_profile("smoke")
+    return (2 * smoke.hardware.num_devices + 2 * smoke.train.grad_accum) * 2.0**-24
+
+
 def _check_two_processes(case, reference):
     """What a two-process run must give: both exit 75 at one step and both wrote it; only process 0 records and
-    reports; the resumed run's losses, gradient norms, tokens and evaluations equal the one-process run's."""
+    reports; the resumed run's losses, gradient norms, tokens and evaluations equal the one-process run's (within the
+    bounds above)."""
     stopped = case["stopped"]
     assert case["both_saved"] and case["saved"] == [1, stopped], case["saved"]
     (_, out0), (_, out1) = case["outs"]
@@ -95,15 +121,26 @@ def _check_two_processes(case, reference):
     assert [int(json.loads(x)["step"]) for x in (file_io.to_path(str(case["run"])) / "train" / "metrics.jsonl")
             .read_text().splitlines() if '"loss"' in x] == list(range(1, STEPS + 1))  # process 0 alone, once a step
     assert case["resume_out"].count(f"trained steps {stopped}..{STEPS}") == 1, case["resume_out"][-3000:]
-    check_resume(reference, case["run"], 0)  # every step, before and after the stop
     a, b = reference.metrics.set_index("step"), train.read_metrics(case["run"]).set_index("step")
     steps = list(range(1, STEPS + 1))
-    # Adam's updates carry the summation-order noise from step to step: seen 1.3e-4 relative at step 4, 1e-6 at
-    # step 1; a missing or doubled process share would move the norm by tens of percent
-    assert np.allclose(a.loc[steps, "grad_norm"], b.loc[steps, "grad_norm"], rtol=1e-3)
-    assert (a.loc[steps, "tokens"].to_numpy() == b.loc[steps, "tokens"].to_numpy()).all()  # the global batch's
+    assert a.loc[1, "lr"] == 0.0  # step 2 still computes on the initial parameters
+    same = {s: (a.loc[s, "loss"], b.loc[s, "loss"]) for s in (1, 2)}
+    moved = {f"loss {s}": (a.loc[s, "loss"], b.loc[s, "loss"]) for s in steps[2:]}
     evals = a["eval_loss"].dropna().index.intersection(b["eval_loss"].dropna().index)
-    assert len(evals) >= 1 and np.abs(a.loc[evals, "eval_loss"] - b.loc[evals, "eval_loss"]).max() <= RESUME_TOL
+    assert len(evals) >= 2, evals  # before training and after some
+    moved.update({f"eval {s}": (a.loc[s, "eval_loss"], b.loc[s, "eval_loss"]) for s in evals})
+    drop = a.loc[evals[0], "eval_loss"] - a.loc[evals[-1], "eval_loss"]
+    print(f"two processes vs one, same parameters: {[f'step {s}: {abs(x - y):.1e}' for s, (x, y) in same.items()]}; "
+          f"after updates: {[f'{n}: {abs(x - y) / abs(x):.1e} relative' for n, (x, y) in moved.items()]}; training "
+          f"moved the evaluation by {drop / a.loc[evals[0], 'eval_loss']:.1e} relative")
+    for s, (x, y) in same.items():
+        assert abs(x - y) <= _same_params_bound() * abs(x), (s, x, y)
+    for name, (x, y) in moved.items():
+        assert abs(x - y) <= AFTER_UPDATES_REL * abs(x), (name, x, y)
+    grad_rel = np.abs(a.loc[steps, "grad_norm"] / b.loc[steps, "grad_norm"] - 1).max()
+    print(f"gradient norms: {grad_rel:.1e} relative at most")
+    assert grad_rel <= NORM_REL
+    assert (a.loc[steps, "tokens"].to_numpy() == b.loc[steps, "tokens"].to_numpy()).all()  # the global batch's
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +237,7 @@ def test_checkpoint_from_two_processes_restores_on_one_host(sigterm_two, smoke_r
 
     Elementwise, Adam's first updates are about +-lr wherever a gradient is near 0, so a different float summation
     order can move single elements by up to ~lr (seen: 466 of 250k elements, max 8e-4). The bound is on each array's
-    relative norm; a missing or misplaced process piece would give ~1.
+    relative norm (NORM_REL); a missing or misplaced process piece would give ~1.
     """
     checkpoints = f"{sigterm_two['run']}/checkpoints"
     item = file_io.to_path(checkpoints) / str(STEPS) / "model_params"
@@ -210,7 +247,7 @@ def test_checkpoint_from_two_processes_restores_on_one_host(sigterm_two, smoke_r
     assert ours.keys() == ref.keys() and len(ours) > 0
     rel = max(float(np.linalg.norm(ours[k] - ref[k]) / np.linalg.norm(ref[k])) for k in ref)
     print(f"LoRA parity after {STEPS} steps: max relative norm of the difference = {rel:.2e}")
-    assert rel <= 1e-3
+    assert rel <= NORM_REL
 
 
 def test_merge_reads_the_two_process_checkpoint_from_the_bucket(sigterm_two, tiny_dir, tmp_path):

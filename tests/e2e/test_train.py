@@ -9,7 +9,7 @@ import pytest
 
 from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import step
-from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS
+from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
 
@@ -18,10 +18,12 @@ def test_trains_lora_only_and_loss_goes_down(smoke_run):
     run_dir, result = smoke_run
     m = result.metrics.dropna(subset=["loss"]).set_index("step")
     assert list(m.index) == list(range(1, STEPS + 1))
-    assert m["loss"].iloc[-1] < m["loss"].iloc[0]
     assert (m["grad_norm"] > 0).all() and (m["tokens"] > 0).all()
     assert m["lr"].iloc[0] == 0.0 and m["lr"].max() == pytest.approx(2e-3)  # warmup from 0 to the smoke peak
-    assert result.metrics["eval_loss"].notna().sum() >= 2  # before training and every eval_every steps
+    # the evaluation (the same rows each time, before training and every eval_every steps) goes down; a step's
+    # training loss is another batch's, and four steps of them need not fall one after another
+    evals = result.metrics.dropna(subset=["eval_loss"]).set_index("step")["eval_loss"]
+    assert len(evals) >= 2 and evals.index[0] == 0 and evals.iloc[-1] < evals.iloc[0], evals
     meta = json.loads((run_dir / "checkpoints" / train.METADATA).read_text())
     assert meta["rank"] == 8 and meta["targets"][0] == "q_proj"
     assert train.latest_step(run_dir / "checkpoints") == STEPS
@@ -29,7 +31,7 @@ def test_trains_lora_only_and_loss_goes_down(smoke_run):
     assert "model_params" in saved and "optimizer_state" in saved
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tiny_dir, tmp_path, smoke):
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tiny_dir, tmp_path):
     from safetensors.numpy import load_file, save_file
 
     run_dir = tmp_path / "nan_run"
@@ -44,7 +46,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tin
     ckpt = run_dir / "checkpoints" / str(STEPS)
     before = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
     with pytest.raises(train.NonFiniteLossError, match=f"step {STEPS + 1}"):
-        train.train(smoke, run_dir=run_dir, base_dir=base, max_steps=STEPS + 2, checkpoint_every=EVERY,
+        train.train(smoke_run_profile(), run_dir=run_dir, base_dir=base, max_steps=STEPS + 2, checkpoint_every=EVERY,
                     progress=False)
     assert train.latest_step(run_dir / "checkpoints") == STEPS
     after = {p.relative_to(ckpt): p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
