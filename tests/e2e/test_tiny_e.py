@@ -103,15 +103,16 @@ def test_e_logits_match_transformers(variant, tmp_path, e2b_dir):
 
 @pytest.fixture(scope="module")
 def smoke_e_run(tmp_path_factory):
-    """One smoke-e run directory walked once through the CLI steps, each with --profile smoke-e: LoRA coverage,
-    parity, 2 training steps, merge, verify. The walk test reads the results, the serve and eval tests use its
-    merged replica: CI trains once. A failed step ends the walk (the walk test says which)."""
+    """One smoke-e run directory walked once through the CLI steps (one Python process), each with --profile
+    smoke-e: LoRA coverage, parity, 2 training steps on 256-token rows, merge, verify. The walk test reads the
+    results, the serve and eval tests use its merged replica: CI trains once. A failed step ends the walk (the walk
+    test says which)."""
     root = tmp_path_factory.mktemp("runs")
     run = root / "smoke-e"
     return support.walk(root, "smoke-e", [
         ("lora", ("lora", "--profile", "smoke-e"), 600),
         ("parity", ("parity", run / "base", "--profile", "smoke-e", "--seq-len", "24"), 600),
-        ("train", ("train", "--profile", "smoke-e", "--max-steps", "2"), 900),
+        ("train", ("train", "--profile", "smoke-e", "--max-steps", "2", "--max-seq-len", "256"), 900),
         # --profile alone: base, checkpoints and merged of runs/smoke-e
         ("merge", ("merge", "--profile", "smoke-e"), 600),
         ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",

@@ -32,13 +32,14 @@ N_PARITY = 20
 
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
-    """One smoke-moe run directory walked once through the CLI steps, each with --profile smoke-moe: LoRA coverage,
-    2 training steps, merge, verify, PEFT export. A failed step ends the walk (the tests say which)."""
+    """One smoke-moe run directory walked once through the CLI steps (one Python process), each with --profile
+    smoke-moe: LoRA coverage, 2 training steps on 256-token rows, merge, verify, PEFT export. A failed step ends the
+    walk (the tests say which)."""
     root = tmp_path_factory.mktemp("runs")
     run = root / PROFILE
     return support.walk(root, PROFILE, [
         ("lora", ("lora", "--profile", PROFILE), 600),
-        ("train", ("train", "--profile", PROFILE, "--max-steps", "2"), 900),
+        ("train", ("train", "--profile", PROFILE, "--max-steps", "2", "--max-seq-len", "256"), 900),
         ("merge", ("merge", "--profile", PROFILE), 600),
         ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",
                     run / "merged", "--profile", PROFILE), 600),
