@@ -70,7 +70,8 @@ check: lint
 # (the learning check's step: 30 s cold, 16 s from the cache).
 # One run directory for the notebooks, fresh too (your runs/ is left alone): tests/e2e/test_learn.py runs the
 # README's `learn --profile smoke` in it (GEMMA_TPU_TEST_LEARNER), and notebooks 06 and 09 read that check back
-# instead of training and serving it a second time (about 170 s of the notebooks' longest run).
+# instead of training and serving it a second time (about 170 s of the notebooks' longest run); test_equivalence
+# leaves notebook 06's PEFT parity run there (about 45 s more).
 # OpenMP threads that wait passively: two workers share the cores, and a spinning thread takes the other's
 # (tests/conftest.py measures it; the notebooks' kernels run two at a time too).
 test: setup lint

@@ -7,6 +7,8 @@ and compares the loss curves.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..fixes import data, gemma4, layout, parity, remat, step
@@ -165,6 +167,17 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
     table = pd.DataFrame({"step": np.arange(1, steps + 1), "tunix + qwix": jax_losses, "HF PEFT (torch)": torch_losses})
     table["|diff|"] = (table["tunix + qwix"] - table["HF PEFT (torch)"]).abs()
     return table
+
+
+def cached_peft_parity(run_dir, profile: Profile, base_dir, mesh, **kwargs):
+    """:func:`peft_parity`, cached as JSON in ``run_dir/equivalence/`` (keyed by the profile's training settings, the
+    base, the mesh and the arguments): notebook 06 shows a parity run once per run directory."""
+    import dataclasses
+
+    key = {"profile": [profile.name, dataclasses.asdict(profile.train)], "base_dir": str(base_dir),
+           "mesh": str(dict(zip(mesh.axis_names, mesh.devices.shape))), **dict(sorted(kwargs.items()))}
+    return paths.cached_table(Path(run_dir) / "equivalence", "peft_parity", key,
+                              lambda: peft_parity(profile, base_dir, mesh, **kwargs))
 
 
 def plot_parity(table):

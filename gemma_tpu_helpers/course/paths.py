@@ -4,10 +4,12 @@ builds."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
+from ..fixes.file_io import config_hash, write_atomic
 from ..fixes.vllm_command import ServeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,3 +73,21 @@ def serve_python(check: bool = False) -> Path:
                          f"(vLLM's CPU build in its own venv: it pins a transformers that tunix cannot share), "
                          f"or point ${SERVE_PYTHON_ENV} at a python that has vLLM 0.32.")
     return path
+
+
+def cached_table(folder, name: str, key: dict, compute):
+    """``compute()``'s DataFrame, kept in ``folder/<name>_<hash of key>.json`` (its rows and attrs) and read back from
+    there when present: the course's check runs (remat policies, PEFT parity) run once per run directory. The table's
+    ``attrs["cached"]`` says which."""
+    import pandas as pd
+
+    path = Path(folder) / f"{name}_{config_hash(key, 10)}.json"
+    if path.is_file():
+        value, cached = json.loads(path.read_text()), True
+    else:
+        df = compute()
+        value, cached = {"rows": df.to_dict(orient="records"), "attrs": df.attrs}, False
+        write_atomic(path, json.dumps(value, indent=1, default=str))
+    df = pd.DataFrame(value["rows"])
+    df.attrs.update(value["attrs"], cached=cached)
+    return df

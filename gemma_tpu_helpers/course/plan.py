@@ -21,7 +21,7 @@ from ..fixes import data, layout, step
 from ..fixes import mesh as mesh_lib
 from ..fixes import remat as remat_lib
 from ..fixes.errors import GemmaTpuError
-from ..fixes.file_io import config_hash, write_atomic
+from ..fixes.file_io import write_atomic
 from ..fixes.gemma4 import (
     PATTERN,
     attn_dims,
@@ -32,7 +32,7 @@ from ..fixes.gemma4 import (
     param_count,
     read_text_config,
 )
-from . import base_model, profiles, serving_bench
+from . import base_model, paths, profiles, serving_bench
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -326,21 +326,11 @@ def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block
 
 def cached_compare(run_dir, profile: Profile, **kwargs):
     """:func:`compare_policies`, cached as JSON in ``run_dir/remat/`` (keyed by the profile and the arguments)."""
-    import pandas as pd
-
     key_args = {k: (str(v) if k in ("model_dir", "mesh") else v) for k, v in sorted(kwargs.items())}
     key_args["mesh"] = str(dict(zip(kwargs["mesh"].axis_names, kwargs["mesh"].devices.shape)))
     key_args["profile"] = [profile.name, dataclasses.asdict(profile.lora), dataclasses.asdict(profile.train)]
-    path = Path(run_dir) / "remat" / f"compare_{config_hash(key_args, 10)}.json"
-    if path.is_file():
-        value, cached = json.loads(path.read_text()), True
-    else:
-        df = compare_policies(profile, **kwargs)
-        value, cached = {"rows": df.to_dict(orient="records"), "attrs": df.attrs}, False
-        write_atomic(path, json.dumps(value, indent=1, default=str))
-    df = pd.DataFrame(value["rows"])
-    df.attrs.update(value["attrs"], cached=cached)
-    return df
+    return paths.cached_table(Path(run_dir) / "remat", "compare", key_args,
+                              lambda: compare_policies(profile, **kwargs))
 
 
 def tpu_temp_mib(df) -> dict[str, float] | str:
