@@ -30,7 +30,7 @@ import time
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import profiles, train
+from gemma_tpu_helpers.course import train
 from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
 from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
 from support import (
@@ -44,6 +44,7 @@ from support import (
     losses,
     run_cli,
     sigterm_processes,
+    smoke_run_profile,
     start,
     stopped_step,
     train_args,
@@ -106,8 +107,9 @@ NORM_REL = 1e-2
 
 
 def _same_params_bound() -> float:
-    smoke = profiles.get_profile("smoke")
-    return (2 * smoke.hardware.num_devices + 2 * smoke.train.grad_accum) * 2.0**-24
+    """(2D + 2N)u for the profile both runs train (conftest's smoke run, support.train_args)."""
+    run = smoke_run_profile()
+    return (2 * run.hardware.num_devices + 2 * run.train.grad_accum) * 2.0**-24
 
 
 def _check_two_processes(case, reference):
