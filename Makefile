@@ -38,7 +38,7 @@ tpu-venv:
 	tools/tpu_venv.sh $(VENV) requirements-tpu.txt
 serve-venv: $(SERVE_VENV)/.installed
 
-# Icarus Verilog 12.0 from Debian's source tarball: about 5 minutes the first time on a machine, then nothing.
+# Icarus Verilog 12.0 from Debian's source tarball: about 2 minutes the first time on a machine, then nothing.
 iverilog:
 	@tools/build_iverilog.sh $(IVERILOG_PREFIX)
 
