@@ -293,7 +293,7 @@ def train_check(profile, tasks=None, run_dir=None, broken: str | None = None, pr
     shutil.rmtree(out, ignore_errors=True)  # a check with other settings, or one that did not finish: start over
     out.mkdir(parents=True)
     spec = profile.learn
-    base = base_model.ensure_base(profile)
+    base = base_model.ensure_base(profile, run_dir)
     seconds, losses = {}, []
     if broken not in ("lora-dropped", "base-served"):
         from transformers import AutoTokenizer
@@ -360,7 +360,7 @@ def learn(profile, tasks=None, held_out=None, run_dir=None, broken: str | None =
     done = train_check(profile, [p.task_id for p in trained], run_dir, broken, progress, log)
     if before is None:
         log(f"scoring the base model on {len(trained)} trained and {len(kept_out)} held-out problems")
-        before = answers(base_model.ensure_base(profile), "base")
+        before = answers(base_model.ensure_base(profile, run_dir), "base")
     log(f"scoring the model served after training ({done.model_dir})")
     after = answers(done.model_dir, "after")
     res = LearnResult(profile.name, [p.task_id for p in trained], [p.task_id for p in kept_out], broken, generator,

@@ -82,6 +82,7 @@ def test_each_broken_link_scores_lower(working, broken, tmp_path):
     res = learning_check.learn(half, tasks=good.tasks, held_out=[], run_dir=tmp_path, broken=broken,
                       generator="transformers", before=good.before, progress=False, log=lambda *_: None)
     assert res.pass_at_1("after") < good.pass_at_1("after"), (broken, res.table(), good.table())
+    assert (tmp_path / "base" / "config.json").is_file()  # the base in the run directory given, not in runs/
     if broken in ("gemma3-template", "prompt-mask"):  # it trained, and the loss fell: the link, not the training
         assert res.losses[-1] < 0.5 * res.losses[0], (broken, res.losses)
 
