@@ -55,6 +55,12 @@ SERVED_NAME = "gemma"  # the `model` name clients send
 CPU_KVCACHE_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache in GiB (its default is 4)
 
 
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 on one CPU device: the model runs in the engine process instead of a third
+# process that imports torch and vLLM once more. The tiny replica's server is ready in 16 s instead of 22-23 s
+# (2-core AMD EPYC), with the same greedy answers; with tensor_parallel > 1 the CPU build needs its worker processes.
+CPU_ONE_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 # A multimodal-layout checkpoint (Gemma4ForConditionalGeneration, keys under model.language_model.) served text-only:
 # the CPU build's multimodal path needs torchvision, which does not load beside the CPU torch.
 TEXT_ONLY_OVERRIDES = {"architectures": ["Gemma4ForCausalLM"]}
@@ -257,11 +263,14 @@ def is_hub_id(model) -> bool:
 
 def environment(target: ServeTarget, api_key: str | None = None, lora: bool = False) -> dict[str, str]:
     """The variables the server needs besides the argv (added to the caller's environment): the CPU build's KV
-    cache size (cpu), the persistent XLA compile cache and, with ``lora``, vLLM's own model path (pip), the key."""
+    cache size and, on one device, its model runner in the engine process (cpu), the persistent XLA compile cache
+    and, with ``lora``, vLLM's own model path (pip), the key."""
     env = {}
     how = route(target)
     if how == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+        if target.spec.tensor_parallel == 1:
+            env.update(CPU_ONE_PROCESS_ENGINE)
     if how == "pip":
         env["VLLM_XLA_CACHE_PATH"] = os.path.expanduser(HOST_COMPILE_CACHE)
         if lora:

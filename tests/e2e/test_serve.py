@@ -4,6 +4,7 @@ The server runs from the serving venv (.venv-serve); this process only talks HTT
 is stopped, process group and all, even when a test fails (fixture finalizers, plus vllm_server.Server's own finalizer).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -95,7 +96,10 @@ def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
     assert json.loads(argv[argv.index("--hf-overrides") + 1]) == {"architectures": ["Gemma4ForCausalLM"]}
     assert "--disable-log-requests" not in argv and "--api-key" not in argv and "k" not in argv
     assert argv[argv.index("--max-lora-rank") + 1] == str(smoke.lora.rank)
-    assert vllm_command.environment(smoke.serving, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k"}
+    assert vllm_command.environment(smoke.serving, "k") == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "k",
+                                                             "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    two = dataclasses.replace(smoke.serving, spec=dataclasses.replace(smoke.serving.spec, tensor_parallel=2))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_command.environment(two)  # its workers are processes
 
 
 def test_missing_serve_venv_says_what_to_do(monkeypatch, smoke, tmp_path):
@@ -203,7 +207,9 @@ def test_health_and_models(server):
     assert server.alive() and server.host == "127.0.0.1" and server.start_s > 0
     assert server.healthy() and vllm_client.connect(server.base_url).healthy()
     assert set(server.models()) == {vllm_command.SERVED_NAME, "verilog", "verilog-local-k"}
-    assert server.log_path.read_text().startswith("# ")  # the command line heads the log
+    log = server.log_path.read_text()
+    assert log.startswith("# ")  # the command line heads the log
+    assert "(EngineCore pid=" in log and "(VllmWorker" not in log  # the model runs in the engine's process
 
 
 def test_api_key_is_required(server, monkeypatch):
