@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
+from support import REPO, SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 
 os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")
 # Two workers share two cores: an OpenMP thread that spins while it waits (the default) takes the core the other
@@ -24,6 +24,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from gemma_tpu_helpers.course import profiles  # noqa: E402
 
 SMOKE = profiles.configure_jax("smoke")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_runs_left_alone():
+    """The suite writes nothing into the checkout's runs/, where a user's own runs live: a test that builds a base or
+    trains without a temporary run directory (GEMMA_TPU_RUNS, --run-dir, --base) fails here, at the end of its
+    worker's session. Checked when the session starts without a runs/ (a fresh clone, CI)."""
+    runs = REPO / "runs"
+    if runs.exists():
+        yield
+        return
+    yield
+    written = sorted(str(p.relative_to(REPO)) for p in runs.rglob("*"))[:5] if runs.exists() else []
+    assert not runs.exists(), f"a test wrote into the checkout's runs/: {written}"
 
 
 @pytest.fixture(scope="session")

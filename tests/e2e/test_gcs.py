@@ -110,15 +110,16 @@ def test_cli_steps_that_need_local_paths_say_so(gcs, tmp_path):
         assert "--checkpoint" not in lines[0] and "--run-dir" not in lines[0]  # those take gs://
 
 
-def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tmp_path):
+def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tiny_dir, tmp_path):
     """data-stats --source gs://.../CodeV-R1-dataset: the profile's config applies to the copy, as to a local one,
-    and the figures are the local copy's; a second read uses the synced copy, and a changed object is fetched."""
+    and the figures are the local copy's; a second read uses the synced copy, and a changed object is fetched.
+    (--base: the session's replica, whose tokenizer is the smoke base's, not a base built in the checkout's runs/.)"""
     from gemma_tpu_helpers.course.paths import SHIPPED_REPLICA
 
     local = tmp_path / "CodeV-R1-dataset"
     shutil.copytree(SHIPPED_REPLICA, local)
     _fs().put(str(local), f"{BUCKET}/copies/CodeV-R1-dataset", recursive=True)
-    cmd = ["data-stats", "--profile", "smoke"]
+    cmd = ["data-stats", "--profile", "smoke", "--base", tiny_dir]
     started = time.perf_counter()
     want = run_cli(*cmd, "--source", local, timeout=600)
     local_s = time.perf_counter() - started
