@@ -39,10 +39,12 @@ def test_trainer_batch_is_sharded_only_under_the_trainer_context(tiny_dir, mesh,
     assert sharding.spec == spec  # set_mesh alone: the batch is silently replicated on every device
 
 
-def test_cli_mesh():
+def test_cli_mesh(tiny_dir, tmp_path):
     from support import run_cli
 
-    r = run_cli("mesh", "--profile", "smoke")
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "base").symlink_to(tiny_dir)  # the smoke base (its seed and depth), not the checkout's runs/
+    r = run_cli("mesh", "--profile", "smoke", env={"GEMMA_TPU_RUNS": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "fsdp" in r.stdout and "global KV heads" in r.stdout  # tp=8 row explains itself
     r = run_cli("mesh", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})  # no TPU here: the pre-flight says so
