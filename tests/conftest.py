@@ -32,12 +32,11 @@ def checkout_runs_left_alone():
     trains without a temporary run directory (GEMMA_TPU_RUNS, --run-dir, --base) fails here, at the end of its
     worker's session. Checked when the session starts without a runs/ (a fresh clone, CI)."""
     runs = REPO / "runs"
-    if runs.exists():
-        yield
-        return
+    fresh = not runs.exists()
     yield
-    written = sorted(str(p.relative_to(REPO)) for p in runs.rglob("*"))[:5] if runs.exists() else []
-    assert not runs.exists(), f"a test wrote into the checkout's runs/: {written}"
+    if fresh and runs.exists():
+        written = sorted(str(p.relative_to(REPO)) for p in runs.rglob("*"))[:5]
+        pytest.fail(f"a test wrote into the checkout's runs/: {written}")
 
 
 @pytest.fixture(scope="session")
