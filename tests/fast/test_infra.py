@@ -1,9 +1,10 @@
-"""infra: atomic writes, the HTTP client's URL / proxy / key rules, and process-group supervision, each against the
-real thing (files on disk, a local http.server, real processes)."""
+"""infra: atomic writes, the HTTP client's URL / proxy / key rules, process-group supervision and the Makefile's JAX
+cache setting, each against the real thing (files on disk, a local http.server, real processes, JAX's own cache)."""
 
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from gemma_tpu_helpers.fixes import errors, file_io, http_client, process_groups
+from support import REPO
 
 # ------------------------------------------------------------------------------------------------ atomic writes
 
@@ -272,3 +274,20 @@ def test_start_group_passes_env_and_cwd(tmp_path):
                              env={**os.environ, "FOO": "bar"}, cwd=tmp_path)
     assert proc.wait(timeout=10) == 0
     assert file_io.log_tail(tmp_path / "l.log").splitlines() == ["bar", str(tmp_path)]
+
+
+# ------------------------------------------------------------------------------------------------ the JAX cache
+
+def test_the_makefiles_cache_setting_keeps_a_program_that_compiles_in_milliseconds(tmp_path):
+    """make check and make test set JAX_CACHE_ALL: without it JAX keeps only programs that took a second or more to
+    compile, and every process compiles the small ones again (a renamed variable would go unnoticed but for this)."""
+    name, value = re.search(r"^JAX_CACHE_ALL := (\w+)=(\S+)$", (REPO / "Makefile").read_text(), re.M).groups()
+    code = "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)).block_until_ready()"
+    counts = {}
+    for setting in ({name: value}, {}):
+        cache = tmp_path / f"cache{len(counts)}"
+        env = {k: v for k, v in os.environ.items() if k != name} | setting | {"JAX_COMPILATION_CACHE_DIR": str(cache),
+                                                                          "JAX_PLATFORMS": "cpu"}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+        counts[bool(setting)] = len(list(cache.iterdir())) if cache.is_dir() else 0
+    assert counts[True] >= 1 and counts[False] == 0, counts
