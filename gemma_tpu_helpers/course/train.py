@@ -329,6 +329,8 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     if steps <= 0:
         raise TrainingError(f"{len(prepared.train)} packed rows give no full optimizer step of "
                             f"{t.micro_batch} x {t.grad_accum} rows.")
+    if finished_steps(run_dir) == steps:  # the same command again: nothing to train, so no model to load
+        return TrainResult(read_metrics(run_dir), ckpt_dir, steps, steps, 0.0)
     rows = process_rows(mesh, t.micro_batch)  # this process's rows of each global batch
     train_ds = GlobalBatches(data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
                              mesh, t.micro_batch)
@@ -412,6 +414,16 @@ def latest_step(checkpoint_dir: str | Path) -> int | None:
     return max(steps) if steps else None
 
 
+def finished_steps(run_dir: str | Path) -> int | None:
+    """The step count of a run that finished (its ``done.json``) and still has that step's checkpoint, else None."""
+    run_dir = to_path(run_dir)
+    done = run_dir / "train" / DONE
+    if not done.is_file():
+        return None
+    steps = json.loads(done.read_text())["steps"]
+    return steps if latest_step(run_dir / "checkpoints") == steps else None
+
+
 def plot_loss(metrics, path: str | Path | None = None):
     """Loss (and eval loss) per optimizer step; saved to ``path`` when given."""
     import matplotlib.pyplot as plt
@@ -441,8 +453,6 @@ def ensure_trained(profile: Profile, run_dir: str | Path | None = None, progress
     How later notebooks (merge, serve, evaluate) stay standalone: the first one to need a trained LoRA trains it.
     """
     run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
-    ckpt_dir = run_dir / "checkpoints"
-    done = run_dir / "train" / DONE
-    if not (done.is_file() and latest_step(ckpt_dir) == json.loads(done.read_text())["steps"]):
+    if finished_steps(run_dir) is None:
         train(profile, run_dir=run_dir, progress=progress)
-    return ckpt_dir
+    return run_dir / "checkpoints"

@@ -31,6 +31,31 @@ def test_trains_lora_only_and_loss_goes_down(smoke_run):
     assert "model_params" in saved and "optimizer_state" in saved
 
 
+def test_the_same_command_on_a_finished_run_loads_nothing(smoke_run, tiny_dir, tmp_path, monkeypatch):
+    """Run again (a notebook cell, a tmux command), a finished run returns its metrics at once: no model is loaded,
+    nothing is restored or written. A run whose last checkpoint is gone is not finished."""
+    from gemma_tpu_helpers.fixes import gemma4
+
+    run_dir = tmp_path / "again"
+    shutil.copytree(smoke_run[0], run_dir)
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a finished run loaded the model")
+
+    monkeypatch.setattr(gemma4, "load_model", no_load)
+    again = train.train(smoke_run_profile(), run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS,
+                        checkpoint_every=EVERY, progress=False)
+    assert (again.start_step, again.total_steps) == (STEPS, STEPS)
+    assert again.metrics.equals(smoke_run[1].metrics)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    assert train.finished_steps(run_dir) == STEPS
+    shutil.rmtree(run_dir / "checkpoints" / str(STEPS))
+    assert train.finished_steps(run_dir) is None
+    with pytest.raises(AssertionError, match="loaded the model"):  # not finished: it loads the model to train
+        train.train(smoke_run_profile(), run_dir=run_dir, base_dir=tiny_dir, max_steps=STEPS, progress=False)
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(smoke_run, tiny_dir, tmp_path):
     from safetensors.numpy import load_file, save_file
 
