@@ -114,3 +114,14 @@ def test_one_process_saves_each_replicated_array_once(tmp_path, mesh, monkeypatc
         assert save_and_restore(tmp_path / "once") == 0
     finally:
         ocp.type_handlers.register_type_handler(jax.Array, registered, override=True)
+
+
+@pytest.mark.parametrize("start, last, save_every, eval_every, timed", [
+    (0, 5, 1000, None, [2, 3, 4]),  # not the first (it compiles) nor the last (the final save)
+    (0, 5, 1000, 2, [3]),  # nor a step with an evaluation
+    (2, 5, 1000, None, [4]),  # resumed after step 2: step 3 compiles
+    (0, 10, 4, None, [2, 3, 5, 6, 7, 9]),  # nor a step with a checkpoint save
+])
+def test_clean_step_times_the_steps_with_nothing_else_in_them(start, last, save_every, eval_every, timed):
+    steps = range(start + 1, last + 1)
+    assert [s for s in steps if train.clean_step(s, start, last, save_every, eval_every)] == timed
