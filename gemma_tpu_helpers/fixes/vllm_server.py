@@ -116,7 +116,7 @@ class Server(Client):
                     self.stop()
                     raise ServeError(f"The vLLM server did not answer {self.base_url}/health within {timeout:.0f} s "
                                      f"(stopped it). Last lines of {self.log_path}:\n{self.log_tail()}")
-                time.sleep(1.0)
+                time.sleep(0.25)  # a refused connection costs nothing; the server is ready up to 0.25 s sooner
         finally:
             bar.close()
 
