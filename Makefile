@@ -59,7 +59,7 @@ setup:
 lint: venv
 	@$(VENV)/bin/ruff check --quiet .
 
-# The fast tier, after every edit (about 3 minutes on 2 cores): tests/fast holds the tests that need no trained
+# The fast tier, after every edit (2.5 minutes on 2 cores): tests/fast holds the tests that need no trained
 # run, no server and no multi-process training (unit tests of the fixes and the course, a step or two of training at
 # most). Its JAX compilation cache lives beside the Icarus build, where a later `make check` finds it, and keeps
 # every program (JAX_CACHE_ALL, below).
