@@ -283,11 +283,14 @@ def test_the_makefiles_cache_setting_keeps_a_program_that_compiles_in_millisecon
     compile, and every process compiles the small ones again (a renamed variable would go unnoticed but for this)."""
     name, value = re.search(r"^JAX_CACHE_ALL := (\w+)=(\S+)$", (REPO / "Makefile").read_text(), re.M).groups()
     code = "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)).block_until_ready()"
-    counts = {}
-    for setting in ({name: value}, {}):
-        cache = tmp_path / f"cache{len(counts)}"
-        env = {k: v for k, v in os.environ.items() if k != name} | setting | {"JAX_COMPILATION_CACHE_DIR": str(cache),
-                                                                          "JAX_PLATFORMS": "cpu"}
+
+    def entries(setting: dict) -> int:
+        """How many programs JAX wrote to an empty cache, with ``setting`` as the only cache variable besides it."""
+        cache = tmp_path / f"cache{len(setting)}"
+        env = {k: v for k, v in os.environ.items() if k != name}
+        env.update(setting, JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
-        counts[bool(setting)] = len(list(cache.iterdir())) if cache.is_dir() else 0
-    assert counts[True] >= 1 and counts[False] == 0, counts
+        return len(list(cache.iterdir())) if cache.is_dir() else 0
+
+    with_it, without = entries({name: value}), entries({})
+    assert with_it >= 1 and without == 0, (with_it, without)
