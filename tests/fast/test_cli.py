@@ -2,6 +2,8 @@
 builds, and bad input as a new user types it is one line on stderr, exit 2, no traceback."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,27 @@ def test_a_learning_check_of_another_seed_is_another_cached_result():
     tasks = ["Prob001_majority3"]
     assert learning_check.settings(seeded, tasks, None) != learning_check.settings(smoke, tasks, None)
     assert learning_check.settings(seeded, tasks, None)["seed"] == 3
+
+
+# An atexit hook registered before the command runs is called after `python -m gemma_tpu_helpers` returned from it.
+_FREEZE_AT_EXIT = ("import atexit, gc, runpy, sys; "
+                   "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count(), flush=True)); "
+                   "sys.argv = ['gemma_tpu_helpers', *sys.argv[1:]]; "
+                   "runpy.run_module('gemma_tpu_helpers', run_name='__main__', alter_sys=True)")
+
+
+@pytest.mark.parametrize("argv, code", [(["cost", "--tpu-hours", "10", "--gpu-hours", "16"], 0), (["cost"], 2)])
+def test_a_command_leaves_its_heap_to_the_process_exit(tmp_path, argv, code):
+    """`python -m gemma_tpu_helpers` freezes the heap once the command returned, so that Python's shutdown does not
+    run its cyclic collector over JAX, tunix, transformers and torch (__main__.py): what the command printed, and its
+    exit code, are the same."""
+    r = subprocess.run([sys.executable, "-c", _FREEZE_AT_EXIT, *argv], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == code, r.stderr[-2000:]
+    *printed, last = r.stdout.splitlines()
+    assert last.startswith("frozen at exit:") and int(last.split(":")[1]) > 0, r.stdout[-2000:]
+    typed = run_cli(*argv, cwd=tmp_path)
+    assert (printed, r.stderr) == (typed.stdout.splitlines(), typed.stderr) and (printed or code), r.stdout
 
 
 # ------------------------------------------------------------------------------------------------ one pattern, once
