@@ -1,7 +1,13 @@
 # gemma-tpu: `make demo` runs the course in the smoke profile, `make test` runs the test suite.
 # Each target creates the virtual environments it needs when they are missing, and builds Icarus Verilog 12 (the
 # version VerilogEval v2 requires; Debian 12 has 11) once into $(GEMMA_TPU_TOOLS), outside the clone.
-PYTHON ?= python3
+# The Python that builds the venvs: 3.11 or later. python3 where it is one, else python3.13 / 3.12 / 3.11 from PATH
+# (a stock TPU VM's python3 is 3.10); `make PYTHON=...` picks another, and a too old one stops in one line.
+FIND_PYTHON := $(dir $(lastword $(MAKEFILE_LIST)))tools/find_python.sh
+ifndef PYTHON
+PYTHON := $(shell $(FIND_PYTHON))
+endif
+NEED_PYTHON = $(if $(shell $(FIND_PYTHON) '$(PYTHON)'),,$(error $(shell $(FIND_PYTHON) --why '$(PYTHON)')))
 VENV := .venv
 SERVE_VENV := .venv-serve
 PY := $(VENV)/bin/python
@@ -20,14 +26,14 @@ export PATH := $(IVERILOG_PREFIX)/bin:$(PATH)
 all: demo
 
 $(VENV)/.installed: requirements.txt requirements-common.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(NEED_PYTHON)$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 $(SERVE_VENV)/.installed: requirements-serve.txt
-	$(PYTHON) -m venv $(SERVE_VENV)
+	$(NEED_PYTHON)$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/pip install -q --upgrade pip
 	$(SERVE_VENV)/bin/pip install -r requirements-serve.txt
 	$(SERVE_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec

@@ -179,3 +179,28 @@ def gcs(tmp_path_factory):
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
         log.close()
+
+
+def skipped_line(reports) -> str | None:
+    """One line for what a run skipped and why (a missing .venv-serve, Icarus, Chromium, libtpu): the count per
+    reason, most first. None when nothing was skipped."""
+    reasons = {}
+    for r in reports:
+        text = r.longrepr[2] if isinstance(r.longrepr, tuple) else str(r.longrepr)
+        text = text.removeprefix("Skipped: ")
+        reasons[text] = reasons.get(text, 0) + 1
+    if not reasons:
+        return None
+    parts = [f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return f"skipped {sum(reasons.values())} tests: " + "; ".join(parts)
+
+
+def pytest_unconfigure(config):
+    """The run's last line names what it skipped and why, so a green `make check` on a machine without the serving
+    venv, Icarus or Chromium does not pass for a full one."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput"):  # an xdist worker: the controller reports
+        return
+    line = skipped_line(reporter.stats.get("skipped", []))
+    if line:
+        reporter.write_line(line, yellow=True)
