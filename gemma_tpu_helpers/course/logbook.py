@@ -11,26 +11,47 @@ from pathlib import Path
 
 from ..fixes import file_io
 from ..fixes.multihost import is_main
+from . import paths
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
-# notebook -> the paper's fix it teaches -> helper module(s) -> expected time (CPU smoke: measured on an idle
-# 2-core machine, cold run directory, about twice that on a busy one; TPU: estimated).
-COURSE = [
-    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity", "profiles, tiny, gemma4, parity", "15 s",
-     "10 min (31B download)"),
-    ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "mesh", "20 s", "2 min"),
-    ("02_lora_naming", "LoRA module naming (HF names vs tunix einsums)", "lora", "20 s", "5 min"),
-    ("03_sharding_annotation", "Sharding annotation corrections", "sharding", "30 s", "5 min"),
-    ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "remat, plan", "50 s", "15 min"),
-    ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "data", "15 s", "10 min"),
-    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence", "train, equivalence", "90 s",
-     "hours (1 epoch)"),
-    ("07_orbax_merge", "Orbax -> safetensors merge, streamed", "merge", "65 s", "30 min"),
-    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)", "serve, greedy, adapters", "45 s", "20 min"),
-    ("09_evaluation", "VerilogEval-style pass@k with iverilog", "evaluate", "3 min", "1 h"),
-    ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "bench, cost", "75 s", "1 h"),
+# Every time, pass@1, GiB and ratio the README, docs/ and the course map quote (tests/fast/test_figures.py).
+QUOTED_FIGURES = paths.DATA_DIR / "quoted_figures.json"
+_FIGURES = {f["id"]: f for f in json.loads(QUOTED_FIGURES.read_text())["figures"]}
+
+
+def cpu_time(notebook: str) -> str:
+    """The notebook's CPU time in the smoke profile, measured cold on an idle 2-core machine."""
+    return f"{_FIGURES['course.cpu.' + notebook]['value']} s"
+
+
+def tpu_time(notebook: str) -> str:
+    """The notebook's time on its TPU profile: an estimate, never measured on a TPU."""
+    f = _FIGURES["course.tpu." + notebook]
+    value = "-".join(map(str, f["value"])) if isinstance(f["value"], list) else f["value"]
+    return f"~{value} {f['unit']} (est.: {f['note']})"
+
+
+# notebook -> the paper's fix it teaches -> what it imports from the package -> CPU time (smoke) -> TPU estimate
+_NOTEBOOKS = [
+    ("00_setup", "Environment, profiles, the tiny Gemma 4, logits parity",
+     "fixes.parity, fixes.gemma4, course.tiny, course.profiles"),
+    ("01_mesh_setup", "Mesh configuration: tp=4, Auto axes, the mesh context", "fixes.mesh, fixes.multihost"),
+    ("02_lora_naming", "LoRA module naming (HF names vs tunix einsums)", "fixes.lora, fixes.layout"),
+    ("03_sharding_annotation", "Sharding annotation corrections", "fixes.sharding"),
+    ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "fixes.remat, course.plan"),
+    ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "fixes.data"),
+    ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence, the learning check's training",
+     "fixes.step, fixes.data, course.train, course.equivalence, course.learning_check"),
+    ("07_orbax_merge", "Orbax -> safetensors merge, streamed and verified",
+     "fixes.merge, fixes.weight_check, fixes.verify, fixes.peft_export"),
+    ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)",
+     "fixes.vllm_server, fixes.vllm_command, fixes.vllm_client, fixes.greedy, fixes.adapters"),
+    ("09_evaluation", "VerilogEval-style pass@k with iverilog; the learning check, before and after",
+     "fixes.eval_score, fixes.eval_sample, fixes.eval_simulate, course.learning_check"),
+    ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "course.serving_bench, course.cost"),
 ]
+COURSE = [(nb, fix, mods, cpu_time(nb), tpu_time(nb)) for nb, fix, mods in _NOTEBOOKS]
 
 VERSIONED = ["jax", "jaxlib", "flax", "google-tunix", "qwix", "optax", "orbax-checkpoint", "grain", "transformers",
              "safetensors", "tokenizers", "datasets", "torch", "libtpu"]
@@ -41,8 +62,8 @@ def course_map():
     import pandas as pd
 
     rows = [
-        {"notebook": nb, "paper's fix": fix, "helpers": "gemma_tpu_helpers." + mods.replace(", ", ", ."),
-         "CPU (smoke)": cpu, "TPU (est.)": tpu, "available": (NOTEBOOKS_DIR / f"{nb}.ipynb").is_file()}
+        {"notebook": nb, "paper's fix": fix, "helpers": mods, "CPU (smoke)": cpu,
+         "TPU (estimate, never measured)": tpu, "available": (NOTEBOOKS_DIR / f"{nb}.ipynb").is_file()}
         for nb, fix, mods, cpu, tpu in COURSE
     ]
     return pd.DataFrame(rows)

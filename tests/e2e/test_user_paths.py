@@ -1,7 +1,8 @@
 """Paths as users type them (issue: the README's own merge command failed on a healthy checkpoint).
 
-- The README's and the notebooks' shell commands, extracted from the files and run literally in a fresh working
-  directory (the profile name substituted by ``smoke``): a documented command that fails, fails here.
+- The shell commands of the README, the pages in docs/ and the notebooks, extracted from the files and run literally
+  in a fresh working directory (the profile name substituted by ``smoke``): a documented command that fails, fails
+  here.
 - Every CLI step from that directory with relative paths only: train and its resume, merge, verify, export-adapter,
   serve's pre-check, eval with ``--completions``.
 - Bad paths (missing, empty, a file for a directory, a damaged safetensors shard) give one line and exit 2.
@@ -41,15 +42,18 @@ NOT_RUN = {
 
 
 def doc_texts():
+    """Every page that documents a command: the README, docs/*.md and the notebooks' cells."""
     yield "README.md", (REPO / "README.md").read_text()
+    for page in sorted((REPO / "docs").glob("*.md")):
+        yield f"docs/{page.name}", page.read_text()
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         for cell in json.loads(nb.read_text())["cells"]:
             yield nb.name, "".join(cell["source"])
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
-    """``(file, argv)`` of every ``python -m gemma_tpu_helpers ...`` in a code span or block of the README and the
-    notebooks, with ``--profile X`` and ``runs/X`` made ``smoke`` (a placeholder such as DIR leaves it out)."""
+    """``(file, argv)`` of every ``python -m gemma_tpu_helpers ...`` in a code span or block of the README, docs/ and
+    the notebooks, with ``--profile X`` and ``runs/X`` made ``smoke`` (a placeholder such as DIR leaves it out)."""
     others = [p for p in profiles.PROFILES if not p.startswith("smoke")]
     out = []
     for name, text in doc_texts():
@@ -91,7 +95,8 @@ def test_documented_commands_are_found_and_parse():
     texts = [" ".join(a) for _, a in found]
     for must in ("merge --base runs/smoke/base --checkpoint runs/smoke/checkpoints --out runs/smoke/merged",
                  "train --profile smoke --run-dir runs/smoke", "parity runs/smoke/base --layers",
-                 "eval --completions answers.jsonl"):
+                 "eval --completions answers.jsonl",
+                 "launch --workers 2 --coordinator 10.0.0.2:8476 -- train --max-steps 10"):  # docs/multi-host.md
         assert must in texts, f"{must!r} is no longer documented as it was: update this test with the docs"
     unparsed = [(name, argv) for name, argv in found if argv != ["--help"] and not parses(argv)]
     assert not unparsed, f"documented commands the CLI refuses (a renamed or removed flag?): {unparsed}"
