@@ -5,9 +5,11 @@ profiles, the serving arithmetic).
 
 How an entry is found: each of its ``quoted`` regexes runs over every file of the data file's ``files`` (globs; a
 notebook's markdown cells count as its text), with runs of whitespace made one space; each group is one number of
-the entry's ``value`` (a number, or a list in the order of the groups). Every regex must match at least once.
+the entry's ``value`` (a number, or a list in the order of the groups). Every regex must match at least once. A
+``{"files": GLOB, "re": REGEX}`` item searches only the files GLOB matches.
 """
 
+import fnmatch
 import glob
 import json
 import re
@@ -53,13 +55,21 @@ def as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+def regex(quote) -> str:
+    """A ``quoted`` item: a regex searched in every file, or ``{"files": GLOB, "re": REGEX}`` for the files GLOB
+    matches (a notebook's "Time." line, for instance: the same words in every notebook, another figure in each)."""
+    return quote["re"] if isinstance(quote, dict) else quote
+
+
 def disagreements(entry: dict, texts: dict[str, str]) -> tuple[int, list[str]]:
     """How many places quote ``entry``, and one line per place (or regex) that disagrees with its value."""
     want, found, bad = as_list(entry["value"]), 0, []
-    for pattern in entry["quoted"]:
-        hits = [(name, m) for name, text in texts.items() for m in re.finditer(pattern, text)]
+    for quote in entry["quoted"]:
+        pattern, where = regex(quote), quote.get("files", "*") if isinstance(quote, dict) else "*"
+        scope = {name: text for name, text in texts.items() if fnmatch.fnmatch(name, where)}
+        hits = [(name, m) for name, text in scope.items() for m in re.finditer(pattern, text)]
         if not hits:
-            bad.append(f"{entry['id']}: {pattern!r} matches nothing in {sorted(texts)}: reword it with the text")
+            bad.append(f"{entry['id']}: {pattern!r} matches nothing in {sorted(scope)}: reword it with the text")
         for name, m in hits:
             found += 1
             got = [number(g) for g in m.groups()]
@@ -76,8 +86,8 @@ def test_the_figures_file_is_well_formed():
         assert f["kind"] in KINDS, (f["id"], f["kind"])
         assert f["value"] is not None and all(isinstance(x, int | float) for x in as_list(f["value"])), f["id"]
         assert f["quoted"] or f["id"].startswith("course."), f"{f['id']} is quoted nowhere: drop it or add its regex"
-        for p in f["quoted"]:
-            assert re.compile(p).groups == len(as_list(f["value"])), (f["id"], p)
+        for q in f["quoted"]:
+            assert re.compile(regex(q)).groups == len(as_list(f["value"])), (f["id"], q)
         for p in f.get("parts", []):
             assert p in FIGURES, (f["id"], p)
 
@@ -106,6 +116,13 @@ def test_notebooks_can_join_the_files(tmp_path):
                     {"cell_type": "code", "source": ["# about 99 s"]}]}
     (tmp_path / "00.ipynb").write_text(json.dumps(nb))
     assert read_text(tmp_path / "00.ipynb") == "**Time.** CPU: about 15 s"
+    entry = {"id": "course.cpu.00_setup", "value": 15, "source": "s",
+             "quoted": [{"files": "notebooks/00_*.ipynb", "re": r"\*\*Time\.\*\* CPU: about (\d+) s"}]}
+    texts = {"notebooks/00_setup.ipynb": read_text(tmp_path / "00.ipynb"),
+             "notebooks/01_mesh_setup.ipynb": "**Time.** CPU: about 20 s"}
+    assert disagreements(entry, texts) == (1, [])  # 01's own time is another entry's
+    found, bad = disagreements(entry, {**texts, "notebooks/00_setup.ipynb": "**Time.** CPU: about 30 s"})
+    assert found == 1 and "notebooks/00_setup.ipynb quotes course.cpu.00_setup" in bad[0]
 
 
 # ---------------------------------------------------------------------------------------------- against their sources
