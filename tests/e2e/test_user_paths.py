@@ -32,7 +32,8 @@ ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "pari
 NOT_RUN = {
     "learn": "trains, merges and starts vLLM twice (minutes); test_learn runs it as documented, from a fresh "
              "directory with relative paths",
-    "serve": "starts vLLM (60-100 s); test_serve starts it from relative paths, and test_steps_... runs its pre-check",
+    "serve": "starts vLLM (about 20 s on 2 cores); test_serve starts it from relative paths, and test_steps_... runs "
+             "its pre-check",
     "plan": "an AOT compile; test_plan compiles the train step",
     "setup --check": "the workshop's readiness screen; test_workshop runs it",
     "eval --url": "needs a server; test_evaluate and notebook 09 run it",
