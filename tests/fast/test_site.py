@@ -152,7 +152,8 @@ def test_license_and_citation_for_reuse():
 
 
     assert "Apache License\n                           Version 2.0" in (REPO / "LICENSE").read_text()
-    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]["text"] == "Apache-2.0"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]  # SPDX, as setuptools wants
     cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
     paper = cff["preferred-citation"]
     assert cff["cff-version"] == "1.2.0" and cff["license"] == "Apache-2.0"
