@@ -18,9 +18,9 @@ below. ``tests/fast/test_architecture.py`` checks both, and that there is no imp
 TIERS = (
     ("fixes", (
         ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs",
-                  "partition_specs")),
+                  "partition_specs", "hf_checkpoint", "model_size")),
         ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
-        ("step", ("expert_lora", "lora", "sharding", "parity", "remat", "step")),
+        ("step", ("expert_lora", "lora", "sharding", "parity", "remat", "sft", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
                        "peft_export", "vllm_command", "vllm_client", "vllm_server", "greedy", "adapters",
                        "eval_problems", "eval_simulate", "eval_score", "eval_sample")),
@@ -28,8 +28,8 @@ TIERS = (
     ("course", (
         ("config", ("paths", "profiles")),
         ("models", ("hub", "tiny", "base_model")),
-        ("workflows", ("profile_steps", "train", "launch", "learning_check", "plan", "helper_overhead", "equivalence",
-                       "serving_bench", "cost")),
+        ("workflows", ("model_views", "data_views", "eval_views", "profile_steps", "train", "launch",
+                       "learning_check", "plan", "helper_overhead", "equivalence", "serving_bench", "cost")),
         ("front", ("logbook", "preflight", "site", "workshop", "exercises", "cli", "commands_model",
                    "commands_train", "commands_serve", "commands_course")),
     )),

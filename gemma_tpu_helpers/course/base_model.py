@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..fixes import gemma4
+from ..fixes import gemma4, hf_checkpoint
 from ..fixes.file_io import absolute_path
 from . import hub, tiny
 
@@ -21,7 +21,8 @@ def profile_text_config(profile) -> dict:
     if profile.model.source == "tiny":
         return tiny.tiny_text_config(profile.model.tiny_layers, profile.model.tiny_variant)
     if profile.model.source not in HUB_IDS:
-        raise gemma4.CheckpointError(f"No built-in config for {profile.model.source!r}; known: {sorted(HUB_IDS)}.")
+        raise hf_checkpoint.CheckpointError(f"No built-in config for {profile.model.source!r}; known: "
+                                            f"{sorted(HUB_IDS)}.")
     return gemma4.TEXT_CONFIGS[HUB_IDS[profile.model.source]]
 
 

@@ -8,15 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 import sys
 from pathlib import Path
 from typing import Callable
 
 from ..fixes.data import NO_CONFIG
 from ..fixes.errors import GemmaTpuError
-from ..fixes.file_io import cli_path
-from . import paths, profiles
+from ..fixes.file_io import PathArgumentError, absolute_path
+from . import paths, profiles, tiny
 
 PROG = "python -m gemma_tpu_helpers"
 DESCRIPTION = "gemma-tpu course steps. Each sub-command is what a notebook calls."
@@ -51,28 +50,51 @@ def build_parser(commands) -> OneLineParser:
     return ap
 
 
-# A fix's hint names no command; on the command line the course names its own.
-COURSE_HINTS = (
-    (re.compile(r"(r)ebuild the tiny replica in (.+?) \(overwrite=True\)", re.I),
-     r"\1ebuild it (`python -m gemma_tpu_helpers tiny-model \2 --overwrite`)"),
-    (re.compile(r"(r)un the merge again into (.+?) \(overwrite=True\)", re.I),
-     r"\1un the merge again (`python -m gemma_tpu_helpers merge ... --out \2 --overwrite`)"),
-)
+# What the parameters a fix's error is about (GemmaTpuError.params, spelled in its message as a Python call spells
+# them) are on this command line: the one place the course maps a fix's terms to its own.
+FLAGS = {
+    "overwrite": "--overwrite",
+    "port": "--port (left out: a free one)",
+    "num_processes": "--num-processes",
+    "process_id": "--process-id",
+    "config": f"--config NAME (--config {NO_CONFIG}: a source without configs)",
+    "completions": "--completions FILE",
+    "calibrate": "`eval --calibrate --problems DIR`",
+    "step": "--step",
+    "model_dir": "--model",
+    "api_key": "--api-key",
+}
 
 
-def with_course_commands(message: str) -> str:
-    for pattern, hint in COURSE_HINTS:
-        message = pattern.sub(hint, message)
-    return message
+def flags_note(params) -> str:
+    """What the parameters a fix's message names (``GemmaTpuError.params``, or a result's ``params``) are called on
+    this command line (:data:`FLAGS`), as a sentence."""
+    named = [f"{p} is {FLAGS[p]}" for p in params if p in FLAGS]
+    return f" On the command line, {' and '.join(named)}." if named else ""
+
+
+def course_note(error) -> str:
+    """What the course knows about the file a failure is about (``error.path``, or its causes'): a damaged tiny
+    replica is rebuilt by the ``tiny-model`` step."""
+    while error is not None:
+        path = getattr(error, "path", None)
+        if path is not None and (Path(path) / tiny.BUILT_BY).is_file():
+            return f" It is a tiny replica: `{PROG} tiny-model {path} --overwrite` rebuilds it."
+        error = error.__cause__
+    return ""
 
 
 def run_cli(command, args) -> int:
-    """Run ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no traceback) and exits 2.
-    An error class may set its own ``label`` and ``exit_code`` (a preempted training: ``preempted: ...``, 75)."""
+    """Run ``command(args) -> exit code``; an expected failure prints ``error: <message>`` (no traceback) and exits 2,
+    the message followed by what its parameters are called here. An error class may set its own ``label`` and
+    ``exit_code`` (a preempted training: ``preempted: ...``, 75)."""
     try:
         return command(args)
     except (GemmaTpuError, ValueError, FileExistsError) as e:
-        print(f"{getattr(e, 'label', 'error')}: {with_course_commands(str(e))}", file=sys.stderr)
+        message, note = str(e), flags_note(getattr(e, "params", ())) + course_note(e)
+        if note and message.rstrip()[-1:] not in (".", "!", "?"):
+            message = message.rstrip() + "."
+        print(f"{getattr(e, 'label', 'error')}: {message}{note}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
 
 
@@ -97,6 +119,20 @@ non_negative_int = _checked(int, lambda v: v >= 0, "an integer of 0 or more", "n
 tcp_port = _checked(int, lambda v: 1 <= v <= 65535, "a port number from 1 to 65535", "tcp_port")
 positive_seconds = _checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number of seconds",
                             "positive_seconds")
+
+
+def cli_path(text: str, remote: bool = False):
+    """A path argument: ``file_io.absolute_path``, with argparse's own one-line usage error (exit 2) for an empty
+    one, or for a ``gs://`` path where the step takes local files only."""
+    try:
+        return absolute_path(text, remote=remote)
+    except PathArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cli_path_or_gs(text: str):
+    """:func:`cli_path` for arguments that may name Cloud Storage (a run directory, a checkpoint directory)."""
+    return cli_path(text, remote=True)
 
 
 def _not_empty(text: str, path: Path) -> None:

@@ -8,12 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, parity
-from ..fixes import mesh as mesh_lib
+from ..fixes import data, gemma4, hf_checkpoint, parity
 from ..fixes import remat as remat_lib
-from ..fixes.file_io import cli_path
-from . import base_model, logbook, plan, preflight, profile_steps, profiles, tiny, workshop
-from .cli import Command, data_source_arguments, non_negative_int, positive_int, profile_argument, runs_argument
+from . import base_model, data_views, logbook, model_views, plan, preflight, profile_steps, profiles, tiny, workshop
+from .cli import (
+    Command,
+    cli_path,
+    data_source_arguments,
+    non_negative_int,
+    positive_int,
+    profile_argument,
+    runs_argument,
+)
 
 # ---------------------------------------------------------------------------------------------------------- setup
 
@@ -98,7 +104,10 @@ def run_parity(args) -> int:
     print(f"max |dlogit|: {stats['max_abs']:.3e}  logit scale: {stats['scale']:.3f}  relative: {stats['rel']:.3e}"
           f"  (bound {args.bound:.0e})")
     if args.layers:
-        print(parity.compare_layers(args.model_dir, mesh, seq_len=args.seq_len, model=model).to_string(index=False))
+        import pandas as pd
+
+        layers = parity.compare_layers(args.model_dir, mesh, seq_len=args.seq_len, model=model)
+        print(pd.DataFrame(layers).to_string(index=False))
     ok = stats["rel"] <= args.bound
     print("parity: OK" if ok else "parity: FAILED")
     return 0 if ok else 1
@@ -116,12 +125,12 @@ def run_mesh(args) -> int:
     prof = profiles.configure_jax(args.profile)
     preflight.require(prof)  # a TPU profile needs its TPU, free; checked before JAX is imported
     mesh = prof.make_mesh()
-    print(f"mesh {dict(mesh.shape)}:\n{mesh_lib.describe(mesh).to_string()}")
+    print(f"mesh {dict(mesh.shape)}:\n{model_views.mesh_grid(mesh).to_string()}")
     text = (base_model.profile_text_config(prof) if prof.model.source != "tiny"
-            else gemma4.read_text_config(base_model.ensure_base(prof)))
-    print(mesh_lib.tp_table(text).to_string(index=False))
+            else hf_checkpoint.read_text_config(base_model.ensure_base(prof)))
+    print(model_views.tp_table(text).to_string(index=False))
     if args.probe:
-        print(mesh_lib.compare_trainer_contexts(base_model.ensure_check_model(prof), mesh).to_string(index=False))
+        print(model_views.compare_trainer_contexts(base_model.ensure_check_model(prof), mesh).to_string(index=False))
     return 0
 
 
@@ -223,7 +232,7 @@ def run_data_stats(args) -> int:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     spec = data.with_source(prof.data, args.source, args.config)
     if args.show_example is not None:  # one example as it is trained: the loss span inside ⟦ ⟧
-        view = data.show_row(spec, tokenizer, args.show_example)
+        view = data_views.show_row(spec, tokenizer, args.show_example)
         print(view["text"])
         print(f"\n{view['tokens']} tokens: {view['prompt_tokens']} of prompt (no loss), "
               f"{view['trained_tokens']} trained (inside {''.join(data.TRAINED_MARKS)})")

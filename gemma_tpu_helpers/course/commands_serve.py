@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 from ..fixes import eval_problems, eval_sample, eval_score, eval_simulate, http_client, vllm_command, vllm_server
-from ..fixes.file_io import cli_path
 from . import cost, learning_check, paths, preflight, profiles, serving_bench
-from .cli import Command, input_file, non_negative_int, positive_int, positive_seconds, tcp_port
+from .cli import Command, cli_path, input_file, non_negative_int, positive_int, positive_seconds, tcp_port
 
 SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
 

@@ -9,10 +9,19 @@ import sys
 from pathlib import Path
 
 from ..fixes import data, merge, multihost, peft_export, verify, weight_check
-from ..fixes.file_io import cli_path, cli_path_or_gs
 from ..fixes.preemption import PREEMPTED_EXIT
 from . import launch, preflight, profile_steps, profiles, train
-from .cli import Command, data_source_arguments, non_negative_int, positive_int, positive_seconds, profile_argument
+from .cli import (
+    Command,
+    cli_path,
+    cli_path_or_gs,
+    data_source_arguments,
+    flags_note,
+    non_negative_int,
+    positive_int,
+    positive_seconds,
+    profile_argument,
+)
 
 SHOWN_PROBLEMS = 8
 
@@ -172,6 +181,8 @@ def run_verify(args) -> int:
           f"{w['copied_tensors']} copied byte for byte" if w["ok"] else f"weights: {len(w['problems'])} problem(s)")
     for problem in w["problems"][:SHOWN_PROBLEMS]:
         print(f"FAILED: {problem}")
+    if w["params"]:
+        print(f"note:{flags_note(w['params'])}")
     for r in res["rows"]:
         b = f"(bound {r['bound']:.1e}: {res['bound_rule']})" if r["bound"] else ""
         print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
@@ -189,15 +200,19 @@ def _verify_weights(args) -> int:
           f"{res['max_excess']:.2f} of the allowed rounding; {res['changed_share']:.0%} of their elements changed), "
           f"{res['copied_tensors']} copied; "
           f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
-    table = weight_check.worst_tensors(res, 5)
-    if len(table):
-        print(table.to_string(index=False))
+    worst = weight_check.worst_tensors(res, 5)
+    if worst:
+        import pandas as pd
+
+        print(pd.DataFrame(worst).to_string(index=False))
     for note in res["notes"]:
         print(f"note: {note}")
     for problem in res["problems"][:SHOWN_PROBLEMS]:
         print(f"FAILED: {problem}")
     if len(res["problems"]) > SHOWN_PROBLEMS:
         print(f"FAILED: ... and {len(res['problems']) - SHOWN_PROBLEMS} more")
+    if res["params"]:
+        print(f"note:{flags_note(res['params'])}")
     print("verify --weights: OK" if res["ok"] else f"verify --weights: FAILED ({len(res['problems'])} problem(s))")
     return 0 if res["ok"] else 1
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, layout, parity, remat, step
+from ..fixes import data, gemma4, layout, parity, peft_export, remat, sft
 from . import paths
 from .profiles import GPU_RECIPE, Profile
 
@@ -89,9 +89,9 @@ def _to_peft(jax_lora: dict, rank: int) -> dict[str, np.ndarray]:
     out = {}
     for (layer, module), ab in jax_lora.items():
         for row in layout.rows_of_module(module):  # kv_einsum feeds k_proj and v_proj
-            la, lb = layout.peft_factors(row, ab["a"], ab["b"], rank)
-            out[layout.peft_key(layer, row, "A", adapter="default")] = np.ascontiguousarray(la)
-            out[layout.peft_key(layer, row, "B", adapter="default")] = np.ascontiguousarray(lb)
+            la, lb = peft_export.peft_factors(row, ab["a"], ab["b"], rank)
+            out[peft_export.peft_key(layer, row, "A", adapter="default")] = np.ascontiguousarray(la)
+            out[peft_export.peft_key(layer, row, "B", adapter="default")] = np.ascontiguousarray(lb)
     return out
 
 
@@ -124,12 +124,12 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
                                grad_accum=1)
     batches = _batches(base_dir, steps, batch, seq_len)
 
-    # tunix + qwix: the train step, loss and optimizer training runs (step.train_step), one update per batch
+    # tunix + qwix: the train step, loss and optimizer training runs (sft.train_step), one update per batch
     model = gemma4.load_model(base_dir, mesh, dtype="float32")
     model = remat.lora_then_remat(model, rank, alpha, "none", seed=seed, targets=PARITY_TARGETS)
     init = _jax_lora_arrays(model)
-    optimizer = step.optimizer_for(model, spec, steps)
-    train_step = step.jitted()
+    optimizer = sft.optimizer_for(model, spec, steps)
+    train_step = sft.jitted()
     jax_losses = []
     with jax.set_mesh(mesh):
         for b in batches:
@@ -147,7 +147,7 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
     peft_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=spec.weight_decay)
-    schedule = step.lr_schedule(spec, steps)
+    schedule = sft.lr_schedule(spec, steps)
     torch_losses = []
     peft_model.train()
     for s, b in enumerate(batches):

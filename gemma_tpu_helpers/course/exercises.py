@@ -18,12 +18,13 @@ from typing import Any, Callable
 from ..fixes.data import codev_like_lengths, token_use_for_lengths
 from ..fixes.errors import GemmaTpuError
 from ..fixes.eval_score import pass_at_k
-from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, layer_kinds, valid_tp_sizes
+from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, valid_tp_sizes
+from ..fixes.hf_checkpoint import layer_kinds
 from ..fixes.layout import synthetic_lora
 from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
 from ..fixes.merge_plan import plan_merge
+from ..fixes.partition_specs import bytes_per_device, divisible_spec, indivisible_dims
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
-from ..fixes.sharding import bytes_per_device, divisible_spec, indivisible_dims
 from ..fixes.vllm_command import ServeError
 from .cost import cost_per_million_output_tokens, price, training_comparison
 from .profile_steps import hbm_per_chip
@@ -650,7 +651,7 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in [
         "Write the qwix `module_path` regex that puts LoRA on **every** attention and MLP projection of every layer "
         "of Gemma 4 31B, and on nothing else. qwix full-matches it against tunix module paths such as "
         "`layers/0/attn/q_einsum`.",
-        "a regex string", "List the module names of a local layer *and* of a global layer (lora.target_table).",
+        "a regex string", "List the module names of a local layer *and* of a global layer (model_views.target_table).",
         _solution_02_regex(), _judge_02_regex,
         wrong=(".*q_proj|.*v_proj",
                ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj", ".*")),

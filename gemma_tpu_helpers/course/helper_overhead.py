@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, lora, step
+from ..fixes import data, gemma4, hf_checkpoint, lora, sft
 from ..fixes import mesh as mesh_lib
 from . import train
 from .profiles import Profile
@@ -31,7 +31,7 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
 
     t = profile.train
     mesh = profile.make_mesh()
-    cfg = gemma4.to_tunix_config(gemma4.read_text_config(base_dir), dtype=profile.model.dtype)
+    cfg = gemma4.to_tunix_config(hf_checkpoint.read_text_config(base_dir), dtype=profile.model.dtype)
     model = params_safetensors.create_model_from_safe_tensors(str(base_dir), cfg, mesh=mesh)
     provider = qwix.LoraProvider(module_path=lora.regex_for(profile.lora.targets), rank=profile.lora.rank,
                                  alpha=float(profile.lora.alpha), dropout=float(profile.lora.dropout))
@@ -53,9 +53,9 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
             lambda self, *a, **k: None
 
     with mesh_lib.trainer_context(mesh):
-        trainer = peft_trainer.PeftTrainer(model, step.build_optimizer(t, total), config)
+        trainer = peft_trainer.PeftTrainer(model, sft.build_optimizer(t, total), config)
         trainer.with_training_hooks(Clock())
-        trainer.with_loss_fn(step.loss_fn).with_gen_model_input_fn(step.model_inputs)
+        trainer.with_loss_fn(sft.loss_fn).with_gen_model_input_fn(sft.model_inputs)
         trainer.train(data.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs))
     return {"loss": losses, "step_s": list(np.diff(ends))}
 

@@ -22,16 +22,9 @@ from ..fixes import mesh as mesh_lib
 from ..fixes import remat as remat_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import write_atomic
-from ..fixes.gemma4 import (
-    PATTERN,
-    attn_dims,
-    expert_param_count,
-    kv_shared_layers,
-    layer_kinds,
-    load_model,
-    param_count,
-    read_text_config,
-)
+from ..fixes.gemma4 import load_model
+from ..fixes.hf_checkpoint import PATTERN, kv_shared_layers, layer_kinds, read_text_config
+from ..fixes.model_size import attn_dims, expert_param_count, param_count
 from . import base_model, paths, profiles, serving_bench
 from .profiles import Profile
 

@@ -9,10 +9,9 @@ from pathlib import Path
 from ..fixes import gemma4, vllm_command
 from ..fixes.file_io import path_id
 from ..fixes.layout import lora_param_count
-from ..fixes.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex, summary
+from ..fixes.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex
 from ..fixes.merge import merge_lora, read_merge_info
-from ..fixes.sharding import plan_lora_sharding
-from . import base_model, train
+from . import base_model, model_views, train
 
 
 def lora_report(profile, regex: str | None = None, model=None):
@@ -22,10 +21,10 @@ def lora_report(profile, regex: str | None = None, model=None):
         model = gemma4.load_model(base, profile.make_mesh(), dtype=profile.model.dtype)
     spec = profile.lora
     if regex is not None:
-        return summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
+        return model_views.lora_summary(coverage_of_regex(model, regex, rank=spec.rank, alpha=spec.alpha))
     _, report = apply_lora(model, targets=spec.targets, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
                            abstract=True, expert_rank=spec.expert_rank)
-    out = summary(report)
+    out = model_views.lora_summary(report)
     text = base_model.profile_text_config(profile)
     if text.get("enable_moe_block"):  # an MoE: both counts, with and without the routed experts
         dense = [t for t in spec.targets if t not in EXPERT_TARGETS]
@@ -48,11 +47,11 @@ def hbm_per_chip(profile, weight_dtype: str | None = None) -> dict:
 
 
 def sharding_plan(profile):
-    """``sharding.plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
+    """``model_views.plan_lora_sharding`` for a profile's model, mesh and LoRA settings (abstract: runs on any CPU)."""
     text = base_model.profile_text_config(profile)
-    return plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
-                              alpha=profile.lora.alpha, targets=profile.lora.targets, dtype=profile.model.dtype,
-                              expert_rank=profile.lora.expert_rank)
+    return model_views.plan_lora_sharding(text, profile.mesh_shape, profile.mesh_axes, rank=profile.lora.rank,
+                                          alpha=profile.lora.alpha, targets=profile.lora.targets,
+                                          dtype=profile.model.dtype, expert_rank=profile.lora.expert_rank)
 
 
 def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:

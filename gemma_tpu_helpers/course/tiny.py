@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 
 from ..fixes import chat_format, file_io
-from ..fixes.errors import GemmaTpuError
-from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, KEY_PREFIX, PATTERN, TEXT_CONFIGS, kv_shared_layers
+from ..fixes.file_io import OutputExistsError
+from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, TEXT_CONFIGS
+from ..fixes.hf_checkpoint import KEY_PREFIX, PATTERN, kv_shared_layers
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
 # head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
@@ -83,10 +84,6 @@ TINY_VISION = {
     "position_embedding_size": 256,
     "initializer_range": 0.05,
 }
-
-
-class OutputExistsError(GemmaTpuError, FileExistsError):
-    pass
 
 
 def _period(variant: str) -> list[str]:
@@ -206,7 +203,8 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
         raise OutputExistsError(f"{out_dir} is a file, not a directory; give a new directory name for the "
                                 f"checkpoint (the file is left as it is).")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputExistsError(f"{out_dir} already holds files; pass --overwrite (overwrite=True) to replace them.")
+        raise OutputExistsError(f"{out_dir} already holds files; pass overwrite=True to replace them.",
+                                params=("overwrite",))
 
 
 def _with_unused_shared_kv(model, text_cfg: dict) -> dict:

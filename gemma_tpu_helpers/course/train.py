@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fixes import data as data_lib
-from ..fixes import gemma4, lora, remat, sharding
+from ..fixes import gemma4, lora, remat, sft, sharding
 from ..fixes import mesh as mesh_lib
-from ..fixes import step as step_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
 from ..fixes.lora_checkpoint import list_steps
@@ -342,7 +341,7 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
                                                        rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
 
-    schedule = step_lib.lr_schedule(t, steps)
+    schedule = sft.lr_schedule(t, steps)
     model = gemma4.load_model(base, mesh, dtype=profile.model.dtype)
     model = _apply_lora(model, profile, t.seed)  # LoRA, then remat
     main = is_main()
@@ -357,7 +356,7 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with mesh_lib.trainer_context(mesh):
-        trainer = step_lib.make_trainer(model, t, steps, config)  # runs step.train_step: what `plan` compiles
+        trainer = sft.make_trainer(model, t, steps, config)  # runs sft.train_step: what `plan` compiles
         start_step = trainer.train_steps
         if main:
             _trim_metrics(metrics_path, start_step)

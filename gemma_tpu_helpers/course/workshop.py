@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from ..fixes import eval_simulate
-from ..fixes.gemma4 import CheckpointError, check_checkpoint
+from ..fixes.gemma4 import check_checkpoint
+from ..fixes.hf_checkpoint import CheckpointError
 from ..fixes.vllm_command import ServeError
 from ..fixes.vllm_server import start
 from . import preflight, profiles

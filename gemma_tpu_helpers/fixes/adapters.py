@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .gemma4 import layer_kinds, read_text_config
+from .hf_checkpoint import layer_kinds, read_text_config
 from .lora import LoraSpec, peft_target_modules
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .chat_format import GEMMA3_CHAT_TEMPLATE
 from .errors import GemmaTpuError
 from .file_io import is_remote, local_copy
 from .forward_inputs import BATCH_DTYPES
@@ -66,7 +65,8 @@ def _load_dataset_args(source: str, config: str | None = None, cache_dir: str | 
         if builder is None:
             raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(_FILE_BUILDERS)}.")
         if config:
-            raise DataError(f"{path} is a single file: it has no configs, so drop config={config!r}.")
+            raise DataError(f"{path} is a single file: it has no configs, so drop config={config!r}.",
+                            params=("config",))
         if path.stat().st_size == 0:  # datasets' json builder fails on it with a bare StopIteration
             raise DataError(f"{path} is empty: a data file needs at least one row.")
         return (builder,), {"data_files": str(path)}
@@ -112,8 +112,8 @@ def load_rows(source: str, split: str = "train", columns: dict[str, str] | None 
     except ValueError as e:  # datasets: "Config name is missing", "BuilderConfig ... not found", "Unknown split"
         said = " ".join(str(e).split())
         raise DataError(f"Could not load {where}: {said} Use a config and split that exist, as listed "
-                        f"(DataSpec.config / DataSpec.split, or load_rows(..., config=..., split=...); on the "
-                        f"command line --config NAME, or --config {NO_CONFIG}).") from e
+                        f"(DataSpec.config / DataSpec.split, or load_rows(..., config=..., split=...); "
+                        f"config=None for a source without configs).", params=("config", "split")) from e
     if columns:
         absent = [c for c in columns if c not in ds.column_names]
         if absent:
@@ -185,14 +185,6 @@ def load_call(spec) -> str:
     parts = [repr(a) for a in args] + [f"split={spec.split!r}"] + [f"{k}={v!r}" for k, v in kwargs.items()]
     limit = f", then the first {spec.max_rows:,} rows" if spec.max_rows else ""
     return f"datasets.load_dataset({', '.join(parts)}){limit}"
-
-
-def show_target(row: dict, spec) -> str:
-    """A row's response and what a DataSpec trains on from it, one above the other (the tags that are left, if any)."""
-    target = training_target(row["response"], spec.target)
-    left = sorted(set(re.findall(r"</?(?:think|answer)>", target)))
-    return (f"--- response ({len(row['response'])} chars)\n{row['response']}\n\n"
-            f"--- trained on (target={spec.target!r}, {len(target)} chars; tags left: {left or 'none'})\n{target}")
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -308,33 +300,6 @@ def show_example(tokenizer, messages: list[dict], chat_template: str | None = No
             start = i
     return {"text": "".join(pieces), "tokens": len(ids), "trained_tokens": int(mask.sum()),
             "prompt_tokens": int(len(ids) - mask.sum())}
-
-
-def show_row(spec: DataSpec, tokenizer, index: int) -> dict:
-    """Row ``index`` of the data ``spec`` names (in source order) as :func:`show_example` shows it: what is trained."""
-    rows = load_profile_rows(spec)
-    if not 0 <= index < len(rows):
-        raise DataError(f"--show-example {index}: the data has rows 0 to {len(rows) - 1}.")
-    return show_example(tokenizer, spec_messages(rows[index], spec))
-
-
-def compare_chat_formats(tokenizer, messages: list[dict]):
-    """The same chat through Gemma 4's template and through Gemma 3's (the paper's port trap): how the tokenizer
-    splits each turn marker, and whether a loss mask can be built (pandas)."""
-    import pandas as pd
-
-    rows = []
-    for name, template, marker in (("Gemma 4 (this tokenizer's)", None, "<|turn>"),
-                                   ("Gemma 3 (the paper's training format)", GEMMA3_CHAT_TEMPLATE, "<start_of_turn>")):
-        pieces = tokenizer.convert_ids_to_tokens(tokenizer(marker, add_special_tokens=False)["input_ids"])
-        try:
-            ids, mask = tokenize_example(tokenizer, messages, template)
-            result = f"{int(mask.sum())} of {len(ids)} tokens trained"
-        except DataError as e:
-            result = f"DataError: {e}"
-        rows.append({"format": name, "turn marker": marker, "tokens of the marker": len(pieces),
-                     "as": " ".join(pieces), "loss mask": result})
-    return pd.DataFrame(rows)
 
 
 TOKENIZE_BATCH = 256  # rows per batched tokenizer call in tokenize_rows
@@ -565,33 +530,3 @@ def batches(packed: Packed, global_batch: int, seed: int, epochs: int = 1, shuff
     ds = ds.map(lambda idx: idx[rows])
     return ds.map(lambda idx: {"tokens": packed.tokens[idx], "loss_mask": packed.loss_mask[idx],
                                "segment_ids": packed.segment_ids[idx], "positions": packed.positions[idx]})
-
-
-def length_histogram(lengths, max_seq_len: int):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.hist(lengths, bins=40, color="tab:blue")
-    ax.axvline(max_seq_len, color="tab:red", linestyle="--", label=f"max_seq_len = {max_seq_len}")
-    ax.set_xlabel("tokens per example")
-    ax.set_ylabel("examples")
-    ax.set_title(f"example lengths (mean {np.mean(lengths):.0f}, max {np.max(lengths)})")
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def token_use_table(prepared: Prepared, max_seq_len: int, codev_max_seq_len: int = 3072):
-    """Packed vs pad-to-max token use: on this profile's data, and on a CodeV-R1-like length distribution."""
-    import pandas as pd
-
-    ours = token_use_for_lengths(prepared.lengths, max_seq_len)
-    codev = token_use_for_lengths(codev_like_lengths(), codev_max_seq_len)
-    return pd.DataFrame([
-        {"data": "this profile's data", "max_seq_len": max_seq_len, "packed token use": ours["packed"],
-         "pad-to-max token use": ours["pad_to_max"], "rows packed": ours["packed_rows"],
-         "rows padded": ours["padded_rows"]},
-        {"data": "CodeV-R1-like (mean 922, p99 2553)", "max_seq_len": codev_max_seq_len,
-         "packed token use": codev["packed"], "pad-to-max token use": codev["pad_to_max"],
-         "rows packed": codev["packed_rows"], "rows padded": codev["padded_rows"]},
-    ])

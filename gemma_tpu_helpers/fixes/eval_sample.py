@@ -98,8 +98,8 @@ def read_completions(path: str | os.PathLike) -> list[dict]:
     """Rows from a JSONL file with ``task_id`` and ``completion`` per line (a results file works too)."""
     path = Path(path)
     if path.is_dir():
-        raise EvalError(f"completions file {path} is a directory; --completions takes a JSONL file (one "
-                        f"{{\"task_id\", \"completion\"}} object per line)")
+        raise EvalError(f"completions file {path} is a directory; read_completions takes a JSONL file (one "
+                        f"{{\"task_id\", \"completion\"}} object per line)", params=("completions",), path=path)
     if not path.is_file():
         raise EvalError(f"completions file {path} does not exist")
     rows = []

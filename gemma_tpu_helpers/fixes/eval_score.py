@@ -1,4 +1,4 @@
-"""Score answers: the unbiased pass@k, tables and a failure chart, and the simulator's ceiling (a calibration:
+"""Score answers: the unbiased pass@k, one row per simulated sample, and the simulator's ceiling (a calibration:
 which references pass as answers), printed beside each pass@k."""
 
 from __future__ import annotations
@@ -128,46 +128,9 @@ def records(results) -> list[dict]:
     return [{k: clean(v) for k, v in row.items()} for row in results.to_dict("records")]
 
 
-def results_table(results, ks: Sequence[int] = (1, 5)):
-    """Per task: samples, passes, pass@k (NaN where n < k), the count of each failure category and ``official``,
-    the samples' VerilogEval letters in order, in groups of five as its analyzer prints them (e.g. ``..S.R .T``)."""
-    import pandas as pd
-
-    rows = []
-    for task_id, g in results.groupby("task_id", sort=True):
-        n, c = len(g), int(g["passed"].sum())
-        row = {"task_id": task_id, "n": n, "passed": c}
-        for k in ks:
-            row[f"pass@{k}"] = pass_at_k(n, c, k) if k <= n else float("nan")
-        counts = g["category"].value_counts()
-        row.update({cat: int(counts.get(cat, 0)) for cat in CATEGORIES if cat != "pass"})
-        if "official" in g:
-            letters = "".join(g.sort_values("sample_index")["official"])
-            row["official"] = " ".join(letters[i:i + 5] for i in range(0, len(letters), 5))
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def category_counts(results):
     """How many samples fell in each category (all categories, in a fixed order)."""
     return results["category"].value_counts().reindex(list(CATEGORIES), fill_value=0)
-
-
-def failure_chart(results, ax=None, title: str | None = None):
-    """Bar chart of the outcome categories (pass included, for scale). Returns the matplotlib Axes."""
-    import matplotlib.pyplot as plt
-
-    counts = category_counts(results)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3.2))
-    colors = ["#2a9d8f" if c == "pass" else "#e76f51" for c in counts.index]
-    bars = ax.bar(counts.index, counts.values, color=colors)
-    ax.bar_label(bars)
-    ax.set_ylabel("samples")
-    ax.set_title(title or f"Outcomes of {int(counts.sum())} samples")
-    ax.tick_params(axis="x", rotation=20)
-    ax.figure.tight_layout()
-    return ax
 
 
 CALIBRATION_GLOB = "calibration-*-iverilog-{version}.json"
@@ -229,8 +192,9 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         return Calibration(simulator=d["simulator"], timeout=float(d["timeout"]), digest=d["digest"],
                            references=d["references"], path=path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise EvalError(f"{path} is not a readable calibration file ({type(e).__name__}: {e}); delete it and run "
-                        f"`eval --calibrate` again") from None
+        raise EvalError(f"{path} is not a readable calibration file ({type(e).__name__}: {e}); delete it and "
+                        f"calibrate again (calibrate(problems, cache_dir=...))", params=("calibrate",),
+                        path=path) from None
 
 
 def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None = None,
@@ -291,7 +255,8 @@ def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | 
     if calibration is not None:
         missing = [t for t in tasks if t not in calibration.references]
         if missing:
-            raise EvalError(f"the calibration does not cover {missing[:3]}; run `eval --calibrate` on these problems")
+            raise EvalError(f"the calibration does not cover {missing[:3]}; calibrate these problems first "
+                            f"(calibrate(problems, cache_dir=...))", params=("calibrate",))
         ok = [t for t in tasks if calibration.references[t]["category"] == "pass"]
         over = pass_at_k_table(results[results["task_id"].isin(ok)], ks) if ok else {k: float("nan") for k in ks}
     lines = []
@@ -318,4 +283,3 @@ def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | 
     if warning:
         lines.append(warning)
     return lines
-

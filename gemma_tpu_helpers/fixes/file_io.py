@@ -25,6 +25,10 @@ class PathArgumentError(GemmaTpuError, ValueError):
     """A path argument that names nothing (an empty string)."""
 
 
+class OutputExistsError(GemmaTpuError, FileExistsError):
+    """An output that is there already, and no ``overwrite=True`` to replace it."""
+
+
 def is_remote(path) -> bool:
     """A ``gs://`` path (a string or an ``etils.epath.Path``)."""
     return os.fspath(path).startswith(REMOTE_SCHEMES)
@@ -71,22 +75,6 @@ def path_id(path: str | os.PathLike) -> str:
     return os.fspath(path) if is_remote(path) else str(Path(path).resolve())
 
 
-def cli_path(text: str, remote: bool = False):
-    """An ``argparse`` ``type=`` for path arguments: :func:`absolute_path`, with argparse's own one-line usage
-    error (exit 2) for an empty one, or for a ``gs://`` path where the step takes local files only."""
-    import argparse
-
-    try:
-        return absolute_path(text, remote=remote)
-    except PathArgumentError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def cli_path_or_gs(text: str):
-    """:func:`cli_path` for arguments that may name Cloud Storage (a run directory, a checkpoint directory)."""
-    return cli_path(text, remote=True)
-
-
 def write_atomic(path: str | os.PathLike, text: str):
     """Write ``text`` to a temp file beside ``path``, then rename it over ``path``: a reader sees the old file or
     the new one, never half of one. On ``gs://`` one upload does the same."""
@@ -97,7 +85,7 @@ def write_lines_atomic(path: str | os.PathLike, chunks: Iterable[str], overwrite
     """:func:`write_atomic` for text produced piece by piece; ``overwrite=False`` refuses to replace a file."""
     path = to_path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+        raise OutputExistsError(f"{path} exists; pass overwrite=True to replace it", params=("overwrite",))
     if is_remote(path):  # no rename on Cloud Storage (a copy); a single upload is atomic already
         path.write_text("".join(chunks), encoding="utf-8")
         return path
@@ -209,4 +197,3 @@ def log_tail(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
 def config_hash(config: dict, length: int = 16) -> str:
     """A short, stable digest of a JSON-able config (key order does not matter)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:length]
-

@@ -1,16 +1,27 @@
-"""The one mapping from a Hugging Face Gemma 4 ``config.json`` to a tunix ``ModelConfig``, and a checked loader
-(:func:`load_model`). The released text configs are here as dicts; a tiny test model is one with smaller numbers.
+"""Gemma 4 on tunix: the released text configs as dicts, the one mapping from a Hugging Face text config to a
+tunix ``ModelConfig`` (:func:`to_tunix_config`), what a mesh can divide, and a checked loader (:func:`load_model`).
+A tiny test model is a released config with smaller numbers. Reading a checkpoint without tunix: :mod:`hf_checkpoint`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from pathlib import Path
 
 from . import compat
-from .errors import GemmaTpuError
+from .hf_checkpoint import (
+    KEY_PREFIX,
+    MULTIMODAL_PREFIXES,
+    CheckpointError,
+    checkpoint_layout,
+    kv_shared_layers,
+    layer_kinds,
+    read_text_config,
+)
+
+# Importable from here too, for callers written before model_size.py held them (tests/e2e, bench/, the quoted
+# figures' data file).
+from .model_size import active_param_count, expert_param_count, param_count  # noqa: F401
 
 # The text config of google/gemma-4-31B-it (the fields this course reads), as in its config.json "text_config".
 GEMMA4_31B_TEXT_CONFIG: dict = {
@@ -78,60 +89,6 @@ GEMMA4_26B_A4B_TEXT_CONFIG: dict = dict(
 TEXT_CONFIGS = {"31b": GEMMA4_31B_TEXT_CONFIG, "e2b": GEMMA4_E2B_TEXT_CONFIG, "e4b": GEMMA4_E4B_TEXT_CONFIG,
                 "26b-a4b": GEMMA4_26B_A4B_TEXT_CONFIG}
 
-PATTERN = ("sliding_attention",) * 5 + ("full_attention",)  # Gemma 4's 5:1 sliding/global period (31B, E4B)
-KEY_PREFIX = "model.language_model."
-# The -it checkpoints' vision and audio towers: the text model loads none of them; the merge copies them as they are.
-MULTIMODAL_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
-
-
-class CheckpointError(GemmaTpuError, ValueError):
-    """A checkpoint directory that cannot be loaded as a Gemma 4 text model."""
-
-
-def read_text_config(model_dir: str | Path) -> dict:
-    """The text part of a Gemma 4 ``config.json`` (multimodal layout or text-only)."""
-    model_dir = Path(model_dir)
-    path = model_dir / "config.json"
-    if model_dir.exists() and not model_dir.is_dir():
-        raise CheckpointError(f"{model_dir} is a file, not a checkpoint directory: pass the directory that holds "
-                              f"config.json and the *.safetensors shards.")
-    if not model_dir.is_dir():
-        raise CheckpointError(f"Checkpoint directory {model_dir} does not exist. Download the checkpoint "
-                              f"there (`hf download REPO --local-dir {model_dir}`) or pass the directory that has it.")
-    if not path.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json; it is not a Hugging Face checkpoint directory.")
-    try:
-        cfg = json.loads(path.read_text())
-        text = cfg.get("text_config", cfg)
-    except (ValueError, AttributeError):
-        raise CheckpointError(f"{path} is not a JSON object (truncated or damaged); "
-                              f"{refetch_hint(model_dir)}.") from None
-    if text.get("model_type") not in ("gemma4_text", "gemma4"):
-        raise CheckpointError(f"{path} describes model_type={text.get('model_type')!r}, not a Gemma 4 text model.")
-    return text
-
-
-def layer_kinds(text_config: dict) -> list[str]:
-    """'global' or 'local' for every layer."""
-    return ["global" if t == "full_attention" else "local" for t in text_config["layer_types"]]
-
-
-def kv_shared_layers(text_config: dict) -> dict[int, int]:
-    """Layer -> the earlier layer whose K/V it reads (E2B/E4B; empty for the 31B): as in transformers, the last
-    unshared layer of its own type."""
-    types = text_config["layer_types"]
-    first = text_config["num_hidden_layers"] - (text_config.get("num_kv_shared_layers") or 0)
-    if first == len(types):
-        return {}
-    prev = types[:first]
-    out = {}
-    for i in range(first, len(types)):
-        if types[i] not in prev:
-            raise CheckpointError(f"layer {i} ({types[i]}) is KV-shared but no unshared layer before {first} has "
-                                  f"that type to share from.")
-        out[i] = first - 1 - prev[::-1].index(types[i])
-    return out
-
 
 def _tunix_kv_sharing(c: dict, pattern) -> dict:
     """ModelConfig fields for KV sharing. tunix shares with layer first-1 (global) and first-2 (local) and keeps the
@@ -151,55 +108,6 @@ def _tunix_kv_sharing(c: dict, pattern) -> dict:
     if c.get("use_double_wide_mlp"):
         fields["override_kv_shared_ffw_hidden"] = 2 * c["intermediate_size"]
     return fields
-
-
-def attn_dims(c: dict, kind: str) -> tuple[int, int]:
-    """(kv heads, head dim) of a layer kind."""
-    if kind == "global":
-        return (c.get("num_global_key_value_heads") or c["num_key_value_heads"]), c["global_head_dim"]
-    return c["num_key_value_heads"], c["head_dim"]
-
-
-def param_count(c: dict) -> int:
-    """Parameters of a Gemma 4 text model as tunix holds them: tied embedding once, the KV-shared layers' unused
-    k/v weights included (tunix keeps them)."""
-    d, n = c["hidden_size"], c["num_attention_heads"]
-    pl, layers = c.get("hidden_size_per_layer_input") or 0, c["num_hidden_layers"]
-    shared = kv_shared_layers(c)
-    total = c["vocab_size"] * d + d  # embedding + final norm
-    if pl:  # per-layer input embedding table, model projection and its norm
-        total += c.get("vocab_size_per_layer_input", c["vocab_size"]) * layers * pl + d * layers * pl + pl
-    for i, kind in enumerate(layer_kinds(c)):
-        k, h = attn_dims(c, kind)
-        f = c["intermediate_size"] * (2 if i in shared and c.get("use_double_wide_mlp") else 1)
-        kv = (1 if kind == "global" and c.get("attention_k_eq_v") else 2) * d * k * h
-        total += 2 * d * n * h + kv + 3 * d * f + 4 * d + 2 * h + 1  # q, o, k(/v), mlp, norms, scalar
-        if pl:
-            total += 2 * d * pl + d  # per-layer input gate and projection, post norm
-        if c.get("enable_moe_block"):
-            total += moe_layer_params(c) + 3 * d  # router, experts, and the block's three norms
-    return total
-
-
-def expert_param_count(c: dict) -> int:
-    """The routed experts' weights of every layer (gate_up [E, 2F, D] and down [E, D, F]); 0 for a dense model."""
-    if not c.get("enable_moe_block"):
-        return 0
-    return c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] * c["moe_intermediate_size"]
-
-
-def moe_layer_params(c: dict, active: bool = False) -> int:
-    """One layer's router (proj, scale, per-expert scale) and experts (gate_up [E, 2F, D], down [E, D, F]); with
-    ``active``, only the ``top_k_experts`` that run for a token (what the FLOPs see)."""
-    d, e, f = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"]
-    return d * e + d + e + (c["top_k_experts"] if active else e) * 3 * d * f
-
-
-def active_param_count(c: dict) -> int:
-    """Parameters a token runs through: :func:`param_count` less the experts it is not routed to (the "A4B")."""
-    if not c.get("enable_moe_block"):
-        return param_count(c)
-    return param_count(c) - c["num_hidden_layers"] * (moe_layer_params(c) - moe_layer_params(c, active=True))
 
 
 def to_tunix_config(text_config: dict, dtype: str = "float32", remat: str = "none"):
@@ -280,95 +188,6 @@ def head_divisibility_problems(text_config: dict, mesh_axes: dict[str, int]) -> 
 def valid_tp_sizes(text_config: dict, max_tp: int = 64) -> list[int]:
     """The tp sizes whose head counts and widths divide (e.g. [1, 2, 4] for the 31B: 4 global KV heads)."""
     return [tp for tp in range(1, max_tp + 1) if not head_divisibility_problems(text_config, {"tp": tp})]
-
-
-INDEX = "model.safetensors.index.json"
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
-
-
-def refetch_hint(model_dir: str | Path) -> str:
-    """How to get a damaged file of ``model_dir`` back: run the merge again for a merged model, rebuild a tiny
-    replica, else copy or download it again."""
-    d = Path(model_dir)
-    if (d / "merge_info.json").is_file():
-        return f"run the merge again into {d} (overwrite=True)"
-    if (d / "tiny_model.json").is_file():
-        return f"rebuild the tiny replica in {d} (overwrite=True)"
-    return (f"copy or download it again (`hf download REPO --local-dir {d}` fetches what is missing or "
-            f"damaged; delete the damaged file first)")
-
-
-def read_shard_header(path: str | Path) -> tuple[dict, int]:
-    """``(header, data_start)`` of one safetensors file (u64 header length, JSON header, raw data), checked: a
-    truncated file, or one that is not safetensors at all, raises CheckpointError naming the file, with the fix."""
-    path = Path(path)
-    fix = refetch_hint(path.parent)
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else None
-            text = f.read(n) if n is not None and 0 < n <= MAX_HEADER_BYTES and 8 + n <= size else b""
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({e.strerror or e}); {fix}.") from e
-    if n is None:
-        raise CheckpointError(f"{path} is truncated or not a safetensors file ({size} bytes, shorter than the "
-                              f"8-byte header length); {fix}.")
-    if n == 0 or n > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{path} is not a safetensors file (its first 8 bytes give a header length of "
-                              f"{n:,} bytes); {fix}.")
-    if 8 + n > size:
-        raise CheckpointError(f"{path} is truncated: {size:,} bytes, fewer than its own header needs "
-                              f"({8 + n:,}); an interrupted copy or download. {fix[0].upper()}{fix[1:]}.")
-    try:
-        header = json.loads(text)
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):  # not JSON, or not safetensors' header
-        raise CheckpointError(f"{path} is not a safetensors file (its header is not a safetensors JSON header); "
-                              f"{fix}.") from None
-    need = 8 + n + max(ends, default=0)
-    if need > size:
-        raise CheckpointError(f"{path} is truncated: {size:,} bytes of the {need:,} its header describes; an "
-                              f"interrupted copy or download. {fix[0].upper()}{fix[1:]}.")
-    return header, 8 + n
-
-
-def checkpoint_layout(model_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
-    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a safetensors checkpoint, every shard's header
-    checked against the index. Raises CheckpointError naming the file that is missing, truncated or foreign."""
-    model_dir = Path(model_dir)
-    index_path = model_dir / INDEX
-    fix = refetch_hint(model_dir)
-    if index_path.is_file():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = dict(index["weight_map"])
-        except (ValueError, TypeError, KeyError):
-            raise CheckpointError(f"{index_path} is not a safetensors index (no JSON weight_map: truncated or "
-                                  f"damaged); {fix}.") from None
-    elif (model_dir / "model.safetensors").is_file():  # a single-file checkpoint: same code, one shard
-        header, _ = read_shard_header(model_dir / "model.safetensors")
-        weight_map = {k: "model.safetensors" for k in header if k != "__metadata__"}
-        index = {"metadata": {}, "weight_map": weight_map}
-    else:
-        raise CheckpointError(f"{model_dir} has no {INDEX} (nor a single model.safetensors): cannot tell which "
-                              f"shard holds which tensor. {fix[0].upper()}{fix[1:]}, with its index.")
-    shards: dict[str, list[str]] = {}
-    for name, shard in weight_map.items():
-        shards.setdefault(shard, []).append(name)
-    entries = {}
-    for shard, names in shards.items():
-        path = model_dir / shard
-        if not path.is_file():
-            raise CheckpointError(f"{INDEX} names shard {shard}, which is missing from {model_dir}; {fix}.")
-        header, _ = read_shard_header(path)
-        for name in names:
-            if name not in header:
-                raise CheckpointError(f"{index_path} puts {name} in {shard}, but that shard's header does not hold "
-                                      f"it: the index and the shards are from different copies. "
-                                      f"{fix[0].upper()}{fix[1:]}.")
-            entries[name] = header[name]
-    return index, shards, entries
 
 
 def check_checkpoint(model_dir: str | Path) -> dict:

@@ -68,9 +68,11 @@ def is_timeout(e: BaseException) -> bool:
     return isinstance(e, TimeoutError) or (isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError))
 
 
-def _fail(error: type[Exception], message: str, status: int | None = None) -> Exception:
+def _fail(error: type[Exception], message: str, status: int | None = None, params: tuple[str, ...] = ()) -> Exception:
     exc = error(message)
     exc.status = status
+    if params:  # the names the message tells the caller to pass (GemmaTpuError.params)
+        exc.params = params
     return exc
 
 
@@ -97,13 +99,14 @@ def open_request(method: str, url: str, payload: dict | None = None, api_key: st
         body = e.read().decode(errors="replace")[:500]
         if e.code == 401:
             why = (f"the key {'was refused' if key else 'is missing'}: the server was started with an API key; pass "
-                   f"the same api_key= (--api-key) or set ${API_KEY_ENV}")
+                   f"the same api_key= or set ${API_KEY_ENV}")
         elif e.code == 404:
             why = (f"{url} does not exist on this server; is {root} the server's base URL (such as "
                    f"http://127.0.0.1:8000, with or without /v1)? {body}")
         else:
             why = body
-        raise _fail(error, f"{method} {url} failed with HTTP {e.code} {e.reason}: {why}", e.code) from None
+        raise _fail(error, f"{method} {url} failed with HTTP {e.code} {e.reason}: {why}", e.code,
+                    ("api_key",) if e.code == 401 else ()) from None
     except OSError as e:  # URLError, refused connections and timeouts are all OSErrors
         if is_timeout(e):
             raise _fail(error, timeout_message(method, url, timeout)) from None

@@ -14,9 +14,7 @@ import re
 from typing import Callable
 
 from .errors import GemmaTpuError
-from .gemma4 import KEY_PREFIX, kv_shared_layers, layer_kinds
-
-PEFT_PREFIX = "base_model.model."  # PEFT's wrapper: base_model (LoraModel) . model (the HF model)
+from .hf_checkpoint import KEY_PREFIX, kv_shared_layers, layer_kinds
 
 
 class LayoutError(GemmaTpuError, ValueError):
@@ -202,31 +200,10 @@ def targeted_weights(text_config: dict, targets=TARGETS) -> dict[str, tuple[int,
             for row in rows_for(layer, targets)}
 
 
-def peft_key(layer: int, row: Row, ab: str, adapter: str | None = None) -> str:
-    """A PEFT adapter key: ``base_model.model.<HF module>.lora_A.weight`` (``adapter``: the name PEFT puts before
-    ``.weight`` in a live model's state dict, e.g. ``default``; saved adapter files have none)."""
-    ab = ab.upper()
-    if ab not in ("A", "B"):
-        raise LayoutError(f"ab must be 'A' or 'B', got {ab!r}")
-    return f"{PEFT_PREFIX}{KEY_PREFIX}layers.{layer}.{row.hf_module}.lora_{ab}.{adapter + '.' if adapter else ''}weight"
-
-
-def peft_keys(text_config: dict, targets=TARGETS, adapter: str | None = None) -> list[str]:
-    """Every PEFT key of a LoRA on ``targets`` (one lora_A and one lora_B per HF module that exists)."""
-    return [peft_key(layer.index, row, ab, adapter) for layer in layers(text_config)
-            for row in rows_for(layer, targets) for ab in ("A", "B")]
-
-
 def delta_factors(row: Row, a, b, rank: int):
     """``(A2 (in, r), B2 (r, out))`` of one row from the tunix arrays: ``ΔW = scale · (A2 · B2)ᵀ``."""
     part = b[:, row.b_part] if row.b_part is not None else b
     return a.reshape(-1, rank), part.reshape(rank, -1)
-
-
-def peft_factors(row: Row, a, b, rank: int):
-    """PEFT's ``(lora_A (r, in), lora_B (out, r))`` of one row: ``(alpha/r) · lora_B · lora_A`` is the merge's ΔW."""
-    a2, b2 = delta_factors(row, a, b, rank)
-    return a2.T, b2.T
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,14 +247,6 @@ def expert_lora_shapes(text_config: dict, rank: int, targets=EXPERT_TARGETS) -> 
                 out[f"layers/{i}/moe/{row.param}_lora_a"] = (e, d_in, rank)
                 out[f"layers/{i}/moe/{row.param}_lora_b"] = (e, rank, d_out)
     return out
-
-
-def expert_delta(a, b, scale: float):
-    """ΔW of every expert in the HF tensor's layout ``(E, out, in)``, from tunix's A ``(E, in, r)`` and B
-    ``(E, r, out)``: ``ΔW[e] = scale · (A[e] · B[e])ᵀ``."""
-    import numpy as np
-
-    return scale * np.einsum("eir,ero->eoi", a, b)
 
 
 def expert_peft_factors(a, b):

@@ -29,10 +29,6 @@ class LoraSpec:
     expert_rank: int | None = None
 
 HF_TARGETS = layout.TARGETS  # the canonical order
-# The regex in the paper's public code (h2loop/gemma-tpu): tunix names, but no k_einsum.
-PAPER_REGEX = ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj"
-# What people write first: the HF names, straight into qwix.
-HF_NAMES_REGEX = ".*q_proj|.*v_proj"
 # tunix module names that users sometimes pass as targets, and the HF name to use instead.
 _TUNIX_TO_HF = {"q_einsum": "q_proj", "kv_einsum": "k_proj, v_proj", "k_einsum": "k_proj",
                 "attn_vec_einsum": "o_proj"}
@@ -80,7 +76,7 @@ def _unknown_message(unknown) -> str:
     hints = [f"{u!r} is a tunix module name; use {_TUNIX_TO_HF[u]}" for u in unknown if u in _TUNIX_TO_HF]
     return (f"Unknown LoRA target(s) {', '.join(map(repr, unknown))}. Valid targets are the Hugging Face / PEFT "
             f"names: {', '.join(HF_TARGETS)}." + (" " + "; ".join(hints) + "." if hints else "")
-            + " They are mapped to tunix modules for you (see lora.target_table).")
+            + " They are mapped to tunix modules for you (layout.ROWS).")
 
 
 def validate_targets(targets) -> tuple[str, ...]:
@@ -132,32 +128,6 @@ def peft_target_modules(targets=HF_TARGETS, k_layers=None) -> str:
     if "k_proj" in targets and k_layers is not None and len(k_layers):
         parts.append(rf"({'|'.join(str(i) for i in k_layers)})\.self_attn\.k_proj")
     return rf".*language_model\.layers\.({'|'.join(parts)})"
-
-
-def target_table(text_config: dict, rank: int | None = None):
-    """HF/PEFT target names -> tunix Gemma 4 modules, per layer kind, with shapes (pandas; from :mod:`layout`)."""
-    import pandas as pd
-
-    groups: dict[tuple[str, bool], list] = {}
-    for layer in layout.layers(text_config):
-        groups.setdefault((layer.kind, layer.kv_shared), []).append(layer)
-    order = [g for g in (("local", False), ("global", False), ("local", True), ("global", True)) if g in groups]
-    r = rank if rank is not None else "r"
-    rows = []
-    for t in HF_TARGETS:
-        for kind, shared in order:
-            layer = groups[(kind, shared)][0]
-            row = layout.row_for(t, layer)
-            if row is None:
-                note = ("KV-shared layer: reads an earlier layer's K/V, no k/v projection runs here" if shared
-                        else "no v_proj on global k=v layers (V is K): nothing to adapt, k_proj covers it")
-            rows.append({"HF target": t, "layer kind": kind + (" (KV-shared)" if shared else ""),
-                         "layers": len(groups[(kind, shared)]), "tunix module": row.module if row else "(none)",
-                         "tunix weight": str(row.weight(layer)) if row else "-",
-                         "HF weight [out, in]": str(row.hf_shape(layer)) if row else "-",
-                         "LoRA A": str(row.a(layer, r)) if row else "-", "LoRA B": str(row.b(layer, r)) if row else "-",
-                         "note": row.note if row else note})
-    return pd.DataFrame(rows)
 
 
 def _path_str(path) -> str:
@@ -274,27 +244,6 @@ def expert_line(model) -> str:
     if on_experts:
         return f"{head}; {on_experts:,} LoRA parameters reach them{router}."
     return f"{head}; no LoRA reaches them ({EXPERTS_WHY.split(': ')[0]}){router}."
-
-
-def summary(report):
-    """Per HF target: modules that exist, how many got LoRA, and which layers were missed (pandas)."""
-    import pandas as pd
-
-    rows = []
-    for t, g in report.groupby("target", sort=False):
-        exists = g[g["module"] != "(none)"]
-        missed = exists[~exists["has LoRA"]]
-        absent = g[g["module"] == "(none)"]
-        why = {"KV-shared" if n.startswith("KV-shared") else "k=v" for n in absent["note"]}
-        rows.append({"target": t, "modules": len(exists), "with LoRA": int(exists["has LoRA"].sum()),
-                     "missed": (f"all {len(missed)} layers ({missed['module'].iloc[0]})"
-                                if t in MOE_WEIGHTS and len(missed) == len(exists) else
-                                ", ".join(f"layer {r.layer} ({r.module})" for r in missed.itertuples()) or "-"),
-                     "no module": f"{len(absent)} ({', '.join(sorted(why))})" if len(absent) else "-",
-                     "LoRA params": int(g["LoRA params"].sum())})
-    out = pd.DataFrame(rows)
-    out.attrs.update(report.attrs)
-    return out
 
 
 def _has_experts(model) -> bool:
@@ -417,20 +366,3 @@ def coverage_of_regex(model, regex: str, rank: int = 8, alpha: float = 16.0, see
     report = coverage(lora_model, HF_TARGETS, base_params=base)
     report.attrs.update(regex=regex, unused_rules=[r.module_path for r in provider.get_unused_rules()])
     return report
-
-
-def compare_regexes(model, regexes: dict[str, str], rank: int = 8, alpha: float = 16.0):
-    """One row per named regex: attention/MLP modules with LoRA out of those that exist, LoRA params, misses."""
-    import pandas as pd
-
-    rows = []
-    for name, rx in regexes.items():
-        rep = coverage_of_regex(model, rx, rank=rank, alpha=alpha)
-        mods = rep[rep["module"] != "(none)"].drop_duplicates(["layer", "module"])
-        missed = mods[~mods["has LoRA"]]
-        by_module = missed.groupby("module")["layer"].apply(lambda s: ",".join(map(str, s)))
-        rows.append({"regex": name, "pattern": rx, "modules with LoRA": int(mods["has LoRA"].sum()),
-                     "modules": len(mods), "LoRA params": rep.attrs["lora_params"],
-                     "qwix unused rules": len(rep.attrs["unused_rules"]),
-                     "missed (module: layers)": "; ".join(f"{m}: {ls}" for m, ls in by_module.items()) or "-"})
-    return pd.DataFrame(rows)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
+from . import hf_checkpoint, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
 from .file_io import absolute_path, config_hash, install_dir, path_id, temp_dir_beside
+from .hf_checkpoint import MERGE_INFO
 
-MERGE_INFO = "merge_info.json"  # written last, inside the temp dir: a merged dir without it is not ours
 SKIP_FILES = {"tiny_model.json"}  # a tiny replica's cache stamp: the merged dir is not that cache
 
 
@@ -65,7 +65,7 @@ def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputExistsError(f"{out_dir} exists and is not a directory.")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputExistsError(f"{out_dir} is not empty; pass --overwrite (overwrite=True) to replace it.")
+        raise OutputExistsError(f"{out_dir} is not empty; pass overwrite=True to replace it.", params=("overwrite",))
 
 
 @dataclasses.dataclass
@@ -103,7 +103,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     out_dir = absolute_path(out_dir, "output directory")
     prepare_out_dir(out_dir, overwrite)
     index, shards, entries = safetensors_io.base_layout(base_dir)
-    text = gemma4.read_text_config(base_dir)
+    text = hf_checkpoint.read_text_config(base_dir)
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
     step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
     _return_freed_memory()  # TensorStore's read buffers: the peak RSS is then the LoRA + a few blocks

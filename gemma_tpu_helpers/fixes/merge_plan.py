@@ -15,17 +15,11 @@ import numpy as np
 
 from . import layout
 from .errors import GemmaTpuError
-from .gemma4 import KEY_PREFIX
+from .hf_checkpoint import KEY_PREFIX
 
 
 class LoraMismatchError(GemmaTpuError, ValueError):
     """LoRA arrays that do not fit the base or their lora_config.json (another model, missing or extra modules)."""
-
-
-def hf_name(layer: int, target: str) -> str:
-    """The HF tensor of ``target`` on ``layer`` (``model.language_model.layers.3.self_attn.k_proj.weight``)."""
-    (row,) = {r.hf_module: r for r in layout.ROWS if r.target == target}.values()
-    return layout.hf_key(layer, row)
 
 
 @dataclasses.dataclass
@@ -71,7 +65,8 @@ def group_modules(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
             key, ab = f"layers/{expert.group(1)}/moe/{expert.group(2)}", expert.group(3)
         elif not parsed or parsed[2] != layout.rows_of_module(parsed[1])[0].param:
             raise LoraMismatchError(f"Unexpected LoRA param {path!r} in the checkpoint (not a tunix Gemma 4 "
-                                    f"attention/MLP module or routed expert). Was it trained by this course?")
+                                    f"attention/MLP module or routed expert): plan_merge reads the LoRA params "
+                                    f"of tunix's Gemma 4 as qwix names them (layers/<i>/attn/q_einsum/w_lora_a).")
         else:
             layer, module, _, ab = parsed
             key = f"layers/{layer}/{module}"

@@ -36,6 +36,10 @@ class MultihostError(GemmaTpuError, RuntimeError):
     pass
 
 
+# the parameters of initialize() a failed handshake is about, every process's pair
+WHO = ("num_processes", "process_id")
+
+
 def _split(coordinator: str) -> tuple[str, int]:
     host, sep, port = coordinator.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -74,8 +78,8 @@ def _coordinator_handshake(port: int, num_processes: int, timeout_s: float) -> N
             if left <= 0:
                 missing = sorted(set(range(1, num_processes)) - set(seen))
                 error = (f"only {len(seen) + 1} of {num_processes} processes joined within {timeout_s:g} s "
-                         f"(missing process ids {missing}). Start every worker with the same --num-processes "
-                         f"{num_processes} and a distinct --process-id, or lower --num-processes.")
+                         f"(missing process ids {missing}). Start every worker with the same "
+                         f"num_processes={num_processes} and a distinct process_id, or lower num_processes.")
                 break
             server.settimeout(min(left, 1.0))
             try:
@@ -91,11 +95,11 @@ def _coordinator_handshake(port: int, num_processes: int, timeout_s: float) -> N
             seen_before = pid in seen
             seen[pid] = conn
             if n != num_processes:
-                error = (f"process {pid} was started with --num-processes {n}, but the coordinator (process 0) "
-                         f"with {num_processes}. Start every worker with the same --num-processes.")
+                error = (f"process {pid} was started with num_processes={n}, but the coordinator (process 0) "
+                         f"with {num_processes}. Start every worker with the same num_processes.")
             elif not isinstance(pid, int) or not 0 < pid < num_processes or seen_before:
-                error = (f"process id {pid} is not valid or is used twice: with --num-processes {num_processes} "
-                         f"the other workers need the distinct ids 1..{num_processes - 1}.")
+                error = (f"process id {pid} is not valid or is used twice: with num_processes={num_processes} "
+                         f"the other workers need the distinct process_id values 1..{num_processes - 1}.")
         for conn in seen.values():
             try:
                 _send(conn, {"error": error})
@@ -103,7 +107,7 @@ def _coordinator_handshake(port: int, num_processes: int, timeout_s: float) -> N
                 pass
             conn.close()
     if error:
-        raise MultihostError(error)
+        raise MultihostError(error, params=WHO)
 
 
 def _worker_handshake(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> None:
@@ -121,11 +125,12 @@ def _worker_handshake(host: str, port: int, num_processes: int, process_id: int,
             if time.monotonic() >= deadline:
                 raise MultihostError(
                     f"process {process_id} could not reach the coordinator's handshake at {host}:{port} within "
-                    f"{timeout_s:g} s ({type(last).__name__}: {last}). Start process 0 (--process-id 0) on {host}, "
-                    f"check the address, and open ports {port - 1} and {port} between the hosts.") from None
+                    f"{timeout_s:g} s ({type(last).__name__}: {last}). Start process 0 (process_id=0) on {host}, "
+                    f"check the address, and open ports {port - 1} and {port} between the hosts.",
+                    params=("process_id",)) from None
             time.sleep(0.25)
     if reply.get("error"):
-        raise MultihostError(f"the coordinator refused process {process_id}: {reply['error']}")
+        raise MultihostError(f"the coordinator refused process {process_id}: {reply['error']}", params=WHO)
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
@@ -143,10 +148,11 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         return
     host, port = _split(coordinator)
     if not isinstance(num_processes, int) or num_processes < 1:
-        raise MultihostError(f"--num-processes must be a positive integer, got {num_processes!r}.")
+        raise MultihostError(f"num_processes must be a positive integer, got {num_processes!r}.",
+                             params=("num_processes",))
     if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
-        raise MultihostError(f"--process-id must be in 0..{num_processes - 1} for {num_processes} processes, "
-                             f"got {process_id!r}.")
+        raise MultihostError(f"process_id must be in 0..{num_processes - 1} for {num_processes} processes, "
+                             f"got {process_id!r}.", params=("process_id",))
     if local_devices:
         if "jax" in sys.modules:
             from jax._src import xla_bridge

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from .forward_inputs import causal_inputs
-from .gemma4 import layer_kinds, load_model, read_text_config
+from .gemma4 import load_model
+from .hf_checkpoint import layer_kinds, read_text_config
 
 # fp32 rounding alone gives ~1e-5 relative on the tiny models; a port bug gives O(1).
 DEFAULT_REL_BOUND = 1e-4
@@ -123,10 +124,10 @@ def compare_logits(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None
     return stats
 
 
-def compare_layers(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None, hf_model=None):
-    """A table (pandas) of max |Δh| after each decoder layer, tunix vs transformers, absolute and relative."""
-    import pandas as pd
-
+def compare_layers(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None, hf_model=None) -> list[dict]:
+    """Max |Δh| after the embeddings and after each decoder layer, tunix vs transformers, absolute and relative: one
+    row (``after``, ``max_abs``, ``scale``, ``rel``) each; the first row far above the others is where a port
+    diverges."""
     text = read_text_config(model_dir)
     tokens = sample_tokens(text["vocab_size"], seq_len, seed)
     model = model if model is not None else load_model(model_dir, mesh, dtype="float32")
@@ -134,43 +135,24 @@ def compare_layers(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None
     ours = tunix_hidden_states(model, tokens, mesh)
     _, ref = hf_logits_and_hidden(hf_model, tokens)
     names = ["embeddings"] + [f"layer {i} ({k})" for i, k in enumerate(layer_kinds(text))]
-    rows = [{"after": name, **_stats(o, r)} for name, o, r in zip(names, ours, ref, strict=True)]
-    return pd.DataFrame(rows)
+    return [{"after": name, **_stats(o, r)} for name, o, r in zip(names, ours, ref, strict=True)]
 
 
-def rounding_budget(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None):
-    """Where the fp32 residual comes from: each fp32 run against a float64 transformers reference.
+def rounding_budget(model_dir, mesh, seq_len: int = 40, seed: int = 0, model=None) -> list[dict]:
+    """Where the fp32 residual comes from: each fp32 run against a float64 transformers reference, one row
+    (``comparison`` and :func:`compare_logits`' statistics) each.
 
     If tunix fp32 is as far from the fp64 reference as transformers' own fp32 run is, the tunix-vs-transformers
     difference is float32 rounding, not a port bug.
     """
-    import pandas as pd
-
     text = read_text_config(model_dir)
     tokens = sample_tokens(text["vocab_size"], seq_len, seed)
     model = model if model is not None else load_model(model_dir, mesh, dtype="float32")
     ours = tunix_logits(model, tokens, mesh)
     ref32, _ = hf_logits_and_hidden(load_hf(model_dir, "float32"), tokens)
     ref64, _ = hf_logits_and_hidden(load_hf(model_dir, "float64"), tokens)
-    rows = [
+    return [
         {"comparison": "tunix fp32 vs transformers fp32", **_stats(ours, ref32)},
         {"comparison": "tunix fp32 vs transformers fp64", **_stats(ours, ref64)},
         {"comparison": "transformers fp32 vs transformers fp64", **_stats(ref32, ref64)},
     ]
-    return pd.DataFrame(rows)
-
-
-def plot_layers(table, bound: float = DEFAULT_REL_BOUND):
-    """Relative hidden-state error after each layer (log scale), with the logits bound for reference."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar(range(len(table)), table["rel"].clip(lower=1e-12), color="tab:blue")
-    ax.axhline(bound, color="tab:red", linestyle="--", label=f"logits bound {bound:g}")
-    ax.set_xticks(range(len(table)), table["after"], rotation=45, ha="right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("max |Δh| / max |h|")
-    ax.set_title("tunix vs transformers, hidden state after each layer (fp32)")
-    ax.legend()
-    fig.tight_layout()
-    return fig

@@ -14,12 +14,35 @@ import numpy as np
 
 from . import layout
 from .file_io import absolute_path, install_dir, path_id, temp_dir_beside
-from .gemma4 import read_text_config
+from .hf_checkpoint import KEY_PREFIX, read_text_config
 from .lora import peft_target_modules
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import prepare_out_dir
 from .merge_plan import plan_merge
 from .parity import load_hf
+
+PEFT_PREFIX = "base_model.model."  # PEFT's wrapper: base_model (LoraModel) . model (the HF model)
+
+
+def peft_key(layer: int, row: layout.Row, ab: str, adapter: str | None = None) -> str:
+    """A PEFT adapter key: ``base_model.model.<HF module>.lora_A.weight`` (``adapter``: the name PEFT puts before
+    ``.weight`` in a live model's state dict, e.g. ``default``; saved adapter files have none)."""
+    ab = ab.upper()
+    if ab not in ("A", "B"):
+        raise layout.LayoutError(f"ab must be 'A' or 'B', got {ab!r}")
+    return f"{PEFT_PREFIX}{KEY_PREFIX}layers.{layer}.{row.hf_module}.lora_{ab}.{adapter + '.' if adapter else ''}weight"
+
+
+def peft_keys(text_config: dict, targets=layout.TARGETS, adapter: str | None = None) -> list[str]:
+    """Every PEFT key of a LoRA on ``targets`` (one lora_A and one lora_B per HF module that exists)."""
+    return [peft_key(layer.index, row, ab, adapter) for layer in layout.layers(text_config)
+            for row in layout.rows_for(layer, targets) for ab in ("A", "B")]
+
+
+def peft_factors(row: layout.Row, a, b, rank: int):
+    """PEFT's ``(lora_A (r, in), lora_B (out, r))`` of one row: ``(alpha/r) · lora_B · lora_A`` is the merge's ΔW."""
+    a2, b2 = layout.delta_factors(row, a, b, rank)
+    return a2.T, b2.T
 
 
 def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = None, overwrite: bool = False) -> Path:
@@ -41,11 +64,11 @@ def export_peft_adapter(checkpoint_dir, out_dir, base_dir, step: int | None = No
     deltas = plan_merge(arrays, meta, read_text_config(base_dir))
     tensors = {}
     experts = [t for t in layout.EXPERT_TARGETS if any(d.target == t for d in deltas)]
-    for d in deltas:  # d.a = A2 (in, r), d.b = B2 (r, out): PEFT's lora_A = A2ᵀ, lora_B = B2ᵀ (layout.peft_factors)
+    for d in deltas:  # d.a = A2 (in, r), d.b = B2 (r, out): PEFT's lora_A = A2ᵀ, lora_B = B2ᵀ (peft_factors)
         if d.a.ndim == 3:
             key, (lora_a, lora_b) = _expert_key(d, experts), layout.expert_peft_factors(d.a, d.b)
         else:
-            key, lora_a, lora_b = layout.PEFT_PREFIX + d.hf.removesuffix(".weight"), d.a.T, d.b.T
+            key, lora_a, lora_b = PEFT_PREFIX + d.hf.removesuffix(".weight"), d.a.T, d.b.T
         tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(lora_a.astype(np.float32))
         tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(lora_b.astype(np.float32))
     dense = layout.check_targets({d.target for d in deltas} - set(experts))
@@ -75,7 +98,7 @@ def _expert_key(d, experts) -> str:
     ``target_parameters`` order, so with both targeted ``gate_up_proj`` is the inner wrapper's (``base_layer``)."""
     module = d.hf.rsplit(".", 1)[0]  # model.language_model.layers.<i>.experts
     inner = len(experts) == 2 and d.target == experts[0]
-    return layout.PEFT_PREFIX + module + (".base_layer" if inner else "")
+    return PEFT_PREFIX + module + (".base_layer" if inner else "")
 
 
 def peft_logits(base_dir, adapter_dir, tokens: np.ndarray) -> np.ndarray:

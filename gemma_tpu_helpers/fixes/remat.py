@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from . import lora
 from .errors import GemmaTpuError
-from .gemma4 import to_tunix_config
 
 # name -> description: tunix's model.config.remat_config values.
 POLICIES: dict[str, str] = {
@@ -17,9 +16,6 @@ POLICIES: dict[str, str] = {
     "block": "tunix RematConfig.BLOCK: attention and MLP blocks each recomputed in the backward pass",
     "decoder": "tunix RematConfig.DECODER: each decoder layer recomputed; only its input is kept",
 }
-
-# The qwix regex for every LoRA target, k_einsum (the global k=v layers) included.
-LORA_MODULE_PATH = lora.regex_for(lora.HF_TARGETS)
 
 
 class UnknownPolicyError(GemmaTpuError, ValueError):
@@ -64,18 +60,6 @@ def remat_config_of(model) -> str:
     return model.config.remat_config.name.lower()
 
 
-def _lora_provider(rank: int, alpha: float):
-    return lora.make_provider(lora.HF_TARGETS, rank=rank, alpha=alpha)
-
-
-def apply_lora_unguarded(model, rank: int, alpha: float, seed: int = 0):
-    """Plain ``qwix.apply_lora_to_model`` with no guard, to show the trap."""
-    import qwix
-    from flax import nnx
-
-    return qwix.apply_lora_to_model(model, _lora_provider(rank, alpha), rngs=nnx.Rngs(seed), **model.get_model_input())
-
-
 def set_remat(model, policy: str, require_lora: bool = True) -> str:
     """Switch a model's remat policy in place (LoRA must already be applied); returns the policy name."""
     from tunix.models.gemma4 import model as gm
@@ -117,40 +101,6 @@ def lora_then_remat(model, rank: int, alpha: float, policy: str = "none", seed: 
         model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed))
     set_remat(model, policy)
     return model
-
-
-def demonstrate_trap(text_config: dict, rank: int = 8, alpha: float = 16.0, policy: str = "block"):
-    """LoRA params that qwix creates with remat switched on before vs after LoRA, and what the guard says
-    (pandas). Shapes only, so it is quick for the 31B too."""
-    import pandas as pd
-    from flax import nnx
-    from tunix.models.gemma4 import model as gm
-
-    policy = check_policy(policy)
-    if policy == "none":
-        raise UnknownPolicyError("The trap is about switching remat on: use 'block' or 'decoder', not 'none'.")
-
-    def build(remat_first: bool):
-        cfg = to_tunix_config(text_config, remat=policy if remat_first else "none")
-        model = gm.Gemma4(cfg, rngs=nnx.Rngs(0))
-        model = apply_lora_unguarded(model, rank, alpha)
-        if not remat_first:
-            set_remat(model, policy)
-        return model
-
-    wrong = nnx.eval_shape(lambda: build(True))
-    right = nnx.eval_shape(lambda: build(False))
-    try:
-        lora_then_remat(wrong, rank, alpha, policy)
-        guard = "accepted (unexpected)"
-    except RematOrderError as e:
-        guard = f"refused: {str(e).split('. ')[0]}."
-    return pd.DataFrame([
-        {"order": f"remat={policy.upper()}, then qwix LoRA", "LoRA params": count_lora_params(wrong),
-         "remat_config": remat_config_of(wrong).upper(), "remat.lora_then_remat": guard},
-        {"order": f"qwix LoRA, then remat={policy.upper()}", "LoRA params": count_lora_params(right),
-         "remat_config": remat_config_of(right).upper(), "remat.lora_then_remat": "this is what it does"},
-    ])
 
 
 def memory_figures(compiled) -> dict:

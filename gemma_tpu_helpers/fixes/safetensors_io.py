@@ -18,7 +18,7 @@ import numpy as np
 from .errors import GemmaTpuError
 
 # INDEX is read by merge from here (noqa: re-exported)
-from .gemma4 import INDEX, CheckpointError, checkpoint_layout, read_shard_header, read_text_config  # noqa: F401
+from .hf_checkpoint import INDEX, CheckpointError, checkpoint_layout, read_shard_header, read_text_config  # noqa: F401
 
 COPY_CHUNK = 64 << 20
 # Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
@@ -48,7 +48,7 @@ def np_dtype(name: str):
 
 def read_header(path: str | Path) -> tuple[dict, int]:
     """``(header, data_start)`` of a safetensors file (the format: u64 header length, JSON header, raw data);
-    ``gemma4.read_shard_header``'s checks, raised as SafetensorsError."""
+    ``hf_checkpoint.read_shard_header``'s checks, raised as SafetensorsError."""
     try:
         return read_shard_header(path)
     except CheckpointError as e:
@@ -56,8 +56,8 @@ def read_header(path: str | Path) -> tuple[dict, int]:
 
 
 def base_layout(base_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
-    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint (``gemma4.checkpoint_layout``
-    after its config). Raises SafetensorsError."""
+    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint
+    (``hf_checkpoint.checkpoint_layout`` after its config). Raises SafetensorsError."""
     try:
         read_text_config(base_dir)
         return checkpoint_layout(base_dir)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 
-from . import gemma4, lora
+from . import gemma4
 from .errors import GemmaTpuError
-from .forward_inputs import causal_inputs
-from .gemma4 import PATTERN
 from .partition_specs import bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
 
 _SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -133,12 +131,6 @@ def audit(model, mesh):
 def flagged(audit_df):
     """The audit rows with a flag."""
     return audit_df[audit_df["flag"] != ""]
-
-
-def totals(audit_df, column: str = "bytes/device"):
-    """Bytes per device summed by kind (Param = frozen base, LoRAParam = trainable), and overall."""
-    g = audit_df.groupby("kind")[column].sum()
-    return {**{k: int(v) for k, v in g.items()}, "total": int(audit_df[column].sum())}
 
 
 def _get(model, path):
@@ -279,69 +271,6 @@ def apply_annotations(model, mesh) -> None:
             v.value = jax.jit(lambda x: x, out_shardings=want)(value)
 
 
-def state_shardings(model, mesh):
-    """``NamedSharding`` for every leaf of ``nnx.state(model)`` from its annotation (for jit in_shardings / AOT)."""
-    import jax
-    from flax import nnx
-
-    state = nnx.state(model)
-    specs = nnx.get_partition_spec(state)
-    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-                        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-
-
-def one_period_config(text_config: dict) -> tuple[dict, int]:
-    """The config cut to one sliding/global period (6 layers), and how many periods the full model has."""
-    period = len(PATTERN)
-    n = text_config["num_hidden_layers"]
-    if n % period or list(text_config["layer_types"][:period]) * (n // period) != list(text_config["layer_types"]):
-        raise ValueError(f"The layer pattern does not repeat every {period} layers; plan the full model instead.")
-    cut = dict(text_config, num_hidden_layers=period, layer_types=list(text_config["layer_types"][:period]))
-    return cut, n // period
-
-
-def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), axes=("fsdp", "tp"),
-                       rank: int = 64, alpha: float = 64.0, targets=None, dtype: str = "bfloat16",
-                       expert_rank: int | None = None):
-    """Per-device bytes of a LoRA model on a mesh, from abstract shapes only: ``(summary, audit, changes)``.
-
-    One sliding/global period is built and scaled by the number of periods (a 60-layer abstract LoRA takes
-    minutes). The summary has base and LoRA bytes as annotated, with every LoRA param replicated, and fixed.
-    """
-    import jax
-    import pandas as pd
-    from flax import nnx
-    from tunix.models.gemma4 import model as gm
-
-    cut, periods = one_period_config(text_config)
-    cfg = gemma4.to_tunix_config(cut, dtype=dtype)
-    base = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0)))
-    targets = targets or lora.HF_TARGETS
-    model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True, expert_rank=expert_rank)
-    mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
-    before = audit(model, mesh)
-    changes = fix_shardings(model, mesh, apply=False)
-    after = audit(model, mesh)
-    weight = before["path"].str.startswith("layers/").map({True: periods, False: 1})
-
-    def total(df, kind, column="bytes/device"):
-        return int((df[column] * weight)[df["kind"] == kind].sum())
-
-    lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: dtype_bits(d) // 8)) * weight)[
-        before["kind"] == "LoRAParam"].sum())
-    rows = [
-        {"what": "base params", "as annotated": total(before, "Param"),
-         "paper: LoRA replicated": total(before, "Param"), "after fix": total(after, "Param")},
-        {"what": "LoRA params", "as annotated": total(before, "LoRAParam"), "paper: LoRA replicated": lora_full,
-         "after fix": total(after, "LoRAParam")},
-    ]
-    summary = pd.DataFrame(rows).set_index("what")
-    summary.loc["total"] = summary.sum()
-    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=len(flagged(before)), periods=periods,
-                         flags_after=len(flagged(after)))
-    return summary, before, changes
-
-
 def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, layer_types=None, abstract=False):
     """A random tunix Gemma 4 built as tunix builds one: every variable unsharded, on one device, no mesh check.
     ``layer_types`` (e.g. ``["sliding_attention", "full_attention"]``) cuts it to those layers."""
@@ -354,25 +283,3 @@ def model_from_config(text_config: dict, dtype: str = "float32", seed: int = 0, 
     cfg = gemma4.to_tunix_config(c, dtype=dtype)
     make = lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(seed))  # noqa: E731
     return nnx.eval_shape(make) if abstract else make()
-
-
-def forward_check(model, mesh, seq_len: int = 8):
-    """Jit one forward pass of ``model`` on ``mesh`` (batch = the fsdp size); return the logits' shape and spec."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    b = max(1, _mesh_sizes(mesh).get("fsdp", 1))
-    tokens, pos, mask = causal_inputs(jnp.ones((b, seq_len), jnp.int32))
-    with mesh:
-        logits = nnx.jit(lambda m: m(tokens, pos, None, mask)[0])(model)
-    finite = bool(jnp.isfinite(logits).all())
-    return {"logits shape": tuple(logits.shape), "logits spec": _fmt(tuple(logits.sharding.spec)), "finite": finite}
-
-
-def bytes_table(before, after, column: str = "bytes/device placed"):
-    """Per-device bytes by kind, before and after a fix, in MiB (pandas)."""
-    import pandas as pd
-
-    df = pd.DataFrame({"before": totals(before, column), "after": totals(after, column)}) / 2**20
-    return df.rename(index={"Param": "base params (MiB/device)", "LoRAParam": "LoRA params (MiB/device)",
-                            "total": "total (MiB/device)"}).round(3)

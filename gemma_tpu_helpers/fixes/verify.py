@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gemma4, lora, parity, weight_check
+from . import gemma4, hf_checkpoint, lora, parity, weight_check
 from . import mesh as mesh_lib
 from .errors import GemmaTpuError
 from .file_io import absolute_path
@@ -106,14 +106,15 @@ def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, 
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
     merged_dir = absolute_path(merged_dir, "merged directory")
-    gemma4.check_checkpoint(base_dir)  # both checkpoints' files, before minutes of loading (a damaged shard: one line)
+    # both checkpoints' files, before minutes of loading (a damaged shard: one line)
+    gemma4.check_checkpoint(base_dir)
     gemma4.check_checkpoint(merged_dir)
     mesh = mesh if mesh is not None else mesh_lib.make_mesh((jax.device_count(), 1), ("fsdp", "tp"))
     step, arrays = restore_lora(checkpoint_dir, step)
     weights = weight_check.verify_weights(base_dir, checkpoint_dir, merged_dir, step=step, progress=False,
                                           arrays=arrays)
     info = read_merge_info(merged_dir)
-    text = gemma4.read_text_config(merged_dir)
+    text = hf_checkpoint.read_text_config(merged_dir)
     tokens = parity.sample_tokens(text["vocab_size"], seq_len, seed)
     ref_model = lora_model(base_dir, checkpoint_dir, mesh, step, arrays=arrays)
     ref = parity.tunix_logits(ref_model, tokens, mesh)

@@ -1,7 +1,6 @@
 """The vLLM command for a Gemma 4 checkpoint on a machine (:class:`ServeTarget`), by one of three routes
 (:func:`route`): **docker** on a TPU VM (printed, not run), **pip** (vllm-tpu from PyPI, e.g. Colab) and **cpu**
-(vLLM's CPU build). :func:`vllm_parse` checks a command with vLLM's own parser; :func:`hbm_per_chip` is the
-weights + KV-cache arithmetic behind a TPU choice."""
+(vLLM's CPU build). :func:`hbm_per_chip` is the weights + KV-cache arithmetic behind a TPU choice."""
 
 from __future__ import annotations
 
@@ -9,13 +8,13 @@ import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 from . import file_io, http_client
 from .errors import GemmaTpuError
-from .gemma4 import CheckpointError, attn_dims, checkpoint_layout, kv_shared_layers, layer_kinds, param_count
+from .hf_checkpoint import CheckpointError, checkpoint_layout, kv_shared_layers, layer_kinds
+from .model_size import attn_dims, param_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +119,8 @@ def check_model_dir(model_dir: str | os.PathLike) -> Path:
     and a tokenizer. Raises ServeError before launch."""
     model_dir = file_io.absolute_path(model_dir, "model directory")
     if model_dir.exists() and not model_dir.is_dir():
-        raise ServeError(f"{model_dir} is a file; --model takes the checkpoint directory (config.json, the "
-                         f"*.safetensors shards and the tokenizer).")
+        raise ServeError(f"{model_dir} is a file; model_dir takes the checkpoint directory (config.json, the "
+                         f"*.safetensors shards and the tokenizer).", params=("model_dir",))
     if not model_dir.is_dir():
         raise ServeError(f"Model directory {model_dir} does not exist (merge the adapter "
                          f"into a checkpoint there first, or pass the directory of a Hugging Face checkpoint).")
@@ -386,59 +385,3 @@ def hbm_per_chip(target: ServeTarget, text_config: dict, weight_dtype: str | Non
         "full_length_sequences_windowed": int(free // kv_seq_windowed),
         "fits": free >= kv_seq,
     }
-
-
-# vLLM's own `vllm serve` parser, run in the serving venv: the CLI's subcommand parser, its post-parse checks, and
-# the engine arguments built from the result. Input: a JSON list of argvs (each starting with "serve").
-_PARSE_SCRIPT = r"""
-import contextlib, io, json, sys
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
-from vllm.engine.arg_utils import AsyncEngineArgs
-
-FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
-          "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype",
-          "disable_chunked_mm_input", "enforce_eager")
-results = []
-for argv in json.load(sys.stdin):
-    parser = FlexibleArgumentParser(prog="vllm")
-    sub = ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
-    known = set(sub._option_string_actions)
-    inexact = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            args = parser.parse_args(argv)
-            validate_parsed_serve_args(args)
-        if args.model_tag is not None:
-            args.model = args.model_tag
-        engine = AsyncEngineArgs.from_cli_args(args)
-        values = {f: getattr(engine, f) for f in FIELDS}
-        values.update(host=args.host, port=args.port)
-        results.append({"ok": True, "inexact": inexact, "values": values})
-    except (SystemExit, Exception) as e:
-        results.append({"ok": False, "inexact": inexact, "error": (err.getvalue() + " " + repr(e)).strip()})
-print(json.dumps(results, default=str))
-"""
-
-
-def vllm_parse(argvs: list[list[str]], python: str | os.PathLike = sys.executable, timeout: float = 300) -> list[dict]:
-    """Parse ``serve ...`` argument lists with the vLLM of ``python`` (one process). Each result has ``ok``,
-    ``values`` (the engine arguments) or ``error`` (argparse's message), and ``inexact``: flags argparse would accept
-    only as an abbreviation, which hides a typo."""
-    proc = subprocess.run([str(python), "-c", _PARSE_SCRIPT], input=json.dumps(argvs), capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    if proc.returncode != 0:
-        raise ServeError(f"vLLM's parser did not run in {python} (exit {proc.returncode}): "
-                         f"{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def tpu_vllm_argv(argv: list[str]) -> list[str]:
-    """The ``serve ...`` part of a TPU :func:`serve_command`: what follows ``vllm`` (docker) or ``bin/vllm`` (pip)."""
-    for at, arg in enumerate(argv[:-1]):
-        if Path(arg).name == "vllm" and argv[at + 1] == "serve":
-            return argv[at + 1:]
-    raise ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
-

@@ -66,7 +66,7 @@ def check_port_free(port: int, host: str = HOST) -> None:
         except OSError as e:
             raise ServeError(f"Port {port} on {host} is busy ({e.strerror}): another server is listening there. "
                              f"Stop it (`ss -ltnp | grep :{port}` shows which process), or pick another port "
-                             f"(port=None / omit --port picks a free one).") from None
+                             f"(port=None picks a free one).", params=("port",)) from None
 
 
 class Server(Client):

@@ -19,11 +19,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from . import gemma4, lora_checkpoint, merge_plan, safetensors_io
+from . import gemma4, hf_checkpoint, lora_checkpoint, merge_plan, safetensors_io
 from .errors import GemmaTpuError
 from .file_io import absolute_path, config_hash, path_id
+from .hf_checkpoint import MERGE_INFO
 
-MERGE_INFO = "merge_info.json"  # merge.MERGE_INFO, not imported to keep this module's imports small
 IGNORED = {MERGE_INFO, "tiny_model.json"}  # written by the merge / the replica builder, not copied
 CHUNK = 16 << 20
 # Elements per row block (1 MB of fp32): small enough that the block's passes stay in a core's L2 cache.
@@ -206,11 +206,13 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, meta, text)}
     problems: list[str] = []
     notes: list[str] = []
+    params: list[str] = []  # the names the problems tell the caller to set (as GemmaTpuError.params)
 
     # what merge_info.json says was merged
     if info.get("step") != step:
         problems.append(f"{MERGE_INFO} records step {info.get('step')}, not step {step} of {checkpoint_dir}: the "
-                        f"merge is of another step (check that one with --step {info.get('step')}, or merge again)")
+                        f"merge is of another step (check that one with step={info.get('step')}, or merge again)")
+        params.append("step")
     if info.get("lora_sha256") not in (None, lora_checkpoint.lora_digest(arrays)):
         problems.append(f"{MERGE_INFO} records another LoRA (sha256 {info['lora_sha256'][:12]}...) than step {step} "
                         f"of {checkpoint_dir}: merged from another run or checkpoint")
@@ -222,8 +224,8 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
 
     # the merged checkpoint's files: index, shards, every other file of the base
     try:
-        m_index, m_shards, _ = gemma4.checkpoint_layout(merged_dir)
-    except gemma4.CheckpointError as e:
+        m_index, m_shards, _ = hf_checkpoint.checkpoint_layout(merged_dir)
+    except hf_checkpoint.CheckpointError as e:
         problems.append(str(e))
         m_index, m_shards = None, {}
     if m_index is not None and m_index["weight_map"] != index["weight_map"]:
@@ -231,7 +233,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                        if index["weight_map"].get(k) != m_index["weight_map"].get(k))
         problems.append(f"the merged index differs from the base's for {len(moved)} tensor(s), e.g. {moved[:3]}")
     for p in sorted(base_dir.iterdir()):
-        if p.name in shards or p.name == gemma4.INDEX or p.name in IGNORED or p.name.startswith(".") or p.is_dir():
+        if p.name in shards or p.name in (hf_checkpoint.INDEX, *IGNORED) or p.name.startswith(".") or p.is_dir():
             continue
         q = merged_dir / p.name
         if not q.is_file():
@@ -249,8 +251,8 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
             if shard not in m_shards:
                 bar.update((base_dir / shard).stat().st_size)
                 continue
-            bh, b_start = gemma4.read_shard_header(base_dir / shard)
-            mh, m_start = gemma4.read_shard_header(merged_dir / shard)
+            bh, b_start = hf_checkpoint.read_shard_header(base_dir / shard)
+            mh, m_start = hf_checkpoint.read_shard_header(merged_dir / shard)
             pending = []
             with open(base_dir / shard, "rb") as fb, open(merged_dir / shard, "rb") as fm:
                 for name in sorted(shards[shard], key=lambda k: bh[k]["data_offsets"][0]):
@@ -302,7 +304,7 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
         notes.append(f"the merge changed {share:.0%} of the targeted elements: for the rest ΔW is under the rounding "
                      f"of {merged_rows[0]['dtype']}, so the merged model is partly the base (the unmerged LoRA, e.g. "
                      f"the PEFT adapter, keeps all of it)")
-    return {"ok": not problems, "step": step, "problems": problems, "notes": notes, "tensors": rows,
+    return {"ok": not problems, "step": step, "problems": problems, "params": params, "notes": notes, "tensors": rows,
             "changed_share": share,
             "merged_tensors": len(merged_rows), "copied_tensors": len(rows) - len(merged_rows),
             "max_ulps": max((r["max_ulps"] or 0 for r in merged_rows), default=0),
@@ -310,10 +312,8 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
             "seconds": time.perf_counter() - started}
 
 
-def worst_tensors(result: dict, n: int = 8):
-    """The targeted tensors farthest from base + ΔW (pandas), worst first, then any tensor that failed."""
-    import pandas as pd
-
+def worst_tensors(result: dict, n: int = 8) -> list[dict]:
+    """The rows of :func:`verify_weights`' ``tensors`` farthest from base + ΔW, worst first, then any tensor that
+    failed (at most ``n``, without ``worst_at``)."""
     rows = sorted(result["tensors"], key=lambda r: (r["ok"], -r["excess"], -(r["max_ulps"] or 0)))
-    df = pd.DataFrame([r for r in rows if r["kind"] == "merged" or not r["ok"]][:n])
-    return df.drop(columns=["worst_at"], errors="ignore")
+    return [{k: v for k, v in r.items() if k != "worst_at"} for r in rows if r["kind"] == "merged" or not r["ok"]][:n]

@@ -2,6 +2,9 @@
 folder as a package of another name (fix01 ... fix09), and the notebook's documented calls run there, in a process
 where ``gemma_tpu_helpers`` cannot be imported. They must give what the same calls give in the package.
 
+A fix takes plain arguments: where one takes a model (the step, the sharding audit), the model is made by the copies
+a user would have made it with (notebook 00's ``gemma4.load_model``, notebook 02's ``lora.apply_lora``).
+
 One script runs every notebook's calls: once on ``gemma_tpu_helpers.fixes`` (the reference) and once on the copies.
 A file missing from a copy line fails the copy run with its ImportError; a result that differs fails the comparison.
 """
@@ -51,8 +54,8 @@ SCRIPT = textwrap.dedent(r'''
         clock[0] = now
     auto_mesh = jax.make_mesh((2, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
-    def model(nb):
-        return fix(nb, "gemma4").load_model(tiny, auto_mesh, dtype="float32")
+    def model():  # notebook 00's copy loads a checkpoint (gemma4.load_model)
+        return fix("00", "gemma4").load_model(tiny, auto_mesh, dtype="float32")
 
     def table(df):
         return json.loads(df.to_json(orient="records"))
@@ -66,28 +69,32 @@ SCRIPT = textwrap.dedent(r'''
         error = str(e)
     out["01"] = {"ids": [[d.id for d in row] for row in mesh.devices],
                  "axes": list(mesh.axis_names), "auto": all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types),
-                 "error": error, "table": table(mesh_lib.describe(mesh))}
+                 "error": error}
     done("01")
 
     # 02 LoRA naming: apply_lora with HF names and its coverage report, on the replica's model
     lora = fix("02", "lora")
     spec = lora.LoraSpec(rank=4, alpha=8.0, dropout=0.0)
-    _, report = lora.apply_lora(model("02"), targets=spec.targets, rank=spec.rank, alpha=spec.alpha,
+    _, report = lora.apply_lora(model(), targets=spec.targets, rank=spec.rank, alpha=spec.alpha,
                                 dropout=spec.dropout, abstract=True)
-    out["02"] = {"summary": table(lora.summary(report)), "lora_params": int(report.attrs["lora_params"]),
+    out["02"] = {"report": table(report), "lora_params": int(report.attrs["lora_params"]),
                  "regex": report.attrs["regex"]}
     done("02")
 
-    # 03 sharding: the LoRA sharding plan for the replica's config on a (4, 2) mesh
-    text = fix("03", "gemma4").read_text_config(tiny)
-    summary, _, changes = fix("03", "sharding").plan_lora_sharding(text, (4, 2), ("fsdp", "tp"), rank=4, alpha=8.0,
-                                                                   dtype="float32")
-    out["03"] = {"summary": table(summary), "changes": len(changes)}
+    # 03 sharding: audit and fix a LoRA model's annotations on a (1, 8) mesh (tp=8 cannot divide the KV heads)
+    sharding = fix("03", "sharding")
+    text = fix("03", "hf_checkpoint").read_text_config(tiny)
+    m, _ = lora.apply_lora(sharding.model_from_config(text, abstract=True), rank=4, alpha=8.0, abstract=True)
+    tp8 = jax.sharding.AbstractMesh((1, 8), ("fsdp", "tp"))
+    before = sharding.audit(m, tp8)
+    changes = sharding.fix_shardings(m, tp8, apply=False)
+    out["03"] = {"flags": table(sharding.flagged(before)), "changes": table(changes),
+                 "flags_after": len(sharding.flagged(sharding.audit(m, tp8)))}
     done("03")
 
     # 04 remat: LoRA first, then the policy
     remat = fix("04", "remat")
-    m = remat.lora_then_remat(model("04"), 4, 8.0, "block")
+    m = remat.lora_then_remat(model(), 4, 8.0, "block")
     out["04"] = {"remat": remat.remat_config_of(m), "lora_params": int(remat.count_lora_params(m))}
     done("04")
 
@@ -101,18 +108,18 @@ SCRIPT = textwrap.dedent(r'''
                  "packed": packed.stats, "segments": packed.segment_ids.tolist()}
     done("05")
 
-    # 06 the train step: two updates of a LoRA model on a fixed packed batch
-    step, lora6 = fix("06", "step"), fix("06", "lora")
-    m, _ = lora6.apply_lora(model("06"), rank=4, alpha=8.0)
-    train = step.TrainSpec(learning_rate=1e-2, warmup_steps=0, schedule="cosine", weight_decay=0.0, micro_batch=2,
+    # 06 the train step: two updates of a LoRA model (loaded and adapted by 00's and 02's copies) on a fixed batch
+    sft = fix("06", "sft")
+    m, _ = lora.apply_lora(model(), rank=4, alpha=8.0)
+    train = sft.TrainSpec(learning_rate=1e-2, warmup_steps=0, schedule="cosine", weight_decay=0.0, micro_batch=2,
                            grad_accum=1, max_seq_len=16, epochs=1, max_steps=2, eval_every=2, checkpoint_every=2,
                            keep_checkpoints=1, remat="none")
-    optimizer = step.optimizer_for(m, train, 2)
+    optimizer = sft.optimizer_for(m, train, 2)
     rng = np.random.default_rng(0)
     batch = {"tokens": rng.integers(2, 500, (2, 16)).astype(np.int32), "loss_mask": np.ones((2, 16), np.int8),
              "segment_ids": np.ones((2, 16), np.int32), "positions": np.tile(np.arange(16, dtype=np.int32), (2, 1))}
     with jax.set_mesh(auto_mesh):
-        train_step = step.jitted()  # compiled once, as training runs it
+        train_step = sft.jitted()  # compiled once, as training runs it
         losses = [float(train_step(m, optimizer, batch)[0]) for _ in range(2)]
     out["06"] = {"losses": losses}
     done("06")
@@ -135,7 +142,7 @@ SCRIPT = textwrap.dedent(r'''
                                  spec=command.ServeSpec(tensor_parallel=8, max_model_len=4096,
                                                         max_num_batched_tokens=2048, gpu_memory_utilization=0.9))
     out["08"] = {"argv": command.serve_command(target, tiny),
-                 "hbm": command.hbm_per_chip(target, fix("08", "gemma4").read_text_config(tiny))}
+                 "hbm": command.hbm_per_chip(target, fix("08", "hf_checkpoint").read_text_config(tiny))}
     done("08")
 
     # 09 evaluation: pass@k of the reference design on a shipped problem
@@ -216,6 +223,7 @@ def test_the_calls_did_real_work(results):
     package, _ = results
     assert package["01"]["auto"] and "needs 4 devices but 2 are visible" in package["01"]["error"]
     assert package["02"]["lora_params"] > 0 and "k_einsum" in package["02"]["regex"]
+    assert package["03"]["flags"] and package["03"]["changes"] and package["03"]["flags_after"] == 0
     assert package["04"]["remat"] == "block" and package["04"]["lora_params"] > 0
     assert 0 in package["05"]["mask"] and 1 in package["05"]["mask"]
     first, second = package["06"]["losses"]

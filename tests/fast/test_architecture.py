@@ -3,6 +3,7 @@ that goes up a layer, every module declared, and this package's imports at the t
 vLLM and other heavy libraries are imported inside functions). Read from the source with ``ast``: nothing runs."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -151,9 +152,10 @@ def test_each_notebook_names_the_files_that_travel_together():
         assert listed == closure(module), (name, sorted(listed ^ closure(module)))
 
 
-COPY_BUDGET_LINES = 2200  # what copying one fix may cost, the module and what it imports together (2650 before
-# #44 split the modules by concern and cut their prose; 2000 before #45 gave the MoE's experts LoRA, which every copy
-# that applies LoRA carries: the step's went from 1,877 to 2,068 lines; 2100 before their nf4 QLoRA: 2,158)
+COPY_BUDGET_LINES = 1500  # what copying one fix may cost, the module and what it imports together (2650 before
+# #44 split the modules by concern and cut their prose; 2200 before #62 moved the notebooks' tables, plots and traps to
+# course/, split the checkpoint reading (hf_checkpoint, model_size) and the AOT compile (step) from what a copy needs:
+# 06's copy went from 2,165 lines to the train step's 229)
 
 
 def test_a_fix_travels_without_the_course():
@@ -168,6 +170,27 @@ def test_a_fix_travels_without_the_course():
     assert len(lines) == 9 and max(lines.values()) <= COPY_BUDGET_LINES, lines
 
 
+PLOTTING = ("matplotlib",)  # a fix returns data; the figures are drawn by the course or the notebook
+
+
+def plotting_imports(source: str, module: str) -> list[str]:
+    """Imports of a plotting library in ``source``, at the top or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [f"{module}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in PLOTTING]
+    return found
+
+
+def test_no_fix_draws():
+    """A copied fix needs no plotting library: plots of its results are the course's (course/*_views.py)."""
+    found = [f for m in MODULES if tier_of(m) == "fixes" for f in plotting_imports(path_of(m).read_text(), m)]
+    assert not found, found
+    seeded = "def chart(rows):\n    import matplotlib.pyplot as plt\n    return plt.subplots()\n"
+    assert plotting_imports(seeded, "fixes.data") == ["fixes.data:2 imports matplotlib.pyplot"]
+
+
 # ------------------------------------------------------------------------------------- the configuration boundary
 
 # Where a fix may touch the environment, and why. Anything else that reads os.environ or os.getenv, locates files from
@@ -178,14 +201,31 @@ ENVIRONMENT_ALLOWED = {
     "fixes.vllm_command": "vLLM's parser runs in a child process, which inherits the caller's environment",
     "fixes.vllm_server": "the server runs in a child process, which inherits the caller's environment",
 }
-COURSE_NAMES = ("gemma_tpu_helpers", "gemma-tpu", "GEMMA_TPU")
+COURSE_NAMES = ("gemma_tpu_helpers", "gemma-tpu", "GEMMA_TPU", "python -m", "this course")
 
 
-def course_settings_in(source: str, module: str) -> list[str]:
+def cli_flags() -> set[str]:
+    """Every ``--flag`` the course's command line adds (``add_argument`` in course/*.py), read from the source."""
+    flags = set()
+    for path in (PKG / "course").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "add_argument":
+                flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    return flags
+
+
+CLI_FLAGS = cli_flags()
+
+
+def course_settings_in(source: str, module: str, flags=frozenset()) -> list[str]:
     """What in a fix's ``source`` belongs to the course: environment reads, __file__-relative paths, the course's
-    names in strings (docstrings included: a copied file's reader has no course)."""
+    names in strings (docstrings included: a copied file's reader has no course), and its command line's ``flags``
+    in any string but an argument list's items (``["--port", ...]``: another program's command line)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" and \
                 node.attr in ("environ", "getenv", "putenv") and module not in ENVIRONMENT_ALLOWED:
             found.append(f"{module}:{node.lineno} reads os.{node.attr}")
@@ -193,14 +233,19 @@ def course_settings_in(source: str, module: str) -> list[str]:
             found.append(f"{module}:{node.lineno} locates files from its own __file__")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found += [f"{module}:{node.lineno} names the course ({name!r})" for name in COURSE_NAMES
-                      if name in node.value]
+                      if name in node.value.lower() or name in node.value]
+            whole = parent[node] if isinstance(parent.get(node), ast.JoinedStr) else node  # an f-string's part
+            if not isinstance(parent.get(whole), (ast.List, ast.Tuple, ast.Set)):
+                found += [f"{module}:{node.lineno} names the course's flag {flag}" for flag in
+                          sorted(set(re.findall(r"--[a-z][a-z0-9-]*", node.value)) & flags)]
     return found
 
 
 def test_no_fix_reads_the_courses_settings():
     """A fix takes every location and setting as an argument: the course reads the environment and its own paths
     (course/paths.py) and passes them down."""
-    found = [f for m in MODULES if tier_of(m) == "fixes" for f in course_settings_in(path_of(m).read_text(), m)]
+    found = [f for m in MODULES if tier_of(m) == "fixes"
+             for f in course_settings_in(path_of(m).read_text(), m, CLI_FLAGS)]
     assert not found, found
 
 
@@ -208,11 +253,30 @@ def test_the_boundary_check_sees_a_violation():
     """The check can fail: each kind of course setting, seeded into a fix's source, is found."""
     seeded = ("import os\nfrom pathlib import Path\n"
               "CACHE = os.environ.get('X')\nDATA = Path(__file__).parent / 'data'\n"
-              "HINT = 'run python -m gemma_tpu_helpers'\n")
+              "HINT = 'run gemma_tpu_helpers'\n")
     found = course_settings_in(seeded, "fixes.data")
     assert sorted(found) == ["fixes.data:3 reads os.environ", "fixes.data:4 locates files from its own __file__",
                              "fixes.data:5 names the course ('gemma_tpu_helpers')"], found
     assert course_settings_in("import os\nos.environ.get('VLLM_API_KEY')\n", "fixes.http_client") == []
+
+
+def test_a_fix_message_names_its_parameters_not_the_courses_flags():
+    """A fix's error names its own parameters (``overwrite=True``); the course's CLI maps them to its flags
+    (course/cli.py FLAGS). A message naming one of the CLI's flags, or the course's commands, is found; another
+    program's argument list (vLLM's ``["--port", ...]``) is not a message."""
+    assert {"--overwrite", "--num-processes", "--port"} <= CLI_FLAGS
+    message = ("def f(n, overwrite):\n"
+               "    raise ValueError(f'{n} exists; pass --overwrite to replace it')\n"
+               "def g(n):\n"
+               "    raise ValueError(f'start every worker with --num-processes {n}')\n"
+               "HINT = 'run `python -m tool eval` again'\n"
+               "WHO = 'Was it trained by this course?'\n"
+               "ARGV = ['--port', '8000', f'--model={1}']\n")
+    assert sorted(course_settings_in(message, "fixes.data", CLI_FLAGS)) == [
+        "fixes.data:2 names the course's flag --overwrite", "fixes.data:4 names the course's flag --num-processes",
+        "fixes.data:5 names the course ('python -m')", "fixes.data:6 names the course ('this course')"]
+    assert course_settings_in("raise ValueError('pass overwrite=True to replace it')\n", "fixes.data",
+                              CLI_FLAGS) == []
 
 
 # ---------------------------------------------------------------------------------------------- the tests' tiers

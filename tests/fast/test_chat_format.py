@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import paths, tiny
+from gemma_tpu_helpers.course import data_views, model_views, paths, tiny
 from gemma_tpu_helpers.fixes import chat_format, data, gemma4
 from support import REPO
 
@@ -153,7 +153,7 @@ def test_a_wrong_format_fails_loudly_naming_the_template(tokenizer):
         data.tokenize_example(tokenizer, CHAT, chat_template=no_close)
     with pytest.raises(data.DataError, match="last message must be the assistant"):
         data.tokenize_example(tokenizer, CHAT[:2])
-    table = data.compare_chat_formats(tokenizer, CHAT)
+    table = data_views.compare_chat_formats(tokenizer, CHAT)
     assert table["loss mask"][0].endswith("tokens trained") and table["loss mask"][1].startswith("DataError")
     assert table["tokens of the marker"][0] == 1 and table["tokens of the marker"][1] > 1
 
@@ -210,8 +210,8 @@ def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):
 
 
 def test_the_replica_has_every_file_of_the_real_checkpoint(tiny_dir, tokenizer):
-    assert chat_format.checkpoint_files_table(tiny_dir)["this checkpoint has it"].all()
-    prompts = chat_format.render_formats(tokenizer, CHAT[:2])["generation prompt"]
+    assert model_views.checkpoint_files_table(tiny_dir)["this checkpoint has it"].all()
+    prompts = data_views.render_formats(tokenizer, CHAT[:2])["generation prompt"]
     assert prompts["Gemma 4 26B/31B"] == prompts["Gemma 4 E2B/E4B"] + "<|channel>thought\n<channel|>"
     assert prompts["Gemma 3"].startswith("<bos><start_of_turn>user\nBe terse.\n\n")
 

@@ -146,12 +146,69 @@ def test_no_long_function_in_the_cli():
     assert not long, long
 
 
-def test_the_cli_names_its_own_command_where_a_fix_gives_a_plain_hint():
-    """A fix's message names no command (it travels alone); on the command line the course adds its own."""
-    msg = "x.safetensors is truncated. Rebuild the tiny replica in /runs/a b/base (overwrite=True)."
-    assert cli.with_course_commands(msg) == ("x.safetensors is truncated. Rebuild it (`python -m gemma_tpu_helpers "
-                                         "tiny-model /runs/a b/base --overwrite`).")
-    msg = "run the merge again into /runs/merged (overwrite=True)"
-    assert cli.with_course_commands(msg) == ("run the merge again (`python -m gemma_tpu_helpers merge ... --out "
-                                         "/runs/merged --overwrite`)")
-    assert cli.with_course_commands("no hint here") == "no hint here"
+def _run_raising(error, capsys) -> tuple[int, str]:
+    def command(args):
+        raise error
+
+    code = cli.run_cli(command, None)
+    return code, capsys.readouterr().err
+
+
+def test_the_cli_says_what_a_fix_errors_parameters_are_called_here(tmp_path, capsys):
+    """A fix's error names its parameters as a Python call spells them (GemmaTpuError.params); run_cli adds their
+    flags from its one table (cli.FLAGS), and for a damaged tiny replica the step that rebuilds it."""
+    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.fixes import file_io, hf_checkpoint, safetensors_io
+    from gemma_tpu_helpers.fixes.errors import GemmaTpuError
+
+    out = tmp_path / "results.jsonl"
+    out.write_text("keep me")
+    with pytest.raises(file_io.OutputExistsError) as e:
+        file_io.write_lines_atomic(out, ["new"], overwrite=False)
+    assert "--" not in str(e.value) and e.value.params == ("overwrite",)
+    assert _run_raising(e.value, capsys) == (2, f"error: {out} exists; pass overwrite=True to replace it. On the "
+                                                f"command line, overwrite is --overwrite.\n")
+    both = GemmaTpuError("merge step=2 again (overwrite=True)", params=("step", "overwrite"))
+    assert _run_raising(both, capsys)[1] == ("error: merge step=2 again (overwrite=True). On the command line, step is "
+                                             "--step and overwrite is --overwrite.\n")
+    assert _run_raising(GemmaTpuError("no such split", params=("split",)), capsys)[1] == "error: no such split\n"
+
+    base = tmp_path / "base"
+    base.mkdir()
+    shard = base / "model-00001-of-00001.safetensors"
+    shard.write_bytes(b"\x00" * 4)
+    with pytest.raises(hf_checkpoint.CheckpointError) as damaged:
+        hf_checkpoint.read_shard_header(shard)
+    assert damaged.value.path == base and "tiny-model" not in str(damaged.value)
+    assert "tiny-model" not in _run_raising(damaged.value, capsys)[1]  # not built by the course: no rebuild hint
+    (base / tiny.BUILT_BY).write_text("{}")
+    wrapped = safetensors_io.SafetensorsError(str(damaged.value))
+    wrapped.__cause__ = damaged.value  # the merge raises its own class from the checkpoint's error
+    line = _run_raising(wrapped, capsys)[1]
+    assert line.startswith(f"error: {shard} is truncated") and line.endswith(
+        f"It is a tiny replica: `python -m gemma_tpu_helpers tiny-model {base} --overwrite` rebuilds it.\n")
+
+
+def test_every_flag_of_the_table_is_the_clis_and_every_name_a_fixs():
+    """cli.FLAGS stays true: each flag it gives exists on the command line, and each parameter name is one a fix's
+    error declares (``params=``), so a renamed flag or parameter fails here."""
+    import re
+
+    parser = cli.build_parser(main_module.COMMANDS)
+    options = {s for sub in parser._subparsers._group_actions[0].choices.values() for a in sub._actions
+               for s in a.option_strings}
+    assert not [f for v in cli.FLAGS.values() for f in re.findall(r"--[a-z][a-z0-9-]*", v) if f not in options]
+    declared = set()
+    for path in (PKG / "fixes").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "params":
+                declared |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "WHO" for t in node.targets):
+                declared |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_fail" and len(node.args) > 3:
+                declared |= {c.value for c in ast.walk(node.args[3]) if isinstance(c, ast.Constant)}
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
+                    and getattr(node.func.value, "id", "") == "params":  # a result's params (weight_check)
+                declared |= {c.value for c in node.args if isinstance(c, ast.Constant)}
+    assert set(cli.FLAGS) <= declared, sorted(set(cli.FLAGS) - declared)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers.course import paths, profiles
+from gemma_tpu_helpers.course import data_views, paths, profiles
 from gemma_tpu_helpers.fixes import data
 from support import SHIPPED
 
@@ -192,11 +192,11 @@ def test_notebook_views_of_the_load_call_and_the_target():
                                     "then the first 10,000 rows")
     assert data.load_call(smoke) == f"datasets.load_dataset({str(paths.SHIPPED_REPLICA)!r}, 'sft', split='train')"
     row = data.load_rows(**SHIPPED)[0]
-    view = data.show_target(row, real)
+    view = data_views.show_target(row, real)
     assert view.startswith("--- response") and "<answer>" in view.split("--- trained on")[0]
     trained = view.split("--- trained on", 1)[1]
     assert "tags left: none" in trained and "<answer>" not in trained and "<think>" not in trained
-    assert "tags left: ['</answer>', '</think>', '<answer>', '<think>']" in data.show_target(
+    assert "tags left: ['</answer>', '</think>', '<answer>', '<think>']" in data_views.show_target(
         row, dataclasses.replace(real, target="full"))
 
 

@@ -64,7 +64,7 @@ def test_attention_mask_is_block_diagonal_causal():
 def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, mesh):
     import jax.numpy as jnp
 
-    from gemma_tpu_helpers.fixes import step
+    from gemma_tpu_helpers.fixes import sft
     from gemma_tpu_helpers.fixes.parity import forward
 
     ex = _examples(tokenizer, 3)
@@ -72,9 +72,9 @@ def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, me
     assert packed.stats["rows"] == 1
 
     def nll(tokens, mask, seg, pos):
-        inputs = step.model_inputs({"tokens": tokens, "loss_mask": mask, "segment_ids": seg, "positions": pos})
+        inputs = sft.model_inputs({"tokens": tokens, "loss_mask": mask, "segment_ids": seg, "positions": pos})
         logits = forward(tunix_model, inputs["input_tokens"], inputs["positions"], inputs["attention_mask"], mesh)
-        return step.masked_token_nll(logits, inputs["input_tokens"], inputs["loss_mask"], inputs["segment_ids"])
+        return sft.masked_token_nll(logits, inputs["input_tokens"], inputs["loss_mask"], inputs["segment_ids"])
 
     total, count = nll(packed.tokens, packed.loss_mask, packed.segment_ids, packed.positions)
     parts = [nll(i[None], m[None], np.ones((1, len(i)), np.int32), np.arange(len(i))[None]) for i, m in ex]
@@ -83,9 +83,9 @@ def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, me
     # and without the block-diagonal mask the examples would see each other: the loss changes
     leaky = {"tokens": packed.tokens, "loss_mask": packed.loss_mask, "segment_ids": np.ones_like(packed.segment_ids),
              "positions": packed.positions}
-    inputs = step.model_inputs(leaky)
+    inputs = sft.model_inputs(leaky)
     logits = forward(tunix_model, inputs["input_tokens"], inputs["positions"], inputs["attention_mask"], mesh)
-    leaky_total = step.masked_token_nll(logits, inputs["input_tokens"], jnp.asarray(packed.loss_mask),
+    leaky_total = sft.masked_token_nll(logits, inputs["input_tokens"], jnp.asarray(packed.loss_mask),
                                          jnp.asarray(packed.segment_ids))[0]
     assert abs(float(leaky_total) - float(total)) > 1e-3
 

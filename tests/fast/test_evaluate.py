@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import commands_serve, paths
+from gemma_tpu_helpers.course import commands_serve, eval_views, paths
 from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
 from support import run_cli
 
@@ -309,7 +309,7 @@ def test_mixed_samples_pass_at_k_and_tables():
     assert scores[1] == pytest.approx(0.25)
     assert scores[2] == pytest.approx(5 / 12)
     assert math.isnan(scores[5])  # 4 samples cannot give pass@5
-    table = eval_score.results_table(results, ks=(1, 2)).set_index("task_id")
+    table = eval_views.results_table(results, ks=(1, 2)).set_index("task_id")
     assert table.loc[MAJ.task_id, "n"] == 4 and table.loc[MAJ.task_id, "passed"] == 2
     assert table.loc[MAJ.task_id, "mismatch"] == 2 and table.loc[prob2.task_id, "no_code"] == 4
     assert table.loc[MAJ.task_id, "pass@2"] == pytest.approx(5 / 6)
@@ -318,7 +318,7 @@ def test_mixed_samples_pass_at_k_and_tables():
     import matplotlib
 
     matplotlib.use("Agg")
-    ax = eval_score.failure_chart(results)
+    ax = eval_views.failure_chart(results)
     heights = {t.get_text(): p.get_height() for t, p in zip(ax.get_xticklabels(), ax.patches)}
     assert heights == {"pass": 2, "mismatch": 2, "compile_error": 0, "runtime_error": 0, "timeout": 0, "no_code": 4}
 
@@ -613,7 +613,7 @@ def test_official_letters_beside_our_categories():
     # per task, in sample order and in groups of five, as VerilogEval's analyzer prints a row
     rows = [{"task_id": MAJ.task_id, "completion": fenced(c) if c else "none"} for c, _, _ in cases]
     results, _ = eval_score.score_completions([MAJ], rows, ks=(1,), timeout=2, progress=False)
-    assert eval_score.results_table(results, (1,)).loc[0, "official"] == ".SmRT Rm"
+    assert eval_views.results_table(results, (1,)).loc[0, "official"] == ".SmRT Rm"
 
 
 # ---------------------------------------------------------------------------

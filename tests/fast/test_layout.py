@@ -12,7 +12,7 @@ import re
 import pytest
 
 from gemma_tpu_helpers.course import equivalence, tiny
-from gemma_tpu_helpers.fixes import gemma4, layout, lora
+from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint, layout, lora, peft_export
 
 RANK = 4
 TARGET_LISTS = [(t,) for t in layout.TARGETS] + [layout.TARGETS, equivalence.PARITY_TARGETS, ("q_proj", "v_proj"),
@@ -22,15 +22,15 @@ TARGET_LISTS = [(t,) for t in layout.TARGETS] + [layout.TARGETS, equivalence.PAR
 def _cut(c: dict) -> dict:
     """The config cut to one period (31B) or two periods, the second KV-shared (E2B/E4B): every kind of layer the
     full model has, at its real widths."""
-    period = len(gemma4.PATTERN) if c["layer_types"][:6] == list(gemma4.PATTERN) else c["layer_types"].index(
-        "full_attention") + 1
+    pattern = list(hf_checkpoint.PATTERN)
+    period = len(pattern) if c["layer_types"][:6] == pattern else c["layer_types"].index("full_attention") + 1
     shared = period if c.get("num_kv_shared_layers") else 0
     n = period + shared
     return dict(c, num_hidden_layers=n, layer_types=list(c["layer_types"][:n]), num_kv_shared_layers=shared)
 
 
 def _abstract_lora_model(text_config: dict, targets=layout.TARGETS, rank: int = RANK):
-    """tunix Gemma 4 + qwix LoRA (our provider for ``targets``), as shapes only, like remat.demonstrate_trap."""
+    """tunix Gemma 4 + qwix LoRA (our provider for ``targets``), as shapes only, like model_views.remat_trap."""
     import qwix
     from flax import nnx
     from tunix.models.gemma4 import model as gm
@@ -184,13 +184,13 @@ def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
         r=RANK, lora_alpha=2 * RANK, target_modules=lora.peft_target_modules(targets)))
     live = {k: tuple(v.shape) for k, v in peft_model.state_dict().items() if ".lora_" in k}
     saved = set(get_peft_model_state_dict(peft_model))
-    assert set(live) == set(layout.peft_keys(text, targets, adapter="default"))
-    assert saved == set(layout.peft_keys(text, targets))
+    assert set(live) == set(peft_export.peft_keys(text, targets, adapter="default"))
+    assert saved == set(peft_export.peft_keys(text, targets))
     for layer in layout.layers(text):
         for row in layout.rows_for(layer, targets):
             out, inp = row.hf_shape(layer)
-            assert live[layout.peft_key(layer.index, row, "A", "default")] == (RANK, inp)
-            assert live[layout.peft_key(layer.index, row, "B", "default")] == (out, RANK)
+            assert live[peft_export.peft_key(layer.index, row, "A", "default")] == (RANK, inp)
+            assert live[peft_export.peft_key(layer.index, row, "B", "default")] == (out, RANK)
 
 
 @pytest.mark.parametrize("variant", ["31b", "e2b"])

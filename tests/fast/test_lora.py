@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from gemma_tpu_helpers.course import plan, tiny
+from gemma_tpu_helpers.course import model_views, plan, tiny
 from gemma_tpu_helpers.fixes import gemma4, lora
 from support import lora_train_steps
 
@@ -61,7 +61,7 @@ def test_qlora_tile_size_must_divide(tunix_model):
 def test_target_table_shapes_are_the_models(tunix_model, tiny_dir):
     """Every tunix weight shape in the table is the loaded model's, on the layers of that kind."""
     text = gemma4.read_text_config(tiny_dir)
-    table = lora.target_table(text)
+    table = model_views.target_table(text)
     shapes = _param_shapes(tunix_model)
     kinds = gemma4.layer_kinds(text)
     for _, row in table.iterrows():
@@ -79,7 +79,7 @@ def test_target_table_shapes_are_the_models(tunix_model, tiny_dir):
 
 def test_lora_shapes_match_the_table(lora_smoke, tiny_dir):
     model, _ = lora_smoke
-    table = lora.target_table(gemma4.read_text_config(tiny_dir), rank=8)
+    table = model_views.target_table(gemma4.read_text_config(tiny_dir), rank=8)
     shapes = _param_shapes(model)
     kinds = gemma4.layer_kinds(gemma4.read_text_config(tiny_dir))
     for _, row in table[table["tunix module"] != "(none)"].iterrows():
@@ -126,17 +126,18 @@ def test_input_model_keeps_no_lora(lora_smoke, tunix_model):
 
 def test_raw_qwix_traps(tunix_model, tiny_dir):
     kinds = gemma4.layer_kinds(gemma4.read_text_config(tiny_dir))
-    hf = lora.coverage_of_regex(tunix_model, lora.HF_NAMES_REGEX)
+    hf = lora.coverage_of_regex(tunix_model, model_views.HF_NAMES_REGEX)
     assert not hf["has LoRA"].any() and hf.attrs["lora_params"] == 0
-    assert hf.attrs["unused_rules"] == [lora.HF_NAMES_REGEX]  # qwix knows, if asked; it does not raise
+    assert hf.attrs["unused_rules"] == [model_views.HF_NAMES_REGEX]  # qwix knows, if asked; it does not raise
 
-    paper = lora.coverage_of_regex(tunix_model, lora.PAPER_REGEX)
+    paper = lora.coverage_of_regex(tunix_model, model_views.PAPER_REGEX)
     missed = paper[(paper["module"] != "(none)") & ~paper["has LoRA"]]
     assert set(missed["module"]) == {"attn/k_einsum"}
     assert set(missed["layer"]) == {i for i, k in enumerate(kinds) if k == "global"}
     assert paper.attrs["unused_rules"] == []  # and qwix's own check cannot see it
 
-    table = lora.compare_regexes(tunix_model, {"paper": lora.PAPER_REGEX, "ours": lora.regex_for(lora.HF_TARGETS)})
+    table = model_views.compare_regexes(tunix_model, {"paper": model_views.PAPER_REGEX,
+                                                      "ours": lora.regex_for(lora.HF_TARGETS)})
     ours = table.set_index("regex").loc["ours"]
     assert ours["modules with LoRA"] == ours["modules"] == 6 * len(kinds)
     assert table.set_index("regex").loc["paper", "modules with LoRA"] == 6 * len(kinds) - kinds.count("global")
@@ -146,9 +147,9 @@ def test_31b_paper_regex_misses_10_of_60_layers():
     """The same count on the 31B's structure (one period built abstractly; the pattern repeats 10 times)."""
     from gemma_tpu_helpers.fixes import sharding
 
-    cut, periods = sharding.one_period_config(gemma4.GEMMA4_31B_TEXT_CONFIG)
+    cut, periods = model_views.one_period_config(gemma4.GEMMA4_31B_TEXT_CONFIG)
     model = sharding.model_from_config(cut, dtype="bfloat16", abstract=True)
-    paper = lora.coverage_of_regex(model, lora.PAPER_REGEX, rank=64, alpha=64)
+    paper = lora.coverage_of_regex(model, model_views.PAPER_REGEX, rank=64, alpha=64)
     missed_layers = set(paper.loc[(paper["module"] != "(none)") & ~paper["has LoRA"], "layer"])
     assert len(missed_layers) * periods == 10 and periods * len(cut["layer_types"]) == 60
 

@@ -1,6 +1,7 @@
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from gemma_tpu_helpers.course import model_views
 from gemma_tpu_helpers.fixes import gemma4
 from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
@@ -10,7 +11,7 @@ def test_mesh_axes_are_auto_and_shaped_by_the_profile(mesh, smoke):
 
     assert dict(mesh.shape) == dict(smoke.hardware.mesh)
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
-    assert mesh_lib.describe(mesh).shape == (4, 2)
+    assert model_views.mesh_grid(mesh).shape == (4, 2)
 
 
 def test_bad_mesh_specs():
@@ -21,13 +22,13 @@ def test_bad_mesh_specs():
 
 
 def test_example_sharding_splits_over_both_axes(mesh):
-    x = mesh_lib.example_sharding(mesh)
+    x = model_views.example_sharding(mesh)
     assert x.sharding.spec == P("fsdp", "tp")
     assert {s.data.shape for s in x.addressable_shards} == {(4, 4)}
 
 
 def test_tp_table_for_the_31b():
-    table = mesh_lib.tp_table(gemma4.GEMMA4_31B_TEXT_CONFIG).set_index("tp")
+    table = model_views.tp_table(gemma4.GEMMA4_31B_TEXT_CONFIG).set_index("tp")
     assert list(table["valid"]) == [True, True, True, False]
     assert "global KV heads" in table.loc[8, "why not"]
 
@@ -35,7 +36,7 @@ def test_tp_table_for_the_31b():
 @pytest.mark.parametrize("context, spec", [("trainer", P("fsdp")), ("set_mesh", P())])
 def test_trainer_batch_is_sharded_only_under_the_trainer_context(tiny_dir, mesh, context, spec):
     model = gemma4.load_model(tiny_dir, mesh)  # fresh: the probe takes one (tiny) optimizer step
-    sharding = mesh_lib.trainer_batch_sharding(model, mesh, context=context)
+    sharding = model_views.trainer_batch_sharding(model, mesh, context=context)
     assert sharding.spec == spec  # set_mesh alone: the batch is silently replicated on every device
 
 

@@ -4,7 +4,7 @@
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, remat
+from gemma_tpu_helpers.fixes import gemma4, lora, remat
 
 RANK, ALPHA = 8, 16.0
 
@@ -21,8 +21,12 @@ def test_unknown_policy_lists_the_valid_ones():
 
 
 def test_the_trap_remat_before_lora_gives_no_lora_params(tiny_dir, mesh):
+    import qwix
+    from flax import nnx
+
     model = gemma4.load_model(tiny_dir, mesh, remat="block")
-    wrong = remat.apply_lora_unguarded(model, RANK, ALPHA)  # raw qwix, no guard: the paper-era order
+    wrong = qwix.apply_lora_to_model(model, lora.make_provider(lora.HF_TARGETS, rank=RANK, alpha=ALPHA),  # no guard
+                                     rngs=nnx.Rngs(0), **model.get_model_input())  # the paper-era order
     assert remat.count_lora_params(wrong) == 0
     with pytest.raises(remat.RematOrderError, match="already BLOCK.*no LoRA params.*apply LoRA, then set remat"):
         remat.lora_then_remat(model, RANK, ALPHA, "block")
@@ -45,17 +49,17 @@ def test_right_order_keeps_lora_and_sets_remat(lora_model):
 
 @pytest.mark.parametrize("policy,regions", [("none", 0), ("block", 12), ("decoder", 6)])
 def test_the_policy_is_in_the_train_step(lora_model, mesh, policy, regions):
-    """Rematerialised regions in the jaxpr of the train step training runs (step.train_step): BLOCK wraps
+    """Rematerialised regions in the jaxpr of the train step training runs (sft.train_step): BLOCK wraps
     attention and MLP of each of the 6 layers, DECODER each layer once."""
     from gemma_tpu_helpers.course import profiles
     from gemma_tpu_helpers.fixes import mesh as mesh_lib
-    from gemma_tpu_helpers.fixes import step
+    from gemma_tpu_helpers.fixes import sft, step
 
     remat.set_remat(lora_model, policy)
     spec = profiles.get_profile("smoke").train
-    args = (lora_model, step.optimizer_for(lora_model, spec, 10), step.abstract_batch(mesh, 8, 32))
+    args = (lora_model, sft.optimizer_for(lora_model, spec, 10), step.abstract_batch(mesh, 8, 32))
     with mesh_lib.trainer_context(mesh):
-        traced = step.jitted().trace(*args)
+        traced = sft.jitted().trace(*args)
     remat.set_remat(lora_model, "none")
     assert remat.count_remat_regions(traced.traced.jaxpr) == regions  # flax Traced wraps jax.stages.Traced
 

@@ -3,7 +3,10 @@ go through vLLM 0.32's own `vllm serve` parser (the CPU build in .venv-serve, th
 HBM arithmetic per chip adds up, and the vllm-tpu wheel the Colab route installs resolves for Python 3.12."""
 
 import dataclasses
+import json
 import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +23,61 @@ COLAB = ("colab-v5e-1", "colab-v6e-1")
 UV = Path(sys.executable).parent / "uv"
 
 
+# vLLM's own `vllm serve` parser, run in the serving venv: the CLI's subcommand parser, its post-parse checks, and
+# the engine arguments built from the result. Input: a JSON list of argvs (each starting with "serve").
+_PARSE_SCRIPT = r"""
+import contextlib, io, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+FIELDS = ("model", "served_model_name", "dtype", "tensor_parallel_size", "data_parallel_size", "max_model_len",
+          "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype",
+          "disable_chunked_mm_input", "enforce_eager")
+results = []
+for argv in json.load(sys.stdin):
+    parser = FlexibleArgumentParser(prog="vllm")
+    sub = ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    known = set(sub._option_string_actions)
+    inexact = [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+        if args.model_tag is not None:
+            args.model = args.model_tag
+        engine = AsyncEngineArgs.from_cli_args(args)
+        values = {f: getattr(engine, f) for f in FIELDS}
+        values.update(host=args.host, port=args.port)
+        results.append({"ok": True, "inexact": inexact, "values": values})
+    except (SystemExit, Exception) as e:
+        results.append({"ok": False, "inexact": inexact, "error": (err.getvalue() + " " + repr(e)).strip()})
+print(json.dumps(results, default=str))
+"""
+
+
+def vllm_parse(argvs: list[list[str]], python, timeout: float = 300) -> list[dict]:
+    """Parse ``serve ...`` argument lists with the vLLM of ``python`` (one process). Each result has ``ok``,
+    ``values`` (the engine arguments) or ``error`` (argparse's message), and ``inexact``: flags argparse would accept
+    only as an abbreviation, which hides a typo."""
+    proc = subprocess.run([str(python), "-c", _PARSE_SCRIPT], input=json.dumps(argvs), capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    if proc.returncode != 0:
+        raise vllm_command.ServeError(f"vLLM's parser did not run in {python} (exit {proc.returncode}): "
+                                      f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def tpu_vllm_argv(argv: list[str]) -> list[str]:
+    """The ``serve ...`` part of a TPU ``serve_command``: what follows ``vllm`` (docker) or ``bin/vllm`` (pip)."""
+    for at, arg in enumerate(argv[:-1]):
+        if Path(arg).name == "vllm" and argv[at + 1] == "serve":
+            return argv[at + 1:]
+    raise vllm_command.ServeError(f"not a `vllm serve` command: {shlex.join(argv)}")
+
+
 @pytest.fixture(scope="module")
 def v6e():
     return profiles.get_profile("v6e-8")
@@ -27,7 +85,7 @@ def v6e():
 
 @pytest.fixture(scope="module")
 def tpu_argv(v6e):
-    return vllm_command.tpu_vllm_argv(vllm_command.serve_command(v6e.serving, "/data/merged", port=8123))
+    return tpu_vllm_argv(vllm_command.serve_command(v6e.serving, "/data/merged", port=8123))
 
 
 def _misspell(argv, flag, wrong):
@@ -52,13 +110,13 @@ def parsed(tpu_argv):
     variants = {
         "real": tpu_argv,
         "smoke": smoke_as_serve_argv(),
-        **{name: vllm_command.tpu_vllm_argv(colab_argv(name)) for name in COLAB},
+        **{name: tpu_vllm_argv(colab_argv(name)) for name in COLAB},
         "misspelled": _misspell(tpu_argv, "--max-num-batched-tokens", "--max-num-batch-tokens"),
         "extra_s": _misspell(tpu_argv, "--disable-chunked-mm-input", "--disable-chunked-mm-inputs"),
         "removed_in_032": tpu_argv + ["--disable-log-requests"],
         "abbreviated": _misspell(tpu_argv, "--tensor-parallel-size", "--tensor-parallel-siz"),
     }
-    return dict(zip(variants, vllm_command.vllm_parse(list(variants.values()), python=SERVE_PY)))
+    return dict(zip(variants, vllm_parse(list(variants.values()), python=SERVE_PY)))
 
 
 def test_the_command_has_the_recipe_flags(v6e, tpu_argv):

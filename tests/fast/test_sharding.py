@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import plan, tiny
+from gemma_tpu_helpers.course import model_views, plan, tiny
 from gemma_tpu_helpers.fixes import gemma4, lora, sharding
 
 
@@ -86,8 +86,8 @@ def test_heads_tp_cannot_divide_flagged_then_fixed_and_compiled(one_global_kv_he
     assert k["spec after"] == "(None, 'fsdp', None)"  # only tp dropped: still sharded 4 ways on fsdp
     after = sharding.audit(model, mesh)
     assert sharding.flagged(after).empty
-    assert sharding.totals(after, "bytes/device placed")["total"] < sharding.totals(before, "bytes/device placed")[
-        "total"] / 4
+    placed = "bytes/device placed"
+    assert model_views.totals(after, placed)["total"] < model_views.totals(before, placed)["total"] / 4
 
     b, t = 4, 8
     tokens = jnp.ones((b, t), jnp.int32)
@@ -101,7 +101,7 @@ def test_heads_tp_cannot_divide_flagged_then_fixed_and_compiled(one_global_kv_he
 
 def test_31b_plan_on_v5p8_and_tp8():
     c = gemma4.GEMMA4_31B_TEXT_CONFIG
-    summary, before, changes = sharding.plan_lora_sharding(c, (1, 4), rank=64, alpha=64)
+    summary, before, changes = model_views.plan_lora_sharding(c, (1, 4), rank=64, alpha=64)
     assert summary.attrs["flags"] == 0 and changes.empty
     total_params = gemma4.param_count(c)
     lora_params = plan.lora_param_count(c, 64, lora.HF_TARGETS)
@@ -110,7 +110,7 @@ def test_31b_plan_on_v5p8_and_tp8():
     assert summary.loc["LoRA params", "paper: LoRA replicated"] == lora_params * 2
     assert summary.loc["LoRA params", "after fix"] < lora_params * 2 / 2
 
-    summary8, before8, changes8 = sharding.plan_lora_sharding(c, (1, 8), rank=64, alpha=64)
+    summary8, before8, changes8 = model_views.plan_lora_sharding(c, (1, 8), rank=64, alpha=64)
     assert set(changes8["path"]) == {"layers/5/attn/k_einsum/w", "layers/5/attn/k_einsum/w_lora_b"}
     assert all("tp=8" in why for why in changes8["why"])
     assert summary8.attrs["flags_after"] == 0

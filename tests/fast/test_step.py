@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import gemma4, remat, step
+from gemma_tpu_helpers.fixes import gemma4, remat, sft, step
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def trainer_program(smoke, tiny_dir, mesh):
     model = train._apply_lora(gemma4.load_model(tiny_dir, mesh, dtype=smoke.model.dtype), smoke, t.seed)
     config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
     with mesh_lib.trainer_context(mesh):
-        trainer = step.make_trainer(model, t, 10, config)
+        trainer = sft.make_trainer(model, t, 10, config)
         # what PeftTrainer.train(...) calls for every micro-batch (it caches the graph: cache_nnx_graph=True)
         train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
         lowered = train_fn.jitted.lower(trainer.model, trainer.optimizer,
@@ -43,10 +43,10 @@ def plan_program(smoke, tiny_dir, mesh, **changes):
 
 def test_the_trainer_runs_step_train_step(trainer_program):
     trainer, _ = trainer_program
-    assert trainer.create_train_step_fn() is step.train_step
+    assert trainer.create_train_step_fn() is sft.train_step
     train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
-    assert train_fn.donates_model and train_fn.func.__wrapped__ is train_fn.jitted  # cached graph over step.jitted()
-    assert trainer.loss_fn is step.loss_fn and trainer.gen_model_input_fn is step.model_inputs  # eval: same loss
+    assert train_fn.donates_model and train_fn.func.__wrapped__ is train_fn.jitted  # cached graph over sft.jitted()
+    assert trainer.loss_fn is sft.loss_fn and trainer.gen_model_input_fn is sft.model_inputs  # eval: same loss
 
 
 def test_the_plan_compiles_the_program_training_runs(trainer_program, smoke, tiny_dir, mesh):
@@ -110,7 +110,7 @@ def test_one_process_saves_each_replicated_array_once(tmp_path, mesh, monkeypatc
         ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
             use_replica_parallel=True, array_metadata_store=registered._array_metadata_store), override=True)
         assert save_and_restore(tmp_path / "default") >= len(tree) * len(mesh.devices.flat)
-        step.save_replicas_once()
+        sft.save_replicas_once()
         assert save_and_restore(tmp_path / "once") == 0
     finally:
         ocp.type_handlers.register_type_handler(jax.Array, registered, override=True)

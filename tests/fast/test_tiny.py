@@ -3,7 +3,7 @@ import json
 import pytest
 
 from gemma_tpu_helpers.course import tiny
-from gemma_tpu_helpers.fixes import gemma4
+from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint
 from support import run_cli
 
 
@@ -20,7 +20,7 @@ def test_layout_is_the_real_checkpoints(tiny_dir):
 def test_structure_follows_the_31b(tiny_dir):
     c = gemma4.read_text_config(tiny_dir)
     big = gemma4.GEMMA4_31B_TEXT_CONFIG
-    assert c["layer_types"] == list(gemma4.PATTERN) * (c["num_hidden_layers"] // 6)
+    assert c["layer_types"] == list(hf_checkpoint.PATTERN) * (c["num_hidden_layers"] // 6)
     assert c["attention_k_eq_v"] is True
     assert c["num_global_key_value_heads"] < c["num_key_value_heads"] <= c["num_attention_heads"]
     assert c["num_global_key_value_heads"] == big["num_global_key_value_heads"]
@@ -62,8 +62,9 @@ def test_refuses_to_clobber_without_overwrite(tmp_path):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(FileExistsError, match="overwrite=True") as e:
         tiny.write_tiny_model(out)
+    assert e.value.params == ("overwrite",)  # the CLI says --overwrite (test_cli_tiny_model)
     assert (out / "precious.txt").read_text() == "keep me"
     tiny.write_tiny_model(out, overwrite=True)
     assert not (out / "precious.txt").exists() and (out / "config.json").is_file()

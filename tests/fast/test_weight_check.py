@@ -10,7 +10,7 @@ import pytest
 
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import tiny
-from gemma_tpu_helpers.fixes import gemma4, layout, merge, weight_check
+from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint, layout, merge, weight_check
 from support import bf16_copy, lora_ckpt
 
 TARGETS = list(layout.TARGETS)
@@ -40,7 +40,7 @@ def test_a_correct_merge_passes_and_every_tensor_is_counted(case):
 
 
 def _corrupt_element(path: Path, name: str, value: float = 1.0) -> None:
-    header, start = gemma4.read_shard_header(path)
+    header, start = hf_checkpoint.read_shard_header(path)
     b0 = header[name]["data_offsets"][0]
     with open(path, "r+b") as f:
         f.seek(start + b0 + 4 * 7)  # element 7 (fp32)
@@ -48,7 +48,7 @@ def _corrupt_element(path: Path, name: str, value: float = 1.0) -> None:
 
 
 def _shard_of(model_dir: Path, name: str) -> Path:
-    return model_dir / json.loads((model_dir / gemma4.INDEX).read_text())["weight_map"][name]
+    return model_dir / json.loads((model_dir / hf_checkpoint.INDEX).read_text())["weight_map"][name]
 
 
 def test_each_damage_fails_naming_the_tensor_or_file(case, tmp_path):
@@ -130,7 +130,7 @@ def test_bf16_as_the_real_files_are(tiny_dir, tmp_path):
     res = weight_check.verify_weights(base, ckpt, merged, progress=False)
     assert res["ok"] and all(r["dtype"] == "BF16" for r in res["tensors"] if r["kind"] == "merged"), res["problems"]
     name = gemma4.KEY_PREFIX + "layers.0.mlp.down_proj.weight"
-    header, start = gemma4.read_shard_header(_shard_of(merged, name))
+    header, start = hf_checkpoint.read_shard_header(_shard_of(merged, name))
     with open(_shard_of(merged, name), "r+b") as f:  # one element 2 ulps off: more than the merge's rounding
         f.seek(start + header[name]["data_offsets"][0])
         bits = struct.unpack("<H", f.read(2))[0]
