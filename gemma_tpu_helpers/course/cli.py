@@ -73,14 +73,22 @@ def flags_note(params) -> str:
     return f" On the command line, {' and '.join(named)}." if named else ""
 
 
-def course_note(error) -> str:
-    """What the course knows about the file a failure is about (``error.path``, or its causes'): a damaged tiny
-    replica is rebuilt by the ``tiny-model`` step."""
-    while error is not None:
-        path = getattr(error, "path", None)
-        if path is not None and (Path(path) / tiny.BUILT_BY).is_file():
-            return f" It is a tiny replica: `{PROG} tiny-model {path} --overwrite` rebuilds it."
+def causes(error) -> list:
+    """``error`` and what it was raised from (a fix may raise its own class from another fix's error)."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
         error = error.__cause__
+    return chain
+
+
+def course_note(error) -> str:
+    """What the course knows about the file a failure is about (``error.path``, or a cause's): a damaged tiny
+    replica is rebuilt by the ``tiny-model`` step."""
+    for e in causes(error):
+        path = getattr(e, "path", None)
+        if path is not None and (Path(path) / tiny.BUILT_BY).is_file():
+            return f" It is a tiny replica: rebuild it with `{PROG} tiny-model {path} --overwrite`."
     return ""
 
 
@@ -91,7 +99,8 @@ def run_cli(command, args) -> int:
     try:
         return command(args)
     except (GemmaTpuError, ValueError, FileExistsError) as e:
-        message, note = str(e), flags_note(getattr(e, "params", ())) + course_note(e)
+        message, note = str(e), flags_note(dict.fromkeys(p for c in causes(e) for p in getattr(c, "params", ()))) + \
+            course_note(e)
         if note and message.rstrip()[-1:] not in (".", "!", "?"):
             message = message.rstrip() + "."
         print(f"{getattr(e, 'label', 'error')}: {message}{note}", file=sys.stderr)

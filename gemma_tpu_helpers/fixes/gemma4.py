@@ -191,8 +191,8 @@ def valid_tp_sizes(text_config: dict, max_tp: int = 64) -> list[int]:
 
 
 def check_checkpoint(model_dir: str | Path) -> dict:
-    """Validate a checkpoint's files (every shard's header, against the index) and key layout; return its text
-    config. Raises CheckpointError."""
+    """Validate a checkpoint's files (every shard's header, against the index) and the key layout tunix's loader
+    needs; return its text config. Raises CheckpointError."""
     return checked_layout(model_dir)[0]
 
 

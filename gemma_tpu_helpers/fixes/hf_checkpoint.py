@@ -1,5 +1,5 @@
-"""A Hugging Face Gemma 4 checkpoint, read without loading it: what its text config says about each layer (kind,
-KV sharing, head sizes) and the parameters it holds, and its files checked (the index against every shard's header).
+"""A Hugging Face Gemma 4 checkpoint, read without loading it: its text config and what it says about each layer
+(sliding or global, KV sharing), and its files checked (the index against every shard's header).
 
 A damaged or foreign file is a :class:`CheckpointError` of one line that names the file and how to get it back.
 Standard library only: a merge, a server or a plan reads a checkpoint here without JAX or tunix.

@@ -1,5 +1,5 @@
-"""Copy one fix: for notebooks 01-09, the files of the notebook's "Copy into your project" line go into an empty
-folder as a package of another name (fix01 ... fix09), and the notebook's documented calls run there, in a process
+"""Copy one fix: for notebooks 00-09, the files of the notebook's "Copy into your project" line go into an empty
+folder as a package of another name (fix00 ... fix09), and the notebook's documented calls run there, in a process
 where ``gemma_tpu_helpers`` cannot be imported. They must give what the same calls give in the package.
 
 A fix takes plain arguments: where one takes a model (the step, the sharding audit), the model is made by the copies
@@ -24,12 +24,12 @@ from gemma_tpu_helpers.course import paths
 from gemma_tpu_helpers.fixes import eval_problems, gemma4, layout, lora_checkpoint, multihost
 from support import copy_lines, path_of
 
-NOTEBOOKS = [f"0{i}" for i in range(1, 10)]
+NOTEBOOKS = [f"0{i}" for i in range(10)]
 
 # The calls each notebook's "Use it in your project" section shows, on plain arguments: the tiny replica's files, a
 # LoRA checkpoint, a shipped problem. `fix(nb, name)` imports module `name` of notebook `nb`'s package.
 SCRIPT = textwrap.dedent(r'''
-    import hashlib, importlib, json, os, sys
+    import dataclasses, hashlib, importlib, json, os, sys
     mode, work = sys.argv[1], json.loads(sys.argv[2])
     os.environ["XLA_FLAGS"] = work["xla_flags"]  # 2 virtual CPU devices, patient collectives
     os.environ["JAX_PLATFORMS"] = "cpu"  # not libtpu (installed for the AOT plans), which looks for a TPU first
@@ -59,6 +59,13 @@ SCRIPT = textwrap.dedent(r'''
 
     def table(df):
         return json.loads(df.to_json(orient="records"))
+
+    # 00 the port: the replica loaded into tunix by the checked loader, through the one config mapping
+    m = model()
+    out["00"] = {"layers": len(m.layers), "embed": list(m.embedder.input_embedding.value.shape),
+                 "config": {f.name: str(getattr(cfg, f.name)) for cfg in [fix("00", "gemma4").to_tunix_config(
+                     fix("00", "hf_checkpoint").read_text_config(tiny))] for f in dataclasses.fields(cfg)}}
+    done("00")
 
     # 01 mesh: make_mesh(shape, axes), and its error for a shape the devices do not fill
     mesh_lib = fix("01", "mesh")

@@ -25,8 +25,9 @@ def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):
     assert (spec.source, spec.config, spec.max_rows) == (str(copy), "sft", real.max_rows)
     assert data.load_profile_rows(spec)["prompt"] == data.load_rows(**SHIPPED)["prompt"]
     assert data.with_source(real, str(copy), "rl").config == "rl"
-    with pytest.raises(data.DataError, match=r"Config name is missing.* --config NAME"):
+    with pytest.raises(data.DataError, match=r"Config name is missing.*config=\.\.\.") as e:  # a caller's terms
         data.load_profile_rows(data.with_source(real, str(copy), data.NO_CONFIG))
+    assert "--config" not in str(e.value) and e.value.params == ("config", "split")
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"prompt": "p", "response": "```verilog\nmodule m; endmodule\n```"}) + "\n")
     assert data.with_source(real, str(rows)).config is None  # a file has no configs
@@ -41,4 +42,4 @@ def test_a_copy_of_the_repository_keeps_the_profiles_config(tmp_path, tiny_dir):
     r = subprocess.run(cmd + ["--source", "../copies/CodeV-R1-dataset", "--config", "none"], cwd=work,
                        capture_output=True, text=True, timeout=600)
     err = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(err) == 1 and "--config NAME" in err[0], r.stderr[-3000:]
+    assert r.returncode == 2 and len(err) == 1 and "config is --config NAME" in err[0], r.stderr[-3000:]

@@ -38,7 +38,8 @@ def test_process_count_mismatch_fails_on_both_sides():
     port = free_port_pair()
     procs = [_bad_train(port, 2, 0, timeout="30"), _bad_train(port, 4, 1, timeout="30")]
     (rc0, out0), (rc1, out1) = finish(procs, timeout=120)
-    assert rc0 == 2 and "process 1 was started with --num-processes 4" in out0, out0[-3000:]
+    assert rc0 == 2 and "process 1 was started with num_processes=4" in out0, out0[-3000:]
+    assert "On the command line, num_processes is --num-processes" in out0, out0[-3000:]  # the CLI's flag for it
     assert rc1 == 2 and "the coordinator refused process 1" in out1, out1[-3000:]
 
 

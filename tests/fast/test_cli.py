@@ -186,7 +186,13 @@ def test_the_cli_says_what_a_fix_errors_parameters_are_called_here(tmp_path, cap
     wrapped.__cause__ = damaged.value  # the merge raises its own class from the checkpoint's error
     line = _run_raising(wrapped, capsys)[1]
     assert line.startswith(f"error: {shard} is truncated") and line.endswith(
-        f"It is a tiny replica: `python -m gemma_tpu_helpers tiny-model {base} --overwrite` rebuilds it.\n")
+        f"It is a tiny replica: rebuild it with `python -m gemma_tpu_helpers tiny-model {base} --overwrite`.\n")
+    (base / hf_checkpoint.MERGE_INFO).write_text("{}")  # a merged model: the fix says "run the merge again"
+    with pytest.raises(hf_checkpoint.CheckpointError) as merged:
+        hf_checkpoint.read_shard_header(shard)
+    wrapped = safetensors_io.SafetensorsError(str(merged.value))
+    wrapped.__cause__ = merged.value
+    assert "(overwrite=True). On the command line, overwrite is --overwrite." in _run_raising(wrapped, capsys)[1]
 
 
 def test_every_flag_of_the_table_is_the_clis_and_every_name_a_fixs():
