@@ -1,7 +1,7 @@
 """The command line's one pattern. Each step is a :class:`Command` (its arguments, what it runs), defined once in a
 ``commands_*`` module; :func:`build_parser` makes them sub-commands and :func:`run_cli` runs the one chosen. Bad input
 is one line and exit 2: argparse's errors through :class:`OneLineParser` (the ``type=`` checks below among them), the
-package's errors through :func:`run_cli`."""
+package's errors through :func:`run_cli`, which says what a fix's parameters are called here (:data:`FLAGS`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ FLAGS = {
     "completions": "--completions FILE",
     "calibrate": "`eval --calibrate --problems DIR`",
     "step": "--step",
-    "model_dir": "--model",
+    "model_dir": "--model (bench: --serve-model)",
     "api_key": "--api-key",
 }
 

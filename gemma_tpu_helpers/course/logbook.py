@@ -42,7 +42,7 @@ _NOTEBOOKS = [
     ("04_gradient_checkpointing", "Gradient checkpointing + AOT 'fits on v5p-8' plan", "fixes.remat, course.plan"),
     ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "fixes.data"),
     ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence, the learning check's training",
-     "fixes.step, fixes.data, course.train, course.equivalence, course.learning_check"),
+     "fixes.sft, fixes.data, course.train, course.equivalence, course.learning_check"),
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed and verified",
      "fixes.merge, fixes.weight_check, fixes.verify, fixes.peft_export"),
     ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)",
