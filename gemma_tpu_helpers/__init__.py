@@ -30,7 +30,7 @@ TIERS = (
         ("models", ("hub", "tiny", "base_model")),
         ("workflows", ("model_views", "data_views", "eval_views", "profile_steps", "train", "launch",
                        "learning_check", "plan", "helper_overhead", "equivalence", "serving_bench", "cost")),
-        ("front", ("logbook", "preflight", "site", "workshop", "exercises", "cli", "commands_model",
+        ("front", ("logbook", "colab", "preflight", "site", "workshop", "exercises", "cli", "commands_model",
                    "commands_train", "commands_serve", "commands_course")),
     )),
 )
