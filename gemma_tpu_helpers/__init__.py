@@ -30,8 +30,8 @@ TIERS = (
         ("models", ("hub", "tiny", "base_model")),
         ("workflows", ("model_views", "data_views", "eval_views", "profile_steps", "train", "launch",
                        "learning_check", "plan", "helper_overhead", "equivalence", "serving_bench", "cost")),
-        ("front", ("logbook", "colab", "preflight", "site", "workshop", "exercises", "cli", "commands_model",
-                   "commands_train", "commands_serve", "commands_course")),
+        ("front", ("logbook", "colab", "preflight", "hardware_report", "site", "workshop", "exercises", "cli",
+                   "commands_model", "commands_train", "commands_serve", "commands_course")),
     )),
 )
 # Every module as "<tier>.<module>" in its layer, lowest layer first; the CLI (``python -m gemma_tpu_helpers``) last.

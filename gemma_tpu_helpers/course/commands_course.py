@@ -1,11 +1,11 @@
-"""The course's own steps: solutions, site, demo, report."""
+"""The course's own steps: solutions, site, demo, report (and report --hardware, the run's figures to paste back)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from . import exercises, logbook, profiles, site
+from . import exercises, hardware_report, logbook, profiles, site
 from .cli import Command, profile_argument, runs_argument
 
 # ------------------------------------------------------------------------------------------------------ solutions
@@ -69,11 +69,21 @@ def run_demo(args) -> int:
 def report_arguments(p) -> None:
     profile_argument(p)
     runs_argument(p)
+    p.add_argument("--hardware", action="store_true",
+                   help="the run's figures to paste back from real hardware: versions, devices, the clean step time, "
+                        "peak HBM, the merge's seconds, the serving sweep and pass@1, each missing one with the step "
+                        f"that makes it (also in runs/<profile>/{hardware_report.REPORT})")
 
 
 def run_report(args) -> int:
-    """Write runs/<profile>/report.md from the figures the notebooks recorded."""
+    """Write runs/<profile>/report.md from the figures the notebooks recorded; with --hardware, print the run's
+    figures as a markdown block to paste, and write it to runs/<profile>/hardware_report.md."""
     prof = profiles.get_profile(args.profile)
+    if args.hardware:
+        text, path = hardware_report.write_report(prof, prof.run_dir(args.runs))
+        print(text)
+        print(f"(also in {path}: paste the block above into your report to the course, docs/tpu-vm.md step 11)")
+        return 0
     print(logbook.write_report(prof.run_dir(args.runs)))
     return 0
 
@@ -85,5 +95,6 @@ COMMANDS = (
             site_arguments, run_site),
     Command("demo", "run all notebooks in order (executed copies + report.md in runs/<profile>/)", demo_arguments,
             run_demo),
-    Command("report", "write runs/<profile>/report.md from the recorded figures", report_arguments, run_report),
+    Command("report", "write runs/<profile>/report.md from the recorded figures; --hardware: the run's figures to "
+            "paste back from real hardware", report_arguments, run_report),
 )

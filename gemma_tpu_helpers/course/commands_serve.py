@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..fixes import eval_problems, eval_sample, eval_score, eval_simulate, http_client, vllm_command, vllm_server
-from . import cost, learning_check, paths, preflight, profiles, serving_bench
+from . import cost, hardware_report, learning_check, paths, preflight, profiles, serving_bench
 from .cli import Command, cli_path, input_file, non_negative_int, positive_int, positive_seconds, tcp_port
 
 SMOKE_QUESTION = "Write a Verilog module for a 2-to-1 multiplexer."
@@ -210,6 +210,13 @@ def run_eval(args) -> int:
           + ", ".join(f"{c}={int(v)}" for c, v in counts.items()))
     for line in lines:
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)
+    answers = ({"url": args.url, "model": args.model, **sampling_settings(args)} if args.url
+               else {"completions": str(args.completions)})
+    record = hardware_report.record_eval(
+        args.run_dir, eval_score.pass_at_k_table(results, sorted({1, *ks})), results["task_id"].nunique(),
+        len(results), version, answers,
+        calibration.ceiling(p.task_id for p in scored) if calibration is not None else None)
+    print(f"score recorded in {record} (report --hardware reads it)")
     if calibration is None:
         where = f" --problems {args.problems}" if args.problems else ""
         print(f"no calibration for these problems with iverilog {version} in {cache_dir}: run "

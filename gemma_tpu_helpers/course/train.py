@@ -382,9 +382,26 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     if recorder.preempted_at is not None:
         _preempted(recorder.preempted_at, steps, ckpt_dir, watch.signal_at)
     if main:
-        write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1)}))
+        write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1),
+                                                            **device_record()}))
     _sync("train done")  # the others read process 0's metrics file only once it is complete
     return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds)
+
+
+def device_record() -> dict:
+    """What ran the training, for ``done.json`` (the run report reads it): the devices' platform, kind and count, the
+    processes, and the peak memory in use on this process's chips since it started (the largest over its chips,
+    from ``jax.Device.memory_stats()``, with that chip's limit; None where the runtime keeps no statistics: the
+    CPU)."""
+    import jax
+
+    devices = jax.devices()
+    stats = [s for s in (d.memory_stats() for d in jax.local_devices()) if s and "peak_bytes_in_use" in s]
+    peak = max(stats, key=lambda s: s["peak_bytes_in_use"]) if stats else None
+    return {"platform": devices[0].platform, "device_kind": devices[0].device_kind, "device_count": len(devices),
+            "process_count": jax.process_count(),
+            "peak_hbm_bytes": peak["peak_bytes_in_use"] if peak else None,
+            "hbm_limit_bytes": peak.get("bytes_limit") if peak else None}
 
 
 def _preempted(step: int, steps: int, ckpt_dir: Path, signal_at: float | None) -> None:

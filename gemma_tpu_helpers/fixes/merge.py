@@ -152,7 +152,8 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
                 "base_config_sha256": cfg_hash, "merged_tensors": len(applied),
                 "copied_tensors": len(entries) - len(applied), "shards": sorted(shards), "total_size": total,
                 "copied_files": copied, "max_abs_delta": max(applied.values(), default=0.0), "kernel": kernel,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "seconds": round(time.perf_counter() - started, 2)}  # so far: every shard written, LoRA restored
         (tmp / MERGE_INFO).write_text(json.dumps(info, indent=1) + "\n")
         install_dir(tmp, out_dir)
     except BaseException:

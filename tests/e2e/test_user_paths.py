@@ -179,7 +179,8 @@ def test_steps_with_relative_paths_only(work):
     r = run("export-adapter", "--base", "runs/smoke/base", "--checkpoint", ckpt, "--out", "adapter")
     assert r.returncode == 0 and (d / "adapter/adapter_model.safetensors").is_file(), r.stderr[-3000:]
     out = "results.jsonl"
-    r = run("eval", "--completions", "answers.jsonl", "--tasks", ",".join(EVAL_TASKS), "--out", out, "--k", "1")
+    r = run("eval", "--completions", "answers.jsonl", "--tasks", ",".join(EVAL_TASKS), "--out", out, "--k", "1",
+            "--run-dir", "runs/smoke")  # its score goes to RUN_DIR/eval: here, not the checkout's runs/
     assert r.returncode == 0 and "pass@1" in r.stdout, r.stderr[-3000:]
     assert len((d / out).read_text().splitlines()) == len(EVAL_TASKS)
     # serve's pre-check on the relative path: a damaged copy is refused before vLLM starts, naming the shard
