@@ -115,11 +115,34 @@ FAULTS += (
     Fault(
         "expert-lora-on-every-expert",
         "gemma_tpu_helpers/fixes/expert_lora.py",
-        "            low = jax.lax.ragged_dot(lhs, lora_a.astype(lhs.dtype), group_sizes, precision=precision,\n"
-        "                                     group_offset=group_offset)\n",
-        "            low = jax.lax.ragged_dot(lhs, lora_a[:1].astype(lhs.dtype), group_sizes.sum(keepdims=True),\n"
-        "                                     precision=precision)\n",
+        "            delta = _ops()[0](lhs, lora_a.astype(lhs.dtype), lora_b.astype(lhs.dtype), group_sizes,\n",
+        "            delta = _ops()[0](lhs, jax.numpy.broadcast_to(lora_a[:1], lora_a.shape).astype(lhs.dtype),\n"
+        "                              lora_b.astype(lhs.dtype), group_sizes,\n",
         "the experts' LoRA A is applied as one shared matrix (expert 0's) to every routed row, not per expert",
+    ),
+    Fault(
+        "expert-lora-weight-grads-untied",
+        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "        return (*jax.lax.optimization_barrier((dx, da, db)), None)\n",
+        "        return dx, da, db, None\n",
+        "the experts' LoRA backward leaves dA and dB untied from dx: XLA:TPU computes them at the end of the step and "
+        "holds every layer's routed rows until then (0.59 GiB a layer on a v6e-4)",
+    ),
+    Fault(
+        "megablox-rows-not-cut-per-shard",
+        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "            gs = (jnp.clip(ends, lo, lo + m) - jnp.clip(ends - gs, lo, lo + m)).astype(jnp.int32)\n",
+        "            gs = gs.astype(jnp.int32)\n",
+        "each fsdp shard of the TPU's grouped matmul reads the whole step's group sizes for its half of the rows: "
+        "rows meet other experts' matrices",
+    ),
+    Fault(
+        "nf4-levels-swapped",
+        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "        levels = [jnp.where(on, hi, lo) for lo, hi in zip(levels[::2], levels[1::2])]\n",
+        "        levels = [jnp.where(on, lo, hi) for lo, hi in zip(levels[::2], levels[1::2])]\n",
+        "the nf4 experts' dequantisation reads each code's bits the wrong way round: every weight takes a "
+        "neighbouring level",
     ),
     Fault(
         "merge-skips-expert-tensors",

@@ -59,7 +59,7 @@ def test_nf4_experts_are_within_the_rounding_bound_of_nf4():
     sum_k |x_k| * that, plus fp32's summation bound of the two dots (2 * in * 2^-24 * sum_k |x_k| |w_k|)."""
     import jax
     import jax.numpy as jnp
-    from qwix._src.core import numerics
+    from qwix._src.core import numerics, qarray
     from qwix._src.utils import flax_util
 
     from gemma_tpu_helpers.fixes import expert_lora
@@ -80,6 +80,7 @@ def test_nf4_experts_are_within_the_rounding_bound_of_nf4():
         assert isinstance(box, expert_lora.quantized_class())
         assert flax_util.unbox(box.array.qvalue).dtype == jnp.uint4  # 4 bits a weight
         w, wq = before[row.param], np.asarray(box.value)
+        assert (wq == np.asarray(qarray.dequantize(flax_util.unbox(box.array)))).all()  # qwix's values, to the bit
         scale = np.repeat(np.asarray(flax_util.unbox(box.array.scale)), tile, axis=row.contracted)
         assert scale.shape == w.shape
         assert (np.abs(w - wq) <= half_gap * scale + eps * np.abs(wq)).all(), row.param
@@ -126,3 +127,77 @@ def test_qlora_quantizes_the_experts_and_their_lora_trains():
     assert losses[-1] < losses[0], losses
     moved = {p for p, v in nnx.iter_graph(model) if p in b_before and not jnp.array_equal(v.value, b_before[p])}
     assert {p[-1] for p in moved if "moe" in p} == {"gating_einsum_lora_b", "linear_lora_b"}
+
+
+# ------------------------------------------------------------------------- the experts' matmuls and their VJP
+
+def _grouped_inputs(m: int, k: int, n: int, r: int, integers: bool):
+    """Rows sorted into 4 groups (one empty, one across the middle row, where a 2-way row split cuts), x (m, k),
+    A (4, k, r), B (4, r, n), a frozen W (4, k, n) and a cotangent (m, n), in fp32. ``integers``: small integers,
+    so every product and sum of the matmuls and their gradients is exact in fp32 (all below 2^24): any order of
+    summation gives the same bits, and two kernels must agree exactly."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    draw = ((lambda *s: rng.integers(-2, 3, s)) if integers else (lambda *s: rng.standard_normal(s)))
+    sizes = np.array([m // 2 - 8, 0, 24, m // 2 - 16])
+    arrays = [draw(m, k), draw(4, k, r), draw(4, r, n), draw(4, k, n), draw(m, n)]
+    return jnp.asarray(sizes, jnp.int32), *(jnp.asarray(a, jnp.float32) for a in arrays)
+
+
+def _two_ragged_dots(x, a, b, gs, scale):
+    import jax
+
+    return jax.lax.ragged_dot(jax.lax.ragged_dot(x, a, gs), b, gs) * scale
+
+
+def test_the_experts_lora_backward_is_autodiffs_with_the_weight_gradients_tied_to_the_input_gradient():
+    """lora_delta on the CPU kernel gives the bits autodiff of the two ragged_dots gives (the same matmuls in the
+    same order), for the value and the gradients of x, A and B; its backward ties dA and dB to dx with one
+    optimization barrier (docs/moe-experts.md: without it XLA:TPU computes them at the end of the step)."""
+    import jax
+
+    from gemma_tpu_helpers.fixes import expert_lora
+
+    gs, x, a, b, _, ct = _grouped_inputs(64, 48, 40, 4, integers=False)
+    ours, vjp = jax.vjp(lambda *v: expert_lora.lora_delta(*v, gs, 0.25), x, a, b)
+    ref, ref_vjp = jax.vjp(lambda *v: _two_ragged_dots(*v, gs, 0.25), x, a, b)
+    assert (ours == ref).all()
+    for got, want, name in zip(vjp(ct), ref_vjp(ct), ("x", "A", "B")):
+        assert got.shape == want.shape and (got == want).all(), name
+    jaxpr = str(jax.make_jaxpr(lambda *v: jax.vjp(lambda *w: expert_lora.lora_delta(*w, gs, 0.25), *v)[1](ct))(
+        x, a, b))
+    barriers = [line for line in jaxpr.splitlines() if "optimization_barrier" in line]
+    assert len(barriers) == 1 and barriers[0].count("f32[") == 3, barriers  # (dx, dA, dB) together
+
+
+def test_megablox_on_a_mesh_equals_ragged_dot_exactly_on_exact_inputs(mesh):
+    """The TPU kernel (megablox's gmm / tgmm, Pallas interpret mode on this CPU) on a fsdp=2 x tp=2 mesh, the rows
+    split over fsdp and K over tp with a partial last tile (176 = 128 + 48 a shard), against ragged_dot: on small
+    integers both are exact, so they must agree to the bit, for each matmul, the LoRA delta and its gradients. A
+    row given to the wrong shard or group, a lost partial sum or a misplaced tile changes integers."""
+    import jax
+    from jax.sharding import Mesh
+
+    from gemma_tpu_helpers.fixes import expert_lora
+
+    grid = Mesh(np.asarray(mesh.devices).reshape(-1)[:4].reshape(2, 2), ("fsdp", "tp"))
+    gs, x, a, b, w, ct = _grouped_inputs(256, 352, 200, 8, integers=True)
+    tpu = dict(kernel="megablox", mesh=grid, interpret=True)
+
+    @jax.jit
+    def both(x, a, b, w, ct):
+        out = {kind: (expert_lora.grouped(kind, p, q, gs), expert_lora.grouped(kind, p, q, gs, **tpu))
+               for kind, (p, q) in {"fwd": (x, w), "bwd": (ct, w), "wgrad": (x, ct)}.items()}
+        for name, kw in (("ragged", {}), ("megablox", tpu)):
+            value, vjp = jax.vjp(lambda *v: expert_lora.lora_delta(*v, gs, 0.5, **kw), x, a, b)
+            out[name] = (value, *vjp(ct))
+        return out
+
+    out = both(x, a, b, w, ct)
+    for kind in ("fwd", "bwd", "wgrad"):
+        ref, got = out[kind]
+        assert got.shape == ref.shape and (got == ref).all(), kind
+    assert float(abs(out["ragged"][0]).max()) > 100  # not a test of zeros
+    for ref, got, name in zip(out["ragged"], out["megablox"], ("delta", "dx", "dA", "dB")):
+        assert got.shape == ref.shape and (got == ref).all(), name
