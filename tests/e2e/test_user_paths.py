@@ -26,8 +26,8 @@ CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
 PLACEHOLDER = re.compile(r"^(DIR|NAME|N|Z|\.\.\.)$|[<>]")
 STEPS = set(build_parser(cli.COMMANDS)._subparsers._group_actions[0].choices)
 # The order the documented commands run in (each needs what an earlier one made: train builds runs/smoke/base).
-ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "parity", "merge", "verify", "eval", "cost",
-         "solutions", "launch"]
+ORDER = ["setup", "tiny-model", "data-stats", "lora", "sharding", "train", "parity", "merge", "verify", "eval",
+         "report", "cost", "solutions", "launch"]
 # Documented commands that are parsed but not run here, and why (each is run elsewhere in the suite).
 NOT_RUN = {
     "learn": "trains, merges and starts vLLM twice (minutes); test_learn runs it as documented, from a fresh "
@@ -39,6 +39,9 @@ NOT_RUN = {
     "eval --url": "needs a server; test_evaluate and notebook 09 run it",
     "bench --url": "needs a server; test_bench runs the sweep",
     "eval --calibrate": "needs VerilogEval's data set, not shipped; test_evaluate calibrates the shipped problems",
+    "train --profile smoke --max-steps 20": "docs/tpu-vm.md's first run, a second training into its own run "
+                                            "directory (a minute here); the documented `train` runs above, and "
+                                            "test_train and test_resume train with --max-steps",
 }
 
 
@@ -159,6 +162,43 @@ def test_documented_commands_run_literally(work):
     assert f"-> {d.resolve() / 'runs/smoke/merged'}" in merge_out
     assert "parity: OK" in next(r.stdout for k, r in results.items() if k.startswith("parity "))
     assert "pass@1" in next(r.stdout for k, r in results.items() if k.startswith("eval "))
+
+
+def test_the_report_of_the_documented_run(work):
+    """docs/tpu-vm.md's `report --profile v5p-8 --hardware`, run on the smoke run the documented commands made:
+    versions, the training's devices, the clean step time (the median of the clean steps' step_s), peak HBM n/a on a
+    CPU, the merge's seconds from merge_info.json, pass@1 of the documented eval, and the missing sweep with its
+    step; the same block in runs/smoke/hardware_report.md."""
+    from gemma_tpu_helpers.course import logbook
+
+    d, results = work
+    r = results["report --profile smoke --hardware"]
+    out = r.stdout
+    v = logbook.versions()
+    assert f"| versions | python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}" in out, out
+    assert "| training devices | cpu x 8 (1 process) |" in out, out
+    trained = int(re.search(r"\| training \| (\d+) steps in ", out)[1])
+    rows = {}  # the steps of that training (test_steps_with_relative_paths_only trains one more later)
+    for line in (d / "runs/smoke/train/metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "loss" in row and row["step"] <= trained:
+            rows[row["step"]] = row
+    clean = sorted(x["step_s"] for x in rows.values() if x["step_s"] is not None)
+    m = re.search(r"\| clean step time \| (\d+\.\d\d) s per optimizer step \(median of (\d+) clean steps of (\d+)\)",
+                  out)
+    assert m and clean, out
+    median = clean[len(clean) // 2] if len(clean) % 2 else (clean[len(clean) // 2 - 1] + clean[len(clean) // 2]) / 2
+    assert (float(m[1]), int(m[2]), int(m[3])) == (round(median, 2), len(clean), len(rows)), (m.groups(), clean)
+    assert "| peak HBM (training) | n/a on CPU |" in out, out
+    info = json.loads((d / "runs/smoke/merged/merge_info.json").read_text())
+    assert info["seconds"] > 0 and f"| merge | {info['seconds']:.1f} s (step {info['step']}, " in out, out
+    assert f"| pass@1 | 1.0000 on {len(EVAL_TASKS)} problems (answers from {d.resolve() / 'answers.jsonl'}" in out, out
+    assert ("| serving (bench sweep) | missing: run `python -m gemma_tpu_helpers bench --url http://127.0.0.1:8000 "
+            "--profile smoke` (with the server up) |") in out, out
+    assert out.startswith((d / "runs/smoke/hardware_report.md").read_text()), out
+    # the first run's report (docs/tpu-vm.md, step 5): that run is not made here, so each figure names its step
+    first = results["report --profile smoke --hardware --runs runs/first"].stdout
+    assert "| clean step time | missing: run `python -m gemma_tpu_helpers train --profile smoke` |" in first, first
 
 
 def test_steps_with_relative_paths_only(work):
