@@ -245,6 +245,6 @@ COMMANDS = (
             merge_arguments, run_merge),
     Command("verify", "07: merged model vs base + LoRA: every tensor (streamed), then the logits "
             "(--weights: the tensors alone, any model size)", verify_arguments, run_verify),
-    Command("export-adapter", "07: the trained LoRA as an unmerged PEFT adapter (for PEFT; serve the merged weights with vLLM)",
-            export_adapter_arguments, run_export_adapter),
+    Command("export-adapter", "07: the trained LoRA as an unmerged PEFT adapter (for PEFT; serve the merged "
+            "weights with vLLM)", export_adapter_arguments, run_export_adapter),
 )
