@@ -6,23 +6,31 @@ puts the run directories on Drive, so that notebook 07 in a fresh runtime finds 
 does nothing. :func:`restart_needed` tells the install cell whether a package this kernel already imported changed
 on disk (Colab preloads its own jax and numpy), so it can say once that the runtime must be restarted.
 
+Every notebook opens with an "Open in Colab" badge, and its install cell clones ``REPO_URL``: both are written from
+the one URL in ``pyproject.toml``'s ``[project.urls]`` by :func:`write_badges` (``python -m gemma_tpu_helpers
+badges``), and a test fails when a notebook disagrees with it.
+
 Colab's own modules are imported inside the functions: they exist only there (a test puts a stand-in on the path).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import sys
+import re
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
-DRIVE_MOUNT = "/content/drive"
+from ..fixes import model_size
+from ..fixes.file_io import write_atomic
+from . import base_model, paths
+
+DRIVE_MOUNT = "drive"  # under the working directory: /content/drive on Colab, where a notebook starts in /content
 DRIVE_RUNS = "MyDrive/gemma-tpu/runs"  # under the mount point
 RUNS_ENV = "GEMMA_TPU_RUNS"  # the runs root profiles.Profile.run_dir reads
 SECRET = "HF_TOKEN"  # Colab's Secrets name, the one huggingface_hub reads too
-# What a restart would change: packages the install cell pins that a Colab kernel may have imported already.
-RESTART_PACKAGES = ("jax", "jaxlib", "numpy", "flax", "transformers", "tokenizers", "safetensors", "ml_dtypes")
 
 
 def on_colab() -> bool:
@@ -42,11 +50,11 @@ def secrets_token() -> str | None:
         return None
 
 
-def restart_needed(before: dict[str, str]) -> list[str]:
-    """The packages of ``before`` (name -> version imported in this kernel before the install) whose installed
-    version is now another: the kernel keeps the old module until the runtime restarts."""
+def restart_needed(preloaded: dict[str, str]) -> list[str]:
+    """The modules of ``preloaded`` (name -> the version this kernel imported before the install) whose installed
+    version is now another: the kernel keeps the old one until the runtime restarts."""
     changed = []
-    for name, old in before.items():
+    for name, old in preloaded.items():
         try:
             new = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -56,41 +64,105 @@ def restart_needed(before: dict[str, str]) -> list[str]:
     return changed
 
 
-def imported_versions() -> dict[str, str]:
-    """Versions of the :data:`RESTART_PACKAGES` this kernel has imported (read before the install cell installs)."""
-    out = {}
-    for name in RESTART_PACKAGES:
-        if name in sys.modules:
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                pass
-    return out
+def stop_for_restart(preloaded: dict[str, str]) -> None:
+    """After the install cell's pip: stop "Run all" with one message when a module this kernel imported changed on
+    disk (Colab preloads its own jax and numpy). After the restart the helpers import, so the install (and this
+    message) does not come again."""
+    changed = restart_needed(preloaded)
+    if changed:
+        raise SystemExit(f"Installed; this kernel still holds the old {', '.join(changed)}. Restart the runtime "
+                         f"(Runtime > Restart session), then run the notebook again from the top: the install is "
+                         f"done and will not repeat.")
+
+
+def drive_gb(profile) -> float:
+    """What a profile's run directory holds at most, in GB: the base checkpoint and its merged copy (the text
+    weights in the profile's dtype, bf16: 2 bytes each; the towers and the LoRA checkpoints are small beside them)."""
+    return 2 * model_size.param_count(base_model.profile_text_config(profile)) * 2 / 1e9
 
 
 def setup(profile, mount: bool = True) -> dict:
-    """On Colab: the token from Secrets into ``HF_TOKEN`` (processes the notebooks start inherit it), and with
-    ``mount`` the runs root on Drive (``$GEMMA_TPU_RUNS`` unless already set). Returns what it did, for the cell to
-    print; off Colab an empty dict."""
+    """On Colab: the token from Secrets into ``HF_TOKEN`` (the processes the notebooks start inherit it), and with
+    ``mount`` the runs root on Drive (``$GEMMA_TPU_RUNS``, unless already set), where a fresh runtime finds the run
+    again. Prints what it did and returns it; off Colab it does nothing and returns an empty dict."""
     if not on_colab():
         return {}
-    done = {}
     token = secrets_token()
     if token:
-        os.environ["HF_TOKEN"] = token
-        done["token"] = "from Colab's Secrets (HF_TOKEN)"
-    elif os.environ.get("HF_TOKEN"):
-        done["token"] = "from $HF_TOKEN"
+        os.environ[SECRET] = token
+        done = {"token": "from Colab's Secrets"}
+    elif os.environ.get(SECRET):
+        done = {"token": "from $HF_TOKEN"}
     else:
-        done["token"] = ("none: add HF_TOKEN under Secrets (the key icon) and allow this notebook to read it, "
-                         "if the profile's model is gated")
+        done = {"token": "none (a gated model needs HF_TOKEN under Secrets, the key icon, with access for this "
+                         "notebook)"}
     if mount and not os.environ.get(RUNS_ENV):
         from google.colab import drive
 
-        drive.mount(DRIVE_MOUNT)
-        runs = Path(DRIVE_MOUNT) / DRIVE_RUNS
+        mountpoint = Path.cwd() / DRIVE_MOUNT
+        drive.mount(str(mountpoint))  # Colab asks the user first
+        runs = mountpoint / DRIVE_RUNS
         runs.mkdir(parents=True, exist_ok=True)
         os.environ[RUNS_ENV] = str(runs)
-    done["runs"] = os.environ.get(RUNS_ENV) or "runs (this runtime's disk: gone when it is recycled)"
-    done["profile"] = profile.name
+    done["runs"] = os.environ.get(RUNS_ENV) or "runs/ on this runtime's disk (gone when the runtime is recycled)"
+    done["drive_gb"] = round(drive_gb(profile), 1)
+    print(f"Colab: Hugging Face token {done['token']}; run directories in {done['runs']} (profile {profile.name} "
+          f"needs about {done['drive_gb']:g} GB there)")
     return done
+
+
+# ------------------------------------------------------------------------------------ the badge and the install URL
+
+BADGE = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+BADGE_ID = "colab-badge"
+REPO_LINE = re.compile(r'^REPO_URL = "[^"]*"', re.M)  # the install cell's line, as the notebooks write it
+_GITHUB = re.compile(r"^https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$")
+
+
+def repo_url(pyproject: Path = paths.REPO / "pyproject.toml") -> str:
+    """The course's repository: ``[project.urls] Repository`` in ``pyproject.toml``."""
+    return tomllib.loads(Path(pyproject).read_text())["project"]["urls"]["Repository"]
+
+
+def colab_url(notebook: str, repo: str, branch: str = "main") -> str:
+    """The notebook's Colab URL for a GitHub ``repo`` (Colab opens notebooks from GitHub only: another host is a
+    ValueError)."""
+    m = _GITHUB.match(repo.strip())
+    if not m:
+        raise ValueError(f"{repo!r} is not a GitHub URL (https://github.com/OWNER/NAME): Colab opens notebooks from "
+                         f"GitHub only. Change [project.urls] Repository in pyproject.toml.")
+    name = notebook if notebook.endswith(".ipynb") else f"{notebook}.ipynb"
+    return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/notebooks/{name}"
+
+
+def with_badge(nb: dict, name: str, repo: str, branch: str = "main") -> dict:
+    """``nb`` (a notebook's JSON) with its first cell the badge for ``repo`` and its install cell cloning ``repo``."""
+    badge = BADGE.format(url=colab_url(name, repo, branch))
+    cells = nb["cells"]
+    first = cells[0] if cells else None
+    if first is not None and first.get("id") == BADGE_ID:
+        first["source"] = [badge]
+    else:
+        cells.insert(0, {"cell_type": "markdown", "id": BADGE_ID, "metadata": {}, "source": [badge]})
+    install = [c for c in cells if c["cell_type"] == "code" and REPO_LINE.search("".join(c["source"]))]
+    if len(install) != 1:
+        raise ValueError(f"{name}: expected one install cell with a `REPO_URL = \"...\"` line, found {len(install)}")
+    text = REPO_LINE.sub(f'REPO_URL = "{repo}"', "".join(install[0]["source"]), count=1)
+    install[0]["source"] = text.splitlines(keepends=True)
+    return nb
+
+
+def write_badges(notebooks_dir: Path = paths.REPO / "notebooks", repo: str | None = None, branch: str = "main",
+                 check: bool = False) -> list[str]:
+    """Write every notebook's badge and install URL from ``repo`` (default: :func:`repo_url`); returns the notebooks
+    that were (with ``check``: that would be) changed. ``check`` writes nothing."""
+    repo = repo or repo_url()
+    changed = []
+    for path in sorted(Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb")):
+        before = path.read_text()
+        after = json.dumps(with_badge(json.loads(before), path.stem, repo, branch), indent=1, ensure_ascii=False) + "\n"
+        if after != before:
+            changed.append(path.name)
+            if not check:
+                write_atomic(path, after)
+    return changed

@@ -1,11 +1,12 @@
-"""The course's own steps: solutions, site, demo, report (and report --hardware, the run's figures to paste back)."""
+"""The course's own steps: solutions, site, demo, report (and report --hardware, the run's figures to paste back), and
+badges (each notebook's "Open in Colab" badge and install URL from pyproject.toml)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from . import exercises, hardware_report, logbook, profiles, site
+from . import colab, exercises, hardware_report, logbook, profiles, site
 from .cli import Command, profile_argument, runs_argument
 
 # ------------------------------------------------------------------------------------------------------ solutions
@@ -88,6 +89,23 @@ def run_report(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------------------------- badges
+
+def badges_arguments(p) -> None:
+    p.add_argument("--repo", default=None, help="the course's GitHub URL (default: [project.urls] Repository in "
+                   "pyproject.toml)")
+    p.add_argument("--branch", default="main", help="the branch the badges open (default: main)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a notebook differs")
+
+
+def run_badges(args) -> int:
+    """Write each notebook's "Open in Colab" badge and its install cell's REPO_URL (after publishing the course)."""
+    changed = colab.write_badges(repo=args.repo, branch=args.branch, check=args.check)
+    verb = "would change" if args.check else "wrote"
+    print(f"{verb} {len(changed)} notebook(s){': ' + ', '.join(changed) if changed else ''}")
+    return 1 if args.check and changed else 0
+
+
 COMMANDS = (
     Command("solutions", "workshop: the exercises' tasks and solutions, for teachers (e.g. solutions 02)",
             solutions_arguments, run_solutions),
@@ -97,4 +115,6 @@ COMMANDS = (
             run_demo),
     Command("report", "write runs/<profile>/report.md from the recorded figures; --hardware: the run's figures to "
             "paste back from real hardware", report_arguments, run_report),
+    Command("badges", "write each notebook's Open-in-Colab badge and install URL from pyproject.toml's repository "
+            "(--check: only compare)", badges_arguments, run_badges),
 )

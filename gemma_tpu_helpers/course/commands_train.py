@@ -39,6 +39,9 @@ def train_arguments(p) -> None:
     p.add_argument("--base", type=cli_path, default=None,
                    help="base checkpoint dir (default: the profile's, built or downloaded)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="override the profile's max_steps")
+    p.add_argument("--stop-after", type=positive_int, default=None, metavar="STEP",
+                   help="a first run: stop after this step of the full run, saved; the same command without it "
+                        "resumes (the schedule stays the full run's)")
     p.add_argument("--max-seq-len", type=positive_int, default=None,
                    help="override the profile's max_seq_len: tokens per row (longer examples are dropped, or trimmed "
                         "if the profile says so)")
@@ -81,15 +84,19 @@ def run_train(args) -> int:
     if args.no_experts:
         prof = profile_steps.without_experts(prof)
     result = train.train(prof, run_dir=args.run_dir, base_dir=args.base, max_steps=args.max_steps,
-                         checkpoint_every=args.checkpoint_every)
+                         checkpoint_every=args.checkpoint_every, stop_after=args.stop_after)
     if not multihost.is_main():
         return 0
     m = result.metrics.dropna(subset=["loss"])
     plot = result.checkpoint_dir.parent / "train" / "loss.png"
     train.plot_loss(result.metrics, plot)
-    print(f"trained steps {result.start_step}..{result.total_steps} in {result.seconds:.1f} s; "
+    end = result.stopped_at if result.stopped_at is not None else result.total_steps
+    print(f"trained steps {result.start_step}..{end} in {result.seconds:.1f} s; "
           f"loss {m['loss'].iloc[0]:.4f} -> {m['loss'].iloc[-1]:.4f}; checkpoints in {result.checkpoint_dir}; "
           f"loss curve {plot}")
+    if result.stopped_at is not None:
+        print(f"stopped after step {result.stopped_at} of {result.total_steps} as asked (--stop-after): the same "
+              f"command without --stop-after resumes from step {result.stopped_at}")
     return 0
 
 

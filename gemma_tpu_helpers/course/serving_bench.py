@@ -171,6 +171,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     api_key = http_client.resolve_api_key(api_key)
     entry = check_server(url, model, api_key)
     model = entry["id"]
+    input_lens, skipped = within_model_len(input_lens, output_len, entry.get("max_model_len"))
     tok = resolve_tokenizer(entry, tokenizer)
     out_dir = Path(out_dir)
     raw = out_dir / "raw"
@@ -219,7 +220,25 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
                          f"points. Last lines of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
     df = collect([raw / point_filename(i, q) for i, q in grid])
     df.to_csv(out_dir / "sweep.csv", index=False)
+    df.attrs["skipped_input_lens"] = skipped
     return df
+
+
+def within_model_len(input_lens: list[int], output_len: int, max_model_len: int | None) -> tuple[list, list]:
+    """The input lengths whose prompt and ``output_len`` tokens fit the server's ``max_model_len`` (``GET
+    /v1/models`` reports it), and those skipped, said in one line: vLLM would refuse every request of those (a
+    one-chip Colab server serves 4,096 tokens, the paper's sweep goes to 15,360). None of them fits: BenchError."""
+    if not max_model_len:
+        return list(input_lens), []
+    fit = [i for i in input_lens if i + output_len <= max_model_len]
+    skipped = [i for i in input_lens if i not in fit]
+    if not fit:
+        raise BenchError(f"No input length fits the server's max_model_len {max_model_len} with {output_len} output "
+                         f"tokens: pass input lengths up to {max_model_len - output_len}.")
+    if skipped:
+        print(f"skipped input lengths {', '.join(map(str, skipped))}: with {output_len} output tokens they exceed the "
+              f"server's max_model_len {max_model_len}")
+    return fit, skipped
 
 
 # ----------------------------------------------------------------------------------------------- results

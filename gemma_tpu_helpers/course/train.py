@@ -115,6 +115,7 @@ class TrainResult:
     start_step: int
     total_steps: int
     seconds: float
+    stopped_at: int | None = None  # ``stop_after``: the step it stopped after, saved (the run is not finished)
 
 
 class StopForPreemption(Exception):
@@ -131,7 +132,7 @@ def clean_step(step: int, start_step: int, last_step: int, checkpoint_every: int
 
 def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True,
               watch: PreemptionWatch | None = None, accum: int = 1, last_step: int | None = None,
-              checkpoint_every: int = 10**9, eval_every: int | None = None):
+              checkpoint_every: int = 10**9, eval_every: int | None = None, stop_at: int | None = None):
     from tunix.sft import hooks
 
     class Recorder(hooks.TrainingHooks):
@@ -144,6 +145,7 @@ def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, pre
             self.last = time.perf_counter()
             self.rows = []
             self.preempted_at: int | None = None
+            self.stopped_at: int | None = None
             self.asked: dict[int, bool] = {}
             self.lines = path.read_text().splitlines(keepends=True) if write and path.is_file() else []
             self.written, self.uploaded = len(self.lines), -math.inf
@@ -173,7 +175,11 @@ def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, pre
 
         def stop_after(self, done: int) -> None:
             """Stop after ``done`` steps if the watch says so. Asked once per step (every process must ask with
-            the same step numbers), before an evaluation or the next step, whichever comes first."""
+            the same step numbers), before an evaluation or the next step, whichever comes first. ``stop_at``
+            stops there too, with nothing to agree on: every process counts the same steps."""
+            if stop_at is not None and done >= stop_at:
+                self.stopped_at = done
+                raise StopForPreemption
             if watch is None:
                 return
             if done not in self.asked:
@@ -267,10 +273,12 @@ def _apply_lora(model, profile: Profile, seed: int):
 
 def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | Path | None = None,
           max_steps: int | None = None, prepared=None, progress: bool = True,
-          checkpoint_every: int | None = None) -> TrainResult:
+          checkpoint_every: int | None = None, stop_after: int | None = None) -> TrainResult:
     """Train the profile's LoRA; resume from the latest checkpoint in ``run_dir/checkpoints`` if there is one.
 
-    ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests).
+    ``max_steps`` and ``checkpoint_every`` override the profile's values (for short runs and tests). ``stop_after``
+    (a first run on a new machine): stop after that optimizer step of the full run, with its checkpoint saved; the
+    learning-rate schedule stays the full run's, so calling again without it resumes as if nothing had stopped.
 
     On SIGTERM (a spot TPU's preemption notice) the step in progress ends, every process saves a checkpoint of the
     same step (``fixes/preemption.py``), and :class:`Preempted` is raised; calling this again resumes from there.
@@ -284,7 +292,8 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
     watch = PreemptionWatch(at_once=True)  # while loading and restoring, a notice stops at once: nothing to save
     try:
         with watch:
-            return _train(profile, run_dir, base_dir, max_steps, prepared, progress, checkpoint_every, watch)
+            return _train(profile, run_dir, base_dir, max_steps, prepared, progress, checkpoint_every, watch,
+                          stop_after)
     except NoticeBeforeTraining:
         raise Preempted(f"SIGTERM: stopped before the first step, while loading or restoring: nothing was trained "
                         f"since the last checkpoint. Run the same command again to resume (exit code "
@@ -292,7 +301,7 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
 
 
 def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: bool, checkpoint_every,
-           watch: PreemptionWatch) -> TrainResult:
+           watch: PreemptionWatch, stop_after: int | None = None) -> TrainResult:
     import jax
     import orbax.checkpoint as ocp
     from transformers import AutoTokenizer
@@ -330,6 +339,9 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
                             f"{t.micro_batch} x {t.grad_accum} rows.")
     if finished_steps(run_dir) == steps:  # the same command again: nothing to train, so no model to load
         return TrainResult(read_metrics(run_dir), ckpt_dir, steps, steps, 0.0)
+    saved = latest_step(ckpt_dir) or 0
+    if stop_after is not None and saved >= stop_after:  # a first run's command again
+        return TrainResult(read_metrics(run_dir), ckpt_dir, saved, steps, 0.0, stopped_at=saved)
     rows = process_rows(mesh, t.micro_batch)  # this process's rows of each global batch
     train_ds = GlobalBatches(data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
                              mesh, t.micro_batch)
@@ -366,7 +378,8 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
             recorder = metrics_recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix,
                                  write=main, watch=watch, accum=t.grad_accum, last_step=steps,
                                  checkpoint_every=t.checkpoint_every,
-                                 eval_every=t.eval_every if eval_ds is not None else None)
+                                 eval_every=t.eval_every if eval_ds is not None else None,
+                                 stop_at=stop_after if stop_after is not None and stop_after < steps else None)
             trainer.with_training_hooks(recorder)
             try:
                 trainer.train(train_ds, eval_ds)  # ends with trainer.close(): saves the last step if not saved yet
@@ -381,6 +394,9 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     seconds = time.perf_counter() - started
     if recorder.preempted_at is not None:
         _preempted(recorder.preempted_at, steps, ckpt_dir, watch.signal_at)
+    if recorder.stopped_at is not None:
+        _sync("train stopped")
+        return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds, stopped_at=recorder.stopped_at)
     if main:
         write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1),
                                                             **device_record()}))

@@ -1,10 +1,9 @@
-"""On the day of a workshop: is this laptop ready (``setup --check``), and the notebook's "Open in Colab" link.
+"""On the day of a workshop: is this laptop ready (``setup --check``).
 
 :func:`readiness` checks, each with what to do when it fails: the two virtual envs, Icarus Verilog, the devices JAX
 sees (and the cores behind them), free RAM and disk, the tiny model, the executed notebooks, Chromium (for the site
 test), and, with ``serve=True`` (slow: 60-100 s on a CPU), that the vLLM server starts and answers.
-:func:`colab_link` (the notebooks' first cell calls it) prints the Colab URL of a notebook once ``GEMMA_TPU_REPO``
-is set. Nothing here imports JAX at import time.
+Nothing here imports JAX at import time (the notebooks' "Open in Colab" badges: :mod:`.colab`).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,9 +26,6 @@ from . import preflight, profiles
 from .paths import serve_python
 from .site import find_chromium
 
-REPO_ENV = "GEMMA_TPU_REPO"  # the course's git URL (the Colab install cell clones it)
-BRANCH_ENV = "GEMMA_TPU_BRANCH"  # the branch the Colab link opens (default: main)
-DEFAULT_BRANCH = "main"
 CHECKOUT = Path(__file__).resolve().parents[2]
 COURSE_NOTEBOOKS = 11  # 00..10
 # Guidance, not measurements: a notebook kernel with the tiny model plus the vLLM CPU server (KV cache 1 GiB).
@@ -40,39 +35,6 @@ DISK_WARN_GIB, DISK_FAIL_GIB = 10.0, 2.0
 SUBPROCESS_TIMEOUT_S = 60
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 TRAINING_PACKAGES = ("jax", "flax", "tunix", "qwix", "orbax", "transformers", "nbclient", "nbconvert")
-
-
-# ---------------------------------------------------------------------------------------------- Colab link
-
-_GITHUB = re.compile(r"^(?:https?://github\.com/|git@github\.com:|ssh://git@github\.com/)([^/]+)/(.+?)(?:\.git)?/?$")
-
-
-def colab_url(notebook: str, repo: str | None = None, branch: str | None = None) -> str | None:
-    """``https://colab.research.google.com/github/<owner>/<name>/blob/<branch>/notebooks/<notebook>.ipynb`` for a
-    GitHub ``repo`` (default ``$GEMMA_TPU_REPO``); None when no repo is set. Colab opens GitHub repos only, so
-    another host raises ValueError."""
-    repo = repo if repo is not None else os.environ.get(REPO_ENV)
-    if not repo:
-        return None
-    m = _GITHUB.match(repo.strip())
-    if not m:
-        raise ValueError(f"{REPO_ENV}={repo!r} is not a GitHub URL (https://github.com/OWNER/NAME or "
-                         f"git@github.com:OWNER/NAME.git); Colab opens notebooks from GitHub only.")
-    branch = branch or os.environ.get(BRANCH_ENV) or DEFAULT_BRANCH
-    name = notebook if notebook.endswith(".ipynb") else f"{notebook}.ipynb"
-    return f"https://colab.research.google.com/github/{m.group(1)}/{m.group(2)}/blob/{branch}/notebooks/{name}"
-
-
-def colab_link(notebook: str) -> str | None:
-    """Print (and return) the notebook's "Open in Colab" URL when ``$GEMMA_TPU_REPO`` is set; silent otherwise."""
-    try:
-        url = colab_url(notebook)
-    except ValueError as e:
-        print(f"(no Colab link: {e})")
-        return None
-    if url:
-        print(f"Open in Colab: {url}")
-    return url
 
 
 # ---------------------------------------------------------------------------------------------- readiness

@@ -104,6 +104,17 @@ def test_bad_lists_are_rejected():
             serving_bench.parse_list(bad, float, "qps")
 
 
+def test_input_lengths_over_the_servers_max_model_len_are_skipped_in_one_line(capsys):
+    """Notebook 10's TPU sweep goes to 15,360-token prompts; a one-chip Colab server serves 4,096."""
+    fit = serving_bench.within_model_len([512, 1024, 4096, 8192, 15360], 512, 4096)
+    assert fit == ([512, 1024], [4096, 8192, 15360])
+    assert capsys.readouterr().out.strip() == ("skipped input lengths 4096, 8192, 15360: with 512 output tokens they "
+                                               "exceed the server's max_model_len 4096")
+    assert serving_bench.within_model_len([15360], 512, None) == ([15360], [])  # a server that does not say
+    with pytest.raises(serving_bench.BenchError, match="up to 3584"):
+        serving_bench.within_model_len([8192], 512, 4096)
+
+
 @pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv")
 def test_unreachable_server_fails_fast_before_the_sweep(tmp_path):
     url = f"http://127.0.0.1:{vllm_server.free_port()}"
@@ -178,8 +189,9 @@ def real_sweep(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     before = _children()
     t0 = time.perf_counter()
-    df = serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128], [1, 4], OUTPUT_LEN, NUM_PROMPTS, out,
-                             progress=False)
+    # 1024 + OUTPUT_LEN tokens exceed the smoke server's max_model_len (1024): skipped, as a one-chip server's 8k
+    df = serving_bench.sweep(server.base_url, vllm_command.SERVED_NAME, [128, 1024], [1, 4], OUTPUT_LEN, NUM_PROMPTS,
+                             out, progress=False)
     seconds = time.perf_counter() - t0
     print(f"\nsweep of {len(df)} points: {seconds:.1f} s\n{df.to_string()}")
     return df, out, seconds, _children() - before
@@ -188,6 +200,7 @@ def real_sweep(server, tmp_path_factory):
 def test_real_sweep_measures_throughput_and_latency(real_sweep, tiny_dir):
     df, out, seconds, leftover = real_sweep
     assert list(df["input_len"]) == [128, 128] and list(df["qps"]) == [1.0, 4.0]
+    assert df.attrs["skipped_input_lens"] == [1024]  # over the server's max_model_len, which /v1/models reports
     assert (df["completed"] == NUM_PROMPTS).all() and (df["failed"] == 0).all()
     for col in ("request_throughput", "output_throughput", "total_token_throughput", "median_ttft_ms",
                 "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms"):

@@ -9,6 +9,7 @@ case, with as few trainings as that takes:
 | sigterm-two | 2 | gs:// | SIGTERM to process 1: both save one step in the bucket, exit 75 | `launch --run`; merge |
 | sigterm-load | 1 | local | SIGTERM while loading: exit 75 at once, no step | - |
 | sigterm-load-two | 2 | local | SIGTERM to process 1 while loading: both exit 75 at once | - |
+| first run | 1 | local | `stop_after=2`: saves step 2 and returns | the same call without it |
 
 The two-process case goes to the bucket with its notice to process 1, one training for what two proved before (a local
 two-process case and a bucket one with the notice on process 0: 185 s more): process 1's notice must reach process 0,
@@ -187,6 +188,21 @@ def test_sigterm_saves_the_step_in_progress_and_resume_matches(smoke_run, tiny_d
     assert rc == 0, out2[-3000:]
     assert f"trained steps {stopped}..{STEPS}" in out2
     check_resume(smoke_run[1], run_dir, stopped)
+
+
+def test_a_first_run_stops_after_its_steps_and_the_full_run_resumes_from_them(smoke_run, tiny_dir, tmp_path):
+    """`train --stop-after N` (docs/tpu-vm.md step 5, notebook 06 on a TPU): N steps of the full run's schedule,
+    saved, then the same call without it finishes as if nothing had stopped (the losses after N equal the
+    uninterrupted run's bit for bit). In this process, as notebook 06 calls it."""
+    run_dir, kw = tmp_path / "first", dict(base_dir=tiny_dir, max_steps=STEPS, checkpoint_every=EVERY, progress=False)
+    first = train.train(smoke_run_profile(), run_dir=run_dir, stop_after=2, **kw)
+    assert (first.stopped_at, first.start_step, first.total_steps) == (2, 0, STEPS)
+    assert _saved(run_dir)[-1] == 2 and not (run_dir / "train" / train.DONE).exists()
+    again = train.train(smoke_run_profile(), run_dir=run_dir, stop_after=2, **kw)  # the first run's cell again
+    assert again.stopped_at == 2 and again.seconds == 0.0
+    rest = train.train(smoke_run_profile(), run_dir=run_dir, **kw)
+    assert (rest.stopped_at, rest.start_step) == (None, 2) and (run_dir / "train" / train.DONE).exists()
+    check_resume(smoke_run[1], run_dir, 2)
 
 
 def _catches_sigterm(pid: int) -> bool:

@@ -23,7 +23,11 @@ def test_conventions(path):
     assert "parameters" in first["metadata"].get("tags", []), "the first code cell must be tagged `parameters`"
     src = "".join(first["source"])
     assert "GEMMA_TPU_PROFILE" in src and "configure_jax" in src and "import jax" not in src
-    assert "find_spec" in "".join(code[1]["source"]), "the second code cell is the guarded Colab install"
+    install = "".join(code[1]["source"])
+    assert "find_spec" in install, "the second code cell is the guarded Colab install"
+    # the slim Colab install, the restart check once, then the token from Secrets and the runs on Drive (colab.py)
+    for part in ('REPO_URL = "', "requirements-colab.txt", "colab.stop_for_restart(preloaded)", "colab.setup(profile)"):
+        assert part in install, part
     for heading in ("What you will learn", "The paper's problem", "Time.", "On Colab", "Use it in your project",
                     "Troubleshooting"):
         assert heading in md, heading

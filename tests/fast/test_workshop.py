@@ -1,4 +1,4 @@
-"""On the day: `setup --check` says in one screen whether a machine is ready, and the Colab link of a notebook."""
+"""On the day: `setup --check` says in one screen whether a machine is ready."""
 
 import shutil
 
@@ -6,27 +6,6 @@ import pytest
 
 from gemma_tpu_helpers.course import workshop
 from support import run_cli
-
-NB = "02_lora_naming"
-URL = "https://colab.research.google.com/github/acme/gemma-tpu/blob/{}/notebooks/02_lora_naming.ipynb"
-
-
-@pytest.mark.parametrize("repo", ["https://github.com/acme/gemma-tpu", "https://github.com/acme/gemma-tpu.git",
-                                  "git@github.com:acme/gemma-tpu.git", "https://github.com/acme/gemma-tpu/"])
-def test_colab_url_from_the_repo_url(repo, monkeypatch):
-    monkeypatch.delenv(workshop.BRANCH_ENV, raising=False)
-    assert workshop.colab_url(NB, repo=repo) == URL.format("main")
-    monkeypatch.setenv(workshop.BRANCH_ENV, "workshop-day")
-    assert workshop.colab_url(NB + ".ipynb", repo=repo) == URL.format("workshop-day")
-
-
-def test_colab_link_is_silent_without_a_repo_and_clear_for_a_non_github_one(monkeypatch, capsys):
-    monkeypatch.delenv(workshop.REPO_ENV, raising=False)
-    assert workshop.colab_link(NB) is None and capsys.readouterr().out == ""
-    monkeypatch.setenv(workshop.REPO_ENV, "https://gitlab.com/acme/gemma-tpu.git")
-    assert workshop.colab_link(NB) is None and "GitHub only" in capsys.readouterr().out
-    monkeypatch.setenv(workshop.REPO_ENV, "https://github.com/acme/gemma-tpu")
-    assert workshop.colab_link(NB) == URL.format("main") and "Open in Colab: https://colab" in capsys.readouterr().out
 
 
 def test_setup_check_lists_every_item_with_a_fix(tmp_path):

@@ -1,0 +1,5 @@
+"""google.colab.errors: the base of Colab's errors."""
+
+
+class Error(Exception):
+    pass
