@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from gemma_tpu_helpers.fixes import model_size
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -474,9 +476,9 @@ def targeted_31b(c: dict) -> tuple[dict[tuple[int, int], int], int]:
     """({(out, in): how many such targeted tensors}, total parameter count) of the real 31B, all 7 targets."""
     import collections
 
-    from gemma_tpu_helpers.fixes import gemma4, layout
+    from gemma_tpu_helpers.fixes import layout
 
-    return dict(collections.Counter(layout.targeted_weights(c).values())), gemma4.param_count(c)
+    return dict(collections.Counter(layout.targeted_weights(c).values())), model_size.param_count(c)
 
 
 def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:

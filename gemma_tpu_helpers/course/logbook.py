@@ -46,7 +46,7 @@ _NOTEBOOKS = [
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed and verified",
      "fixes.merge, fixes.weight_check, fixes.verify, fixes.peft_export"),
     ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)",
-     "fixes.vllm_server, fixes.vllm_command, fixes.vllm_client, fixes.greedy, fixes.adapters"),
+     "fixes.vllm_server, fixes.vllm_command, fixes.vllm_client, fixes.greedy"),
     ("09_evaluation", "VerilogEval-style pass@k with iverilog; the learning check, before and after",
      "fixes.eval_score, fixes.eval_sample, fixes.eval_simulate, course.learning_check"),
     ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost", "course.serving_bench, course.cost"),

@@ -1,5 +1,5 @@
-"""LoRA adapters for serving unmerged (``--enable-lora``, notebook 08): a PEFT test adapter, the target regex vLLM
-serves exactly, and the transformers + PEFT reference a served adapter is checked against."""
+"""LoRA adapters for serving unmerged (``--enable-lora``; tests/e2e/test_serve.py): a PEFT test adapter, the
+target regex vLLM serves exactly, and the transformers + PEFT reference a served adapter is checked against."""
 
 from __future__ import annotations
 

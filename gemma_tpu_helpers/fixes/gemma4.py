@@ -19,10 +19,6 @@ from .hf_checkpoint import (
     read_text_config,
 )
 
-# Importable from here too, for callers written before model_size.py held them (tests/e2e, bench/, the quoted
-# figures' data file).
-from .model_size import active_param_count, expert_param_count, param_count  # noqa: F401
-
 # The text config of google/gemma-4-31B-it (the fields this course reads), as in its config.json "text_config".
 GEMMA4_31B_TEXT_CONFIG: dict = {
     "model_type": "gemma4_text",

@@ -10,10 +10,7 @@ from __future__ import annotations
 from . import forward_inputs, gemma4, partition_specs
 from . import mesh as mesh_lib
 from . import remat as remat_lib
-
-# TrainSpec, token_nll and make_trainer are unused here: importable from here too, for callers written before sft.py
-# held them (course/profiles.py, tests/e2e)
-from .sft import TrainSpec, jitted, make_trainer, optimizer_for, token_nll  # noqa: F401
+from .sft import jitted, optimizer_for
 
 
 def _place(node, mesh) -> None:

@@ -46,6 +46,7 @@ def test_process_count_mismatch_fails_on_both_sides():
 JOINED = """
 import sys
 from gemma_tpu_helpers.fixes import multihost
+from gemma_tpu_helpers.fixes import sft
 from gemma_tpu_helpers.course import profiles
 profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
@@ -158,7 +159,7 @@ print("lora", len(lora), int(lora["applied"].sum()), int(lora["placed"].str.cont
       int(lora["bytes/device placed"].sum()), int(lora["bytes/device"].sum()), flush=True)
 config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
 with mesh_lib.trainer_context(mesh):
-    trainer = step.make_trainer(model, t, 10, config)
+    trainer = sft.make_trainer(model, t, 10, config)
     train_fn, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
     trained = train_fn.jitted.lower(trainer.model, trainer.optimizer,
                                     step.abstract_batch(mesh, t.micro_batch, t.max_seq_len))

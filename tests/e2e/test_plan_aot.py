@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gemma_tpu_helpers.course import plan, profiles, tiny
-from gemma_tpu_helpers.fixes import gemma4, layout
+from gemma_tpu_helpers.fixes import layout, model_size
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -23,7 +23,7 @@ def shard_bytes(tree) -> int:
 
 
 @needs_libtpu
-# runs in CI (not slow): notebook 04 compiles for a TPU only with GEMMA_TPU_AOT=1
+# runs in CI (not slow); notebook 04 compiles the same tiny step for a v5p in every `make test`
 def test_aot_compile_for_v5p_in_this_process(smoke):
     """The tiny config (2 layers) train step compiled for the v5p-8 topology next to the 8 virtual CPU devices: XLA's
     per-chip arguments match the sharded argument bytes, the optimizer state is donated, and DECODER remat needs
@@ -41,7 +41,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     dec = plan.compile_train_step(v5p, "decoder", 1024, 2, **kw)
     assert jax.device_count() == 8 and jax.devices()[0].platform == "cpu"  # the CPU platform is untouched
     two = plan.with_layers(TINY, 2)
-    base = gemma4.param_count(two)
+    base = model_size.param_count(two)
     # Every argument of the step as training shards it (base weights and LoRA by their partition specs over tp=4,
     # the optimizer state like its LoRA param), bf16. XLA's TPU layouts pad small minor dims to 128 lanes (LoRA
     # A's rank 8), so the compiled figure is somewhat above the element count.
@@ -50,7 +50,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     expected = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer)) + shard_bytes(batch)
     assert expected <= none["argument_bytes"] < 1.3 * expected
     assert step.argument_bytes(model, optimizer, batch) == expected  # what an HBM-OOM point reports as arguments
-    # step.jitted donates both; XLA aliases nearly all of it (93% here: a few small buffers change layout)
+    # sft.jitted donates both; XLA aliases nearly all of it (93% here: a few small buffers change layout)
     donated = shard_bytes(nnx.state(model)) + shard_bytes(nnx.state(optimizer))
     assert 0.9 * donated <= none["alias_bytes"] < 1.3 * donated
     print(f"tiny on v5p: temp none {none['temp_bytes'] / 2**20:.1f} MiB, decoder {dec['temp_bytes'] / 2**20:.1f} MiB")

@@ -263,7 +263,8 @@ def test_lora_adapter_matches_peft_without_global_k(server, tiny_dir, adapters):
 def test_known_vllm_gap_lora_on_global_k_eq_v_layers(server, tiny_dir, adapters):
     """vLLM 0.32 applies a LoRA on a k=v layer's k_proj to K only; HF (and tunix, and a merge) to K and V.
 
-    When this fails, upstream has fixed it: drop the caveat in notebook 08 and adapters.targets_without_global_k.
+    When this fails, upstream has fixed it: drop the caveat in notebook 07's troubleshooting and
+    adapters.targets_without_global_k.
     """
     ids = vllm_client.prompt_ids(tiny_dir, commands_serve.SMOKE_QUESTION)
     gap = lora_adapters.lora_reference_gap(server, "verilog", tiny_dir, adapters["verilog"], ids)

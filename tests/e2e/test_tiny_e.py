@@ -13,7 +13,17 @@ import pytest
 
 import support
 from gemma_tpu_helpers.course import base_model, profiles, tiny
-from gemma_tpu_helpers.fixes import chat_format, file_io, gemma4, greedy, parity, vllm_client, vllm_command, vllm_server
+from gemma_tpu_helpers.fixes import (
+    chat_format,
+    file_io,
+    gemma4,
+    greedy,
+    model_size,
+    parity,
+    vllm_client,
+    vllm_command,
+    vllm_server,
+)
 from support import REPO, have_iverilog, run_cli
 
 E2B = "e2b"
@@ -250,7 +260,7 @@ def test_param_count_is_what_tunix_holds(variant):
     cfg = gemma4.to_tunix_config(gemma4.TEXT_CONFIGS[variant], dtype="bfloat16")
     state = nnx.state(nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(0))), nnx.Param)
     held = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
-    assert gemma4.param_count(gemma4.TEXT_CONFIGS[variant]) == held
+    assert model_size.param_count(gemma4.TEXT_CONFIGS[variant]) == held
 
 
 @pytest.mark.parametrize("name,chip,model", [("colab-v5e-1", "v5e", "google/gemma-4-E2B-it"),

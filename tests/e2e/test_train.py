@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import step
+from gemma_tpu_helpers.fixes import sft
 from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
@@ -99,7 +99,7 @@ def test_token_nll_is_optax_integer_label_cross_entropy():
 
     logits = jax.random.normal(jax.random.key(0), (2, 7, 1024)) * 30.0  # softcap-sized logits
     labels = jax.random.randint(jax.random.key(1), (2, 7), 0, 1024)
-    ours = jax.jit(step.token_nll)(logits, labels)
+    ours = jax.jit(sft.token_nll)(logits, labels)
     ref = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=1e-4)
-    assert not np.allclose(np.asarray(ours), np.asarray(jax.jit(step.token_nll)(logits, (labels + 1) % 1024)))
+    assert not np.allclose(np.asarray(ours), np.asarray(jax.jit(sft.token_nll)(logits, (labels + 1) % 1024)))

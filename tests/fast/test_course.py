@@ -9,6 +9,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
 from gemma_tpu_helpers.course import logbook
+from gemma_tpu_helpers.fixes import model_size
 from support import run_cli
 
 
@@ -120,4 +121,4 @@ def test_cli_setup_prints_the_memory_estimate():
     assert r.returncode == 2 and "pre-flight failed (tpu" in r.stderr, r.stderr[-2000:]  # the report, then: no TPU here
     from gemma_tpu_helpers.fixes import gemma4
 
-    assert f"{gemma4.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout
+    assert f"{model_size.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout

@@ -5,7 +5,7 @@ import ast
 import pytest
 
 from gemma_tpu_helpers.course import model_views, plan, tiny
-from gemma_tpu_helpers.fixes import gemma4, lora
+from gemma_tpu_helpers.fixes import gemma4, lora, model_size
 from support import lora_train_steps
 
 
@@ -106,8 +106,8 @@ def test_full_coverage_and_the_analytic_count(lora_smoke, tiny_dir):
     counted = sum(v.value.size for _, v in nnx.iter_graph(model) if isinstance(v, nnx.LoRAParam))
     assert counted == report.attrs["lora_params"] == report["LoRA params"].sum()
     assert counted == plan.lora_param_count(text, 8, lora.HF_TARGETS)
-    assert report.attrs["base_params"] == gemma4.param_count(text)
-    assert report["trainable %"].sum() == pytest.approx(100 * counted / gemma4.param_count(text))
+    assert report.attrs["base_params"] == model_size.param_count(text)
+    assert report["trainable %"].sum() == pytest.approx(100 * counted / model_size.param_count(text))
 
 
 def test_subset_of_targets_counts_like_the_plan(tunix_model, tiny_dir):

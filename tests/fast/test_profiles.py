@@ -4,7 +4,7 @@ import math
 import pytest
 
 from gemma_tpu_helpers.course import plan, profiles, tiny
-from gemma_tpu_helpers.fixes import gemma4
+from gemma_tpu_helpers.fixes import gemma4, model_size
 
 
 def test_unknown_profile_lists_valid_names():
@@ -59,16 +59,16 @@ def test_param_count_matches_the_real_models(tiny_dir):
 
     hf = load_hf(tiny_dir)
     real = sum(t.numel() for t in hf.model.language_model.state_dict().values())  # layer_scalar is a buffer
-    assert gemma4.param_count(gemma4.read_text_config(tiny_dir)) == real
+    assert model_size.param_count(gemma4.read_text_config(tiny_dir)) == real
     # The 31B: about 30.7 billion parameters.
-    assert 30.5e9 < gemma4.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) < 31.0e9
+    assert 30.5e9 < model_size.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) < 31.0e9
 
 
 def test_memory_estimate_scales_with_devices():
     p = profiles.get_profile("v5p-8")
     est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
     base = est["per_device_bytes"]["base params (sharded)"]
-    assert base == pytest.approx(gemma4.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) * 2 / 4)
+    assert base == pytest.approx(model_size.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) * 2 / 4)
     assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip
 
 
