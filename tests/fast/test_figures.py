@@ -143,7 +143,7 @@ def test_a_total_covers_its_parts():
 def derive_namespace(tmp_dir) -> dict:
     """What a ``derive`` expression may use: the values (``v``), the shipped AOT points through the course's own plan
     code (``gib``, ``pred``, ``point``), the profiles and the serving and sharding arithmetic."""
-    from gemma_tpu_helpers.course import base_model, plan, profile_steps, profiles
+    from gemma_tpu_helpers.course import base_model, plan, profile_steps, profiles, serving_bench
     from gemma_tpu_helpers.fixes import gemma4, model_size
 
     GIB = 2**30
@@ -186,7 +186,7 @@ def derive_namespace(tmp_dir) -> dict:
     beside = {"colab-v5e-1_decoder_seq2048_Lfit", "colab-v6e-1_decoder_seq3072_Lfit"}
     return {"v": {k: f["value"] for k, f in FIGURES.items()}, "GIB": GIB, "gib": gib, "pred": pred, "point": point,
             "text": text, "ple": ple, "lora_bytes": lora_bytes, "XLA_31B": xla_31b, "plan": plan,
-            "profiles": profiles, "gemma4": gemma4, "model_size": model_size, "hbm": profiles.CHIP_HBM_USABLE_GIB,
+            "profiles": profiles, "gemma4": gemma4, "model_size": model_size, "serving_bench": serving_bench, "hbm": profiles.CHIP_HBM_USABLE_GIB,
             "serving": lambda name: profile_steps.hbm_per_chip(profiles.get_profile(name)),
             "IDLE_E": [point(k)["compile_s"] for k in e_keys if k not in beside],
             "ALL_E": [point(k)["compile_s"] for k in e_keys]}
