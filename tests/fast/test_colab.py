@@ -121,3 +121,16 @@ def test_badges_command_checks_as_typed_and_refuses_another_host_in_one_line(tmp
     r = run_cli("badges", "--repo", "https://gitlab.com/acme/course", cwd=tmp_path)
     assert r.returncode == 2 and "GitHub only" in r.stderr and "Traceback" not in r.stderr
     assert colab.write_badges(check=True) == []  # neither run wrote
+
+
+def test_a_gated_model_without_a_token_says_where_the_token_goes_on_colab(on_colab):
+    from gemma_tpu_helpers.course import hub
+
+    msg = hub.no_token_message("google/gemma-4-31B-it")
+    assert "Colab's Secrets as HF_TOKEN" in msg and "export" not in msg
+
+
+def test_off_colab_the_token_is_exported():
+    from gemma_tpu_helpers.course import hub
+
+    assert "`export HF_TOKEN=hf_...`" in hub.no_token_message("google/gemma-4-31B-it")
