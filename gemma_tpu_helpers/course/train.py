@@ -74,7 +74,7 @@ class GlobalBatches:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoint metadata: what LoRA this checkpoint holds
+# Checkpoint metadata: what LoRA this checkpoint holds, and the settings that shaped its rows
 
 def lora_metadata(profile: Profile, text_config: dict) -> dict:
     targets = list(lora.validate_targets(profile.lora.targets))
@@ -82,7 +82,21 @@ def lora_metadata(profile: Profile, text_config: dict) -> dict:
     return {"targets": targets, "rank": profile.lora.rank, "alpha": profile.lora.alpha,
             "expert_rank": (profile.lora.expert_rank or profile.lora.rank) if experts else None,
             "dropout": profile.lora.dropout, "qwix_regex": lora.regex_for(targets), "base_model": profile.model.source,
-            "base_config_sha256": config_hash(text_config), "num_layers": text_config["num_hidden_layers"]}
+            "base_config_sha256": config_hash(text_config), "num_layers": text_config["num_hidden_layers"],
+            **run_settings(profile)}
+
+
+# a resume with another value of one of these would train the rest of the run on other rows (checked when the
+# checkpoint's metadata has the key: runs written before it was recorded resume as they did)
+RUN_SETTINGS = ("max_seq_len", "seed", "data")
+
+
+def run_settings(profile: Profile) -> dict:
+    """What decides a run's rows besides the LoRA: the sequence length, the data seed and the data settings (the
+    source, its config, split, rows, what is trained on, packing...; not where a gs:// copy is cached)."""
+    data = {k: v for k, v in dataclasses.asdict(profile.data).items() if k != "cache_dir"}
+    return {"max_seq_len": profile.train.max_seq_len, "seed": profile.train.seed,
+            "data": json.loads(json.dumps(data))}  # as JSON reads it back (tuples become lists)
 
 
 def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
@@ -92,11 +106,16 @@ def check_or_write_metadata(ckpt_dir: Path, meta: dict) -> None:
     steps = list_steps(ckpt_dir)
     if path.is_file():
         old = json.loads(path.read_text())
-        diff = {k: (old.get(k), v) for k, v in meta.items() if k != "dropout" and old.get(k) != v}
+        diff = {k: (old.get(k), v) for k, v in meta.items()
+                if k != "dropout" and (k in old or k not in RUN_SETTINGS) and old.get(k) != v}
+        if "data" in diff:  # name the data setting that changed, not the whole spec
+            a, b = diff.pop("data")
+            diff.update({f"data.{k}": (a.get(k), b.get(k)) for k in b if a.get(k) != b.get(k)})
         if diff and steps:
             details = "; ".join(f"{k}: checkpoint has {a!r}, this run {b!r}" for k, (a, b) in diff.items())
-            raise TrainingError(f"{ckpt_dir} holds checkpoints of a different LoRA configuration ({details}). "
-                                f"Use another --run-dir, or delete {ckpt_dir} to start over.")
+            raise TrainingError(f"{ckpt_dir} holds checkpoints of other settings ({details}): resuming would train "
+                                f"the rest of the run on other rows or another LoRA. Use another --run-dir, or "
+                                f"delete {ckpt_dir} to start over.")
     elif steps:
         raise TrainingError(f"{ckpt_dir} holds checkpoints without {METADATA}: not written by this course, "
                             f"refusing to resume from them. Use another --run-dir.")

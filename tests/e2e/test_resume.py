@@ -37,6 +37,7 @@ from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
 from support import (
     NO_PERIODIC,
     SMOKE_RUN_EVERY,
+    SMOKE_RUN_SEQ,
     SMOKE_RUN_STEPS,
     check_resume,
     finish,
@@ -203,6 +204,28 @@ def test_a_first_run_stops_after_its_steps_and_the_full_run_resumes_from_them(sm
     rest = train.train(smoke_run_profile(), run_dir=run_dir, **kw)
     assert (rest.stopped_at, rest.start_step) == (None, 2) and (run_dir / "train" / train.DONE).exists()
     check_resume(smoke_run[1], run_dir, 2)
+
+
+@pytest.mark.parametrize("change", [["--max-seq-len", 128], ["--source", "other.jsonl"], ["--config", "rl"]],
+                         ids=["max_seq_len", "source", "config"])
+def test_a_resume_with_other_rows_is_refused_in_one_line(smoke_run, tiny_dir, tmp_path, change):
+    """The conftest run's checkpoints resumed with another sequence length, data source or config would train the
+    rest of the run on other rows, silently: refused from the CLI, exit 2, naming the setting, nothing written."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(smoke_run[0], run_dir)
+    (tmp_path / "other.jsonl").write_text(json.dumps({"prompt": "p", "response": "r"}) + "\n")
+    before = {p: p.read_bytes() for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
+    args = train_args(run_dir, tiny_dir)
+    if change[0] == "--max-seq-len":  # the last --max-seq-len wins
+        assert args[-2:] == ["--max-seq-len", SMOKE_RUN_SEQ]
+    r = run_cli(*args, *change, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    setting = {"--max-seq-len": f"max_seq_len: checkpoint has {SMOKE_RUN_SEQ}, this run 128", "--source": "data.source",
+               "--config": "data.config: checkpoint has 'sft', this run 'rl'"}[change[0]]
+    assert "holds checkpoints of other settings" in r.stderr and setting in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in (run_dir / "checkpoints").rglob("*") if p.is_file()} == before
 
 
 def _catches_sigterm(pid: int) -> bool:
