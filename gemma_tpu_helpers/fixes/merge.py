@@ -34,8 +34,7 @@ class OutputExistsError(MergeError, FileExistsError):
 
 
 def _return_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc's malloc_trim; a no-op elsewhere), so that buffers freed by the
-    restore and by finished blocks do not count towards the process's peak RSS."""
+    """Hand freed heap pages back to the OS (glibc's malloc_trim; a no-op elsewhere): freed buffers leave the RSS."""
     import ctypes
     import ctypes.util
 
@@ -52,10 +51,7 @@ def _copy_extras(base_dir: Path, dst: Path, shard_names) -> list[str]:
         if p.name in shard_names or p.name in (safetensors_io.INDEX, MERGE_INFO) or p.name.endswith(".safetensors") \
                 or p.name.startswith(".") or p.name in SKIP_FILES:
             continue
-        if p.is_dir():
-            shutil.copytree(p, dst / p.name)
-        else:
-            shutil.copy2(p, dst / p.name)
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, dst / p.name)
         copied.append(p.name)
     return copied
 
@@ -86,9 +82,10 @@ class MergeResult:
 
 
 def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None,
-               overwrite: bool = False, progress: bool = True, kernel: str = "xla") -> MergeResult:
+               overwrite: bool = False, progress: bool = True, kernel: str = "xla",
+               fold_expert_scale: bool = True) -> MergeResult:
     """Merge the LoRA of ``checkpoint_dir`` (latest step, or ``step``) into ``base_dir``; write ``out_dir``.
-    ``kernel``: "xla" (XLA on the host CPU) or "numpy" (the reference arithmetic).
+    ``kernel``: "xla" (XLA on the host CPU) or "numpy"; ``fold_expert_scale``: merge_plan.fold_expert_scales (MoE).
 
     Raises before writing anything: ``LoraCheckpointError``, ``SafetensorsError``, ``LoraMismatchError``,
     :class:`MergeError`, :class:`OutputExistsError` (a non-empty ``out_dir`` without ``overwrite``). A failure while
@@ -118,6 +115,8 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
             raise MergeError(f"{d.hf}: base shape {tuple(entries[d.hf]['shape'])}, LoRA gives {d.shape}: the base is "
                              f"another model (other heads/widths) than the one trained on.")
         by_name[d.hf] = d
+    lora_names, read = set(by_name), lambda n: safetensors_io.read_tensor(base_dir, index, n)
+    by_name, ones = merge_plan.fold_expert_scales(by_name, entries, read) if fold_expert_scale else (by_name, [])
     cfg_hash = config_hash(text)
     if meta.get("base_config_sha256") and meta["base_config_sha256"] != cfg_hash:
         warnings.warn(f"{base_dir}/config.json differs from the config the LoRA was trained on (hash "
@@ -131,7 +130,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         for shard in bar:
             bar.set_postfix_str(shard)
             todo = {n: by_name[n] for n in shards[shard] if n in by_name}
-            got = safetensors_io.write_merged_shard(base_dir / shard, tmp / shard, todo, kernel)
+            got = safetensors_io.write_merged_shard(base_dir / shard, tmp / shard, todo, kernel, set(ones))
             twice = set(got) & set(applied)
             if twice or set(got) != set(todo):
                 raise MergeError(f"{shard}: applied {sorted(got)} but expected {sorted(todo)}"
@@ -149,17 +148,17 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
         info = {"base_dir": path_id(base_dir), "checkpoint_dir": path_id(checkpoint_dir), "step": step,
                 "lora": {k: meta.get(k) for k in ("targets", "rank", "alpha", "base_model", "base_config_sha256")},
                 "scale": float(meta["alpha"]) / int(meta["rank"]), "lora_sha256": lora_checkpoint.lora_digest(arrays),
-                "base_config_sha256": cfg_hash, "merged_tensors": len(applied),
-                "copied_tensors": len(entries) - len(applied), "shards": sorted(shards), "total_size": total,
+                "base_config_sha256": cfg_hash, "merged_tensors": len(lora_names), "fold_expert_scale": bool(ones),
+                "copied_tensors": len(entries) - len(applied) - len(ones), "total_size": total,
                 "copied_files": copied, "max_abs_delta": max(applied.values(), default=0.0), "kernel": kernel,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "shards": sorted(shards), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seconds": round(time.perf_counter() - started, 2)}  # so far: every shard written, LoRA restored
         (tmp / MERGE_INFO).write_text(json.dumps(info, indent=1) + "\n")
         install_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return MergeResult(out_dir, step, len(shards), len(applied), len(entries) - len(applied), total,
+    return MergeResult(out_dir, step, len(shards), len(lora_names), info["copied_tensors"], total,
                        time.perf_counter() - started, info)
 
 

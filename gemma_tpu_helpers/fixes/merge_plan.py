@@ -3,7 +3,8 @@
 Read from :mod:`layout`'s table (tunix module -> HF tensor(s), shapes, the ΔW reshape): a module's LoRA is checked
 against the table's shapes for this base, and each row on it gives one :class:`Delta` (a ``kv_einsum`` gives two:
 k is ``B[:, 0]``, v is ``B[:, 1]``, with one shared A). The MoE's routed experts (``layout.EXPERT_ROWS``) give one
-3-D :class:`Delta` per tensor: one A and B per expert. Used by the merge, the PEFT export and the exercises.
+3-D :class:`Delta` per tensor: one A and B per expert (:func:`fold_expert_scales`: their per_expert_scale). Used by the
+merge, the PEFT export and the exercises.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Delta:
     b: np.ndarray  # (r, out), or (E, r, out)
     scale: float
     note: str = ""
+    fold: np.ndarray | None = None  # (E,) per_expert_scale: the merged tensor is fold_e·(W_e + ΔW_e)
 
     @property
     def shape(self) -> tuple[int, ...]:  # HF [out, in], or [E, out, in]
@@ -43,7 +45,8 @@ class Delta:
         """The 2-D updates, in the tensor's storage order: itself, or one per expert (its contiguous [out, in])."""
         if self.a.ndim == 2:
             return [self]
-        return [dataclasses.replace(self, a=a, b=b) for a, b in zip(self.a, self.b, strict=True)]
+        folds = [None] * len(self.a) if self.fold is None else self.fold
+        return [dataclasses.replace(self, a=a, b=b, fold=f) for a, b, f in zip(self.a, self.b, folds, strict=True)]
 
     def delta(self) -> np.ndarray:
         """ΔW in fp32, HF layout [out, in] (or [E, out, in])."""
@@ -77,11 +80,6 @@ def group_modules(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarr
         if set(ab) != {"a", "b"}:
             raise LoraMismatchError(f"{key} has LoRA {sorted(ab)} but needs both a and b.")
     return modules
-
-
-_NOTES = {("attn/kv_einsum", "k_proj"): "k = B[:, 0] (shares A with v)",
-          ("attn/kv_einsum", "v_proj"): "v = B[:, 1] (shares A with k)",
-          ("attn/k_einsum", "k_proj"): "global k=v layer: K is also V, no v_proj"}
 
 
 def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> list[Delta]:
@@ -127,8 +125,7 @@ def plan_merge(arrays: dict[str, np.ndarray], meta: dict, text_config: dict) -> 
                                     f"another model (other heads/widths) than the one trained on.")
         for row in rows:
             a2, b2 = layout.delta_factors(row, a, b, rank)
-            deltas.append(Delta(layout.hf_key(layer.index, row), key, row.target, a2, b2, scale,
-                                _NOTES.get((row.module, row.target), "")))
+            deltas.append(Delta(layout.hf_key(layer.index, row), key, row.target, a2, b2, scale, row.note))
     return deltas
 
 
@@ -154,22 +151,24 @@ def _expert_delta(key: str, ab: dict, expected, scale: float) -> Delta:
                  f"one ΔW per expert; HF {row.hf_layout}")
 
 
+def fold_expert_scales(deltas: dict[str, Delta], entries: dict, read) -> tuple[dict[str, Delta], list[str]]:
+    """``deltas`` with each MoE layer's ``per_expert_scale`` s (``read(name)``) folded into its ``experts.down_proj``:
+    expert e's output s_e·down_e(h) is linear in down_e, so down_e becomes s_e·(W_e + ΔW_e) (a rank-0 Delta if no
+    LoRA) and s ones (tpu-inference never applies s); and the names of the s."""
+    out, ones = dict(deltas), []
+    for name in sorted(n for n in entries if n.endswith(".router.per_expert_scale")):
+        down, s = name.removesuffix("router.per_expert_scale") + "experts.down_proj", np.asarray(read(name), np.float32)
+        shape = tuple(entries.get(down, {}).get("shape", ()))
+        if len(shape) != 3 or s.shape != shape[:1]:
+            raise LoraMismatchError(f"{name} {s.shape} has no [E, out, in] {down} with E = {s.size} beside it "
+                                    f"({shape or 'missing'}): not a Gemma 4 MoE checkpoint to fold.")
+        d = out.get(down) or Delta(down, "per_expert_scale", "experts.down_proj", np.zeros((shape[0], shape[2], 0),
+                                   np.float32), np.zeros((shape[0], 0, shape[1]), np.float32), 1.0, "no LoRA")
+        out[down] = dataclasses.replace(d, fold=s, note=f"{d.note}; per_expert_scale folded in")
+        ones.append(name)
+    return out, ones
+
+
 def _natural(s: str):
     return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", s)]
 
-
-def mapping_table(deltas: list[Delta], arrays: dict[str, np.ndarray] | None = None):
-    """tunix module -> HF tensor, with the LoRA and HF shapes (pandas)."""
-    import pandas as pd
-
-    rows = []
-    for d in deltas:
-        row = {"tunix module": d.module, "HF tensor": d.hf.removeprefix(KEY_PREFIX), "HF shape [out, in]": d.shape,
-               "A2 (in, r)": d.a.shape, "B2 (r, out)": d.b.shape, "scale": d.scale, "note": d.note}
-        if arrays is not None:
-            for ab in ("a", "b"):
-                k = next(k for k in arrays if k.startswith((d.module + "/", d.module + "_lora_"))
-                         and k.endswith(f"_lora_{ab}"))
-                row[f"LoRA {ab.upper()} (tunix)"] = tuple(arrays[k].shape)
-        rows.append(row)
-    return pd.DataFrame(rows)

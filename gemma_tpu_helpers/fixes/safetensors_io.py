@@ -2,7 +2,7 @@
 
 :func:`write_merged_shard` keeps the header (merged tensors keep dtype and shape, so every offset stays valid),
 kernel-copies untouched bytes and merges each targeted tensor in row blocks, ``W + ΔW`` in fp32 rounded once: peak
-memory is a few blocks, not a shard. A ΔW is anything with ``a`` (in, r), ``b`` (r, out), ``scale`` and ``shape``.
+memory is a few blocks, not a shard. A ΔW: ``a`` (in, r), ``b`` (r, out), ``scale``, ``shape``, ``fold`` (s·(W + ΔW)).
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ def np_dtype(name: str):
 
 
 def read_header(path: str | Path) -> tuple[dict, int]:
-    """``(header, data_start)`` of a safetensors file (the format: u64 header length, JSON header, raw data);
-    ``hf_checkpoint.read_shard_header``'s checks, raised as SafetensorsError."""
+    """``(header, data_start)`` of a safetensors file: ``hf_checkpoint.read_shard_header``, as SafetensorsError."""
     try:
         return read_shard_header(path)
     except CheckpointError as e:
@@ -56,13 +55,20 @@ def read_header(path: str | Path) -> tuple[dict, int]:
 
 
 def base_layout(base_dir: str | Path) -> tuple[dict, dict[str, list[str]], dict[str, dict]]:
-    """``(index, {shard: [tensor names]}, {tensor: header entry})`` of a base checkpoint
-    (``hf_checkpoint.checkpoint_layout`` after its config). Raises SafetensorsError."""
+    """``hf_checkpoint.checkpoint_layout`` of a base checkpoint, after its config; raises SafetensorsError."""
     try:
         read_text_config(base_dir)
         return checkpoint_layout(base_dir)
     except CheckpointError as e:
         raise SafetensorsError(str(e)) from e
+
+
+def read_tensor(model_dir: str | Path, index: dict, name: str) -> np.ndarray:
+    """One whole tensor of a checkpoint (``index``: its weight map), for small ones such as per_expert_scale."""
+    header, start = read_header(path := Path(model_dir) / index["weight_map"][name])
+    e = header[name]
+    return np.fromfile(path, np_dtype(e["dtype"]), math.prod(e["shape"]), offset=start + e["data_offsets"][0]) \
+        .reshape(e["shape"])
 
 
 def _copy_range(src, dst, offset: int, length: int) -> None:
@@ -135,12 +141,12 @@ class _Writer:
         self._check()
 
 
-def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str = "xla") -> dict[str, float]:
-    """Write ``dst_path`` = ``src_path`` with ``deltas`` added, in file order, writes overlapping the math on a
-    background thread; returns {tensor: max |ΔW| applied}. ``kernel``: see :func:`_write_merged_tensor`."""
+def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str = "xla", ones=()) -> dict[str, float]:
+    """Write ``dst_path`` = ``src_path`` with ``deltas`` added and the tensors in ``ones`` set to 1, in file order,
+    writes overlapping the math on a thread; returns {tensor: max |ΔW| applied}. ``kernel``: see below."""
     header, start = read_header(src_path)
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    todo = sorted((k for k in header if k in deltas), key=lambda k: header[k]["data_offsets"][0])
+    todo = sorted((k for k in header if k in deltas or k in ones), key=lambda k: header[k]["data_offsets"][0])
     applied = {}
     with open(src_path, "rb") as src, open(dst_path, "wb") as dst:
         out = _Writer(src_path, dst)
@@ -148,13 +154,16 @@ def write_merged_shard(src_path: Path, dst_path: Path, deltas: dict, kernel: str
             out.copy(0, start)  # length + header, verbatim
             cursor = 0  # data bytes written so far
             for name in todo:
-                entry, d = header[name], deltas[name]
+                entry, d = header[name], deltas.get(name)
                 b0, b1 = entry["data_offsets"]
-                if tuple(entry["shape"]) != d.shape:
+                if d is not None and tuple(entry["shape"]) != d.shape:
                     raise SafetensorsError(f"{name}: base shape {tuple(entry['shape'])} but the LoRA gives {d.shape}: "
                                      f"the base is another model than the one trained on.")
                 out.copy(start + cursor, b0 - cursor)
-                applied[name] = _write_merged_tensor(src, out, start + b0, entry, d, kernel)
+                if d is None:  # a per_expert_scale folded into experts.down_proj
+                    out.write(np.ones(entry["shape"], np_dtype(entry["dtype"])).tobytes())
+                else:
+                    applied[name] = _write_merged_tensor(src, out, start + b0, entry, d, kernel)
                 cursor = b1
             out.copy(start + cursor, end - cursor)
         finally:
@@ -169,12 +178,14 @@ def block_rows(in_dim: int) -> int:
     return 1 << (limit.bit_length() - 1)
 
 
-def merge_block_numpy(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: np.float32) -> tuple[np.ndarray, float]:
-    """The reference merge of one row block: ``w + scale·(a·b)ᵀ`` in fp32 (numpy/BLAS), rounded once to ``w``'s
-    dtype; ``a`` (in, r) and ``b`` (r, rows) fp32. Returns (merged block, max |ΔW|)."""
+def merge_block_numpy(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale, fold=None) -> tuple[np.ndarray, float]:
+    """The reference merge of one row block: ``w + scale·(a·b)ᵀ`` in fp32 (numpy/BLAS), times ``fold`` if given,
+    rounded once to ``w``'s dtype; ``a`` (in, r) and ``b`` (r, rows) fp32. Returns (merged block, max |ΔW|)."""
     dw = (a @ b).T  # rows of (A2·B2)ᵀ
     dw *= scale
     merged = np.add(w, dw, dtype=np.float32)
+    if fold is not None:
+        merged *= fold
     return merged.astype(w.dtype), float(np.abs(dw).max())
 
 
@@ -182,9 +193,9 @@ _BITS = {"bfloat16": np.uint16, "float32": np.uint32}  # the dtypes of the XLA k
 
 
 @functools.cache
-def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
-    """The jitted merge of one row block on the host CPU, for a bf16 or fp32 base: ``(w_bits, bᵀ, aᵀ, scale) ->
-    (merged_bits, max |ΔW| or NaN)``, the arithmetic of :func:`merge_block_numpy` but for the dot's summation order.
+def _xla_block_kernel(dtype_name: str, fuse_scale: bool, fold: bool = False):
+    """The jitted merge of one row block on the host CPU, for a bf16 or fp32 base: ``(w_bits, bᵀ, aᵀ, scale, s) ->
+    (merged_bits, max |ΔW| or NaN)``, :func:`merge_block_numpy` (s: its fold, if ``fold``) but for the dot's order.
 
     XLA:CPU fuses ``w + scale·d`` into one FMA, exact only for a power-of-two scale (``fuse_scale``); any other
     scale takes two calls, so the product is rounded first. XLA:CPU also flushes subnormals to zero: the max is NaN
@@ -200,14 +211,14 @@ def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
     def scaled_delta(bt, at, scale):
         return scale * jnp.dot(bt, at, precision=lax.Precision.HIGHEST)
 
-    def add_and_round(w_bits, dw):
+    def add_and_round(w_bits, dw, s):
         if bf16:
             w = lax.bitcast_convert_type(w_bits.astype(jnp.uint32) << 16, jnp.float32)
             mag, exp_bits = w_bits & 0x7FFF, w_bits & 0x7F80
         else:
             w = lax.bitcast_convert_type(w_bits, jnp.float32)
             mag, exp_bits = w_bits & 0x7FFFFFFF, w_bits & 0x7F800000
-        m = w + dw
+        m = (w + dw) * s if fold else w + dw
         u = lax.bitcast_convert_type(m, jnp.uint32)
         if bf16:
             rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -219,9 +230,9 @@ def _xla_block_kernel(dtype_name: str, fuse_scale: bool):
         return out, jnp.max(jnp.where(flushed, jnp.float32(jnp.nan), jnp.abs(dw)))
 
     if fuse_scale:
-        return jax.jit(lambda w_bits, bt, at, scale: add_and_round(w_bits, scaled_delta(bt, at, scale)))
+        return jax.jit(lambda w_bits, bt, at, scale, s: add_and_round(w_bits, scaled_delta(bt, at, scale), s))
     delta_fn, add_fn = jax.jit(scaled_delta), jax.jit(add_and_round)
-    return lambda w_bits, bt, at, scale: add_fn(w_bits, delta_fn(bt, at, scale))
+    return lambda w_bits, bt, at, scale, s: add_fn(w_bits, delta_fn(bt, at, scale), s)
 
 
 def _read_block(src, nbytes: int, align: int = 64) -> np.ndarray:
@@ -257,26 +268,26 @@ def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel:
     a = d.a.astype(np.float32)  # (in, r)
     b = d.b.astype(np.float32)  # (r, out)
     scale = np.float32(d.scale)
+    fold = None if d.fold is None else np.float32(d.fold)
     fast = kernel == "xla" and dtype.name in _BITS
     if fast:
         import jax
 
         cpu = jax.devices("cpu")[0]
-        fn = _xla_block_kernel(dtype.name, fuse_scale=bool(np.frexp(scale)[0] == 0.5))  # a power of two
+        fn = _xla_block_kernel(dtype.name, bool(np.frexp(scale)[0] == 0.5), fold is not None)  # a power of two
         at = jax.device_put(np.ascontiguousarray(a.T), cpu)
         bt = np.ascontiguousarray(b.T)  # (out, r): its row blocks are contiguous
-        scale_dev = jax.device_put(scale, cpu)
+        scale_dev, fold_dev = jax.device_put(scale, cpu), jax.device_put(np.float32(1 if fold is None else fold), cpu)
     biggest = 0.0
     pending: list = []  # (w, r0, r1, kernel outputs) of the block in flight
 
-    def finish(w, r0, r1, res):
+    def finish(w, r0, r1, res=None):
         nonlocal biggest
-        bits, dmax = res
-        if not np.isnan(dmax):
-            out.write(np.asarray(bits))
-            biggest = max(biggest, float(dmax))
-        else:
-            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
+        if res is not None and not np.isnan(res[1]):
+            out.write(np.asarray(res[0]))
+            biggest = max(biggest, float(res[1]))
+        else:  # the numpy reference: kernel "numpy", another dtype, or a block that XLA would flush
+            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale, fold)
             out.write(merged)
             biggest = max(biggest, dmax)
 
@@ -285,13 +296,11 @@ def _write_merged_tensor(src, out: _Writer, offset: int, entry: dict, d, kernel:
         r1 = min(out_dim, r0 + rows)
         w = _read_block(src, (r1 - r0) * in_dim * dtype.itemsize).view(dtype).reshape(r1 - r0, in_dim)
         if not fast:
-            merged, dmax = merge_block_numpy(w, a, b[:, r0:r1], scale)
-            out.write(merged)
-            biggest = max(biggest, dmax)
+            finish(w, r0, r1)
             continue
         # a fresh aligned buffer per block: XLA reads it in place (may_alias), no copy
         res = fn(jax.device_put(w.view(_BITS[dtype.name]), cpu, may_alias=True), jax.device_put(bt[r0:r1], cpu), at,
-                 scale_dev)
+                 scale_dev, fold_dev)
         if pending:
             finish(*pending.pop())
         pending.append((w, r0, r1, res))
@@ -305,11 +314,6 @@ def ulp_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     how many representable values lie between them (0 where the bits are equal; +0 and -0 are 0 apart)."""
     if x.dtype != y.dtype or x.shape != y.shape:
         raise ValueError(f"ulp_distance needs equal dtypes and shapes, got {x.dtype}{x.shape} and {y.dtype}{y.shape}")
-    bits = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
-    sign = np.int64(1) << (8 * x.dtype.itemsize - 1)
-
-    def ordered(v):
-        u = np.ascontiguousarray(v).view(bits).astype(np.int64)
-        return np.where(u & sign, -(u & (sign - 1)), u)
-
-    return np.abs(ordered(x) - ordered(y))
+    bits, sign = {2: np.uint16, 4: np.uint32}[x.dtype.itemsize], np.int64(1) << (8 * x.dtype.itemsize - 1)
+    u, v = (np.ascontiguousarray(t).view(bits).astype(np.int64) for t in (x, y))
+    return np.abs(np.where(u & sign, -(u & (sign - 1)), u) - np.where(v & sign, -(v & (sign - 1)), v))

@@ -62,9 +62,10 @@ def lora_model(base_dir, checkpoint_dir, mesh, step: int | None = None, arrays=N
 NARROW = ("BF16", "F16")  # stored dtypes whose rounding of W + ΔW moves the logits far more than the port's residual
 
 
-def fp32_merge(base_dir, checkpoint_dir, step: int, out_dir) -> Path:
+def fp32_merge(base_dir, checkpoint_dir, step: int, out_dir, fold_expert_scale: bool = True) -> Path:
     """The same merge with nothing rounded, for small models: the base widened to fp32 in ``out_dir``/base, merged
-    into ``out_dir``/merged. A bf16 merge is this rounded to bf16, within 1 ulp (the weight check)."""
+    into ``out_dir``/merged (``fold_expert_scale`` as the merge's). A bf16 merge is this rounded to bf16, within 1 ulp
+    (the weight check)."""
     from safetensors.numpy import load_file, save_file
 
     base = Path(out_dir) / "base"
@@ -73,7 +74,8 @@ def fp32_merge(base_dir, checkpoint_dir, step: int, out_dir) -> Path:
         tensors = {k: (v.astype(np.float32) if v.dtype.name in ("bfloat16", "float16") else v)
                    for k, v in load_file(shard).items()}
         save_file(tensors, shard, metadata={"format": "pt"})
-    return merge_lora(base, checkpoint_dir, Path(out_dir) / "merged", step=step, progress=False).out_dir
+    return merge_lora(base, checkpoint_dir, Path(out_dir) / "merged", step=step, progress=False,
+                      fold_expert_scale=fold_expert_scale).out_dir
 
 
 def _stats(ours: np.ndarray, ref: np.ndarray) -> dict:
@@ -129,7 +131,8 @@ def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, 
     narrow = sorted({r["dtype"] for r in weights["tensors"] if r["kind"] == "merged" and r["dtype"] in NARROW})
     with tempfile.TemporaryDirectory(prefix="verify-fp32-") as tmp:
         # a bf16 merge is checked through its unrounded twin: (a), (b) on the fp32 merge, (c) on the bf16 files
-        exact_dir = fp32_merge(base_dir, checkpoint_dir, step, tmp) if narrow else merged_dir
+        fold = bool(info and info.get("fold_expert_scale"))  # merged as the files were: folded or not
+        exact_dir = fp32_merge(base_dir, checkpoint_dir, step, tmp, fold) if narrow else merged_dir
         hf_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(exact_dir), tokens)
         merged_tunix = parity.tunix_logits(gemma4.load_model(exact_dir, mesh, dtype="float32"), tokens, mesh)
     what = "merged in fp32" if narrow else "merged"

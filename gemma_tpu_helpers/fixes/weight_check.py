@@ -2,8 +2,9 @@
 
 :func:`verify_weights` reads base and merged one tensor at a time, on the host: copied tensors and files must be
 byte-identical to the base's, targeted tensors ``round(base + scale·ΔW)`` within :func:`allowed_error`, and
-``merge_info.json`` must name this step, LoRA and base config. Each problem is a row of ``problems``, naming the
-tensor or file; ``ok`` is True when there is none.
+``merge_info.json`` must name this step, LoRA and base config. Where it records ``fold_expert_scale``, each MoE
+``experts.down_proj`` must be ``round(s_e·(base + ΔW))`` and ``per_expert_scale`` exactly 1. Each problem is a row
+of ``problems``, naming the tensor or file; ``ok`` is True when there is none.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ CHUNK = 16 << 20
 CHECK_BLOCK_ELEMENTS = 1 << 18
 KEPT_SHARE = 0.5  # under this share of targeted elements changed by the merge, a note says ΔW was mostly rounded away
 MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in another order: one rounding apart
+# A folded per_expert_scale s: both sides compute fl(s·fl(W + ΔW)). |s|·ulp(W + ΔW) ≤ 2 fp32 ulps of the product,
+# plus its own rounding on each side (1): 3 fp32 ulps of the value beyond what allowed_error gives for W + ΔW.
+FOLD_ULPS = 3
 
 
 class WeightCheckError(GemmaTpuError, ValueError):
@@ -76,12 +80,15 @@ def check_tensor(base_path: Path, merged_path: Path, b_off: int, m_off: int, ent
         return _check_blocks(fb, fm, b_off, m_off, entry, d, max_ulps)
 
 
-def allowed_error(value, dot, rank: int, dtype_name: str, max_ulps: int = MAX_ULPS) -> np.ndarray:
+def allowed_error(value, dot, rank: int, dtype_name: str, max_ulps: int = MAX_ULPS, fold=None) -> np.ndarray:
     """How far two merges of one element may lie apart, whatever order BLAS or XLA sums the dot in: ``max_ulps`` of
     ``value`` in its stored dtype, plus twice (r+1)·2⁻²⁴·``dot`` (``dot`` = |scale|·Σ|aᵢ·bᵢ| for that element).
-    Near zero, where W and ΔW cancel, that is many ulps of a tiny value."""
-    return max_ulps * np.abs(np.spacing(np.asarray(value, np.float32))) * ULP_SCALE.get(dtype_name, 1.0) \
-        + 2 * (rank + 1) * 2.0 ** -24 * np.asarray(dot)
+    Near zero, where W and ΔW cancel, that is many ulps of a tiny value. ``fold`` (a per_expert_scale s, the merged
+    value s·(W + ΔW)): the dot's term times |s|, plus :data:`FOLD_ULPS` fp32 ulps of ``value``."""
+    spacing = np.abs(np.spacing(np.asarray(value, np.float32)))
+    extra = 0.0 if fold is None else FOLD_ULPS * spacing
+    return max_ulps * spacing * ULP_SCALE.get(dtype_name, 1.0) + extra \
+        + 2 * (rank + 1) * 2.0 ** -24 * np.asarray(dot) * (1.0 if fold is None else abs(float(fold)))
 
 
 def _delta_rms(at: np.ndarray, bt: np.ndarray, scale: float) -> float:
@@ -114,7 +121,7 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
     bts = bt * scale if folded else bt
     bits = np.dtype(f"u{dtype.itemsize}")
     bf16 = dtype.name == "bfloat16"
-    rank = at.shape[0]
+    rank, fold = at.shape[0], None if d.fold is None else np.float32(d.fold)
     worst, worst_at, err, excess, changed = 0, None, 0.0, 0.0, 0
     # one set of buffers per tensor, reused by every block (no allocation, no page faults per block)
     n_max = min(rows, out_dim) * in_dim
@@ -130,6 +137,11 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             x *= scale
         if bf16:
             np.add(x, np.left_shift(w, 16, out=ubuf[:n], dtype=np.uint32).view(np.float32), out=x)  # W + ΔW, fp32
+        else:
+            np.add(_to_float32(w.view(dtype)), x, out=x)
+        if fold is not None:
+            x *= fold  # s_e·(W + ΔW), as the merge rounds it
+        if bf16:
             # round(x) to bf16 is m where x lies less than half a bf16 ulp from m: on the bits (the floats' order
             # for one sign) |x_bits - m_bits·2¹⁶| < 2¹⁵, three in-place passes instead of rounding every element
             # (ml_dtypes' cast: about twice the cost). Ties (rounded to even), a sign change and a NaN against a
@@ -142,7 +154,7 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             keep = m[off] != want.view(bits)
             off, want = off[keep], want[keep]
         else:
-            want = np.add(_to_float32(w.view(dtype)), x, out=x).astype(dtype)
+            want = x.astype(dtype)
             off = np.flatnonzero(m != want.view(bits))
             want = want[off]
         if off.size:  # usually none: ulps only where the bits differ
@@ -152,7 +164,7 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             e = np.abs(m32 - w32)
             rr, cc = off // in_dim, off % in_dim
             dot = abs(float(scale)) * np.einsum("ir,ir->i", np.abs(bt[r0 + rr]), np.abs(at[:, cc].T))
-            allowed = allowed_error(w32, dot, rank, dtype.name, max_ulps)
+            allowed = allowed_error(w32, dot, rank, dtype.name, max_ulps, fold)
             x_err = e / np.maximum(allowed, np.finfo(np.float32).tiny)
             nan_m, nan_w = np.isnan(m32), np.isnan(w32)
             x_err[nan_m != nan_w] = np.inf  # a NaN where base + ΔW is a number, or the reverse: fails
@@ -163,6 +175,8 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
                 i = int(off[j])
                 excess, worst_at, err = float(x_err[j]), (r0 + i // in_dim, i % in_dim), float(e[j])
             worst = max(worst, int(ulps.max()))
+        if fold is not None:  # what the merge changed beyond the fold: against round(s_e·W)
+            w = (_to_float32(w.view(dtype)) * fold).astype(dtype).view(bits)
         changed += int(np.count_nonzero(m != w))
     return {"max_ulps": worst, "excess": excess, "worst_at": worst_at, "error_there": err,
             "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
@@ -204,6 +218,10 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     if arrays is None or step is None:
         step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
     deltas = {d.hf: d for d in merge_plan.plan_merge(arrays, meta, text)}
+    lora_names, ones = set(deltas), []
+    if info.get("fold_expert_scale"):  # the merge folded per_expert_scale into experts.down_proj (merge_plan)
+        deltas, ones = merge_plan.fold_expert_scales(deltas, entries,
+                                                     lambda n: safetensors_io.read_tensor(base_dir, index, n))
     problems: list[str] = []
     notes: list[str] = []
     params: list[str] = []  # the names the problems tell the caller to set (as GemmaTpuError.params)
@@ -258,7 +276,8 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                 for name in sorted(shards[shard], key=lambda k: bh[k]["data_offsets"][0]):
                     e, me = bh[name], mh.get(name)
                     b0, b1 = e["data_offsets"]
-                    kind = "merged" if name in deltas else "copied"
+                    kind = "merged" if name in lora_names else "folded" if name in deltas else \
+                        "ones" if name in ones else "copied"
                     row = {"tensor": name, "kind": kind, "dtype": e["dtype"], "shape": tuple(e["shape"]),
                            "max_ulps": 0, "excess": 0.0, "error_there": 0.0, "delta_rms": 0.0, "changed": 0,
                            "ok": True}
@@ -268,6 +287,15 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                         problems.append(f"{name} in {merged_dir / shard}: "
                                         + ("missing" if me is None else f"{me['dtype']}{me['shape']}, the base has "
                                                                         f"{e['dtype']}{e['shape']}"))
+                    elif kind == "ones":
+                        got = safetensors_io.read_tensor(merged_dir, m_index, name)
+                        if not np.all(got == 1):
+                            row.update(ok=False, max_ulps=None)
+                            problems.append(f"{name} in {merged_dir / shard} is {np.round(got[:4], 4).tolist()}..., "
+                                            f"not 1: {MERGE_INFO} records fold_expert_scale, but the scale was not "
+                                            f"folded into experts.down_proj (merge again with fold_expert_scale)")
+                            if "fold_expert_scale" not in params:
+                                params.append("fold_expert_scale")
                     elif kind == "copied":
                         if not _same_bytes(fb, fm, b_start + b0, m_start + me["data_offsets"][0], b1 - b0):
                             row.update(ok=False, max_ulps=None)
@@ -288,11 +316,13 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                                     f"where base + ΔW of step {step} is a number (or the reverse)")
                 elif row["excess"] > 1:
                     row["ok"] = False
-                    problems.append(f"{row['tensor']} in {merged_dir / shard}: {row['max_ulps']:,} ulps from base + "
-                                    f"ΔW of step {step}, |error| {row['error_there']:.3g} at {row['worst_at']}, "
+                    what = "per_expert_scale x (base + ΔW)" if deltas[row["tensor"]].fold is not None else "base + ΔW"
+                    problems.append(f"{row['tensor']} in {merged_dir / shard}: {row['max_ulps']:,} ulps from {what} "
+                                    f"of step {step}, |error| {row['error_there']:.3g} at {row['worst_at']}, "
                                     f"{row['excess']:.3g}x what {max_ulps} ulp and the dot's rounding allow")
     bar.close()
     merged_rows = [r for r in rows if r["kind"] == "merged"]
+    checked = [r for r in rows if r["kind"] in ("merged", "folded")]
     unchanged = [r["tensor"] for r in merged_rows if r["ok"] and r["changed"] == 0]
     if unchanged:
         notes.append(f"{len(unchanged)} targeted tensor(s) came out bit-equal to the base: their ΔW is below the "
@@ -305,10 +335,11 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
                      f"of {merged_rows[0]['dtype']}, so the merged model is partly the base (the unmerged LoRA, e.g. "
                      f"the PEFT adapter, keeps all of it)")
     return {"ok": not problems, "step": step, "problems": problems, "params": params, "notes": notes, "tensors": rows,
-            "changed_share": share,
-            "merged_tensors": len(merged_rows), "copied_tensors": len(rows) - len(merged_rows),
-            "max_ulps": max((r["max_ulps"] or 0 for r in merged_rows), default=0),
-            "max_excess": max((r["excess"] for r in merged_rows), default=0.0), "bytes": total,
+            "changed_share": share, "fold_expert_scale": bool(ones),
+            "merged_tensors": len(merged_rows), "copied_tensors": sum(r["kind"] == "copied" for r in rows),
+            "folded_tensors": sum(r["kind"] == "folded" for r in rows), "ones_tensors": len(ones),
+            "max_ulps": max((r["max_ulps"] or 0 for r in checked), default=0),
+            "max_excess": max((r["excess"] for r in checked), default=0.0), "bytes": total,
             "seconds": time.perf_counter() - started}
 
 
@@ -316,4 +347,5 @@ def worst_tensors(result: dict, n: int = 8) -> list[dict]:
     """The rows of :func:`verify_weights`' ``tensors`` farthest from base + ΔW, worst first, then any tensor that
     failed (at most ``n``, without ``worst_at``)."""
     rows = sorted(result["tensors"], key=lambda r: (r["ok"], -r["excess"], -(r["max_ulps"] or 0)))
-    return [{k: v for k, v in r.items() if k != "worst_at"} for r in rows if r["kind"] == "merged" or not r["ok"]][:n]
+    return [{k: v for k, v in r.items() if k != "worst_at"} for r in rows
+            if r["kind"] in ("merged", "folded") or not r["ok"]][:n]

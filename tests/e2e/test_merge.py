@@ -100,8 +100,6 @@ def test_plan_maps_every_module_once(trained, tiny_dir):
     k5 = next(d for d in deltas if d.hf == "model.language_model.layers.5.self_attn.k_proj.weight")
     assert k5.module == "layers/5/attn/k_einsum" and k5.shape == (4 * 128, 256)
     assert all(d.scale == meta["alpha"] / meta["rank"] for d in deltas)
-    table = merge_plan.mapping_table(deltas, arrays)
-    assert len(table) == len(deltas) and {"tunix module", "HF tensor", "HF shape [out, in]"} <= set(table.columns)
 
 
 # ------------------------------------------------------------------------------------------------ the merge
