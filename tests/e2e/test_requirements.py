@@ -41,6 +41,16 @@ def test_tpu_pins_resolve(python_version):
     assert "libtpu" in pins, "jax[tpu] should bring libtpu"
 
 
+def test_colab_pins_resolve_for_colabs_python():
+    """What every notebook's install cell installs on a Colab TPU runtime (Python 3.12)."""
+    out = compile_("requirements-colab.txt", "3.12")
+    assert out.returncode == 0, out.stderr
+    pins = {line.split("==")[0]: line.split("==")[1].split()[0]
+            for line in out.stdout.splitlines() if "==" in line and not line.startswith(" ")}
+    assert pins["jax"] == "0.10.2" and pins["google-tunix"] == "0.1.7" and "libtpu" in pins, pins
+    assert "jupyterlab" not in pins and "pytest" not in pins, "the development tools stay out of Colab's install"
+
+
 def test_python_310_is_refused_for_tunix():
     """If this ever resolves, a stock TPU VM's own python3 would do and tools/tpu_venv.sh could go."""
     out = compile_("requirements-tpu.txt", "3.10")

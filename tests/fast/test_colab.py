@@ -134,3 +134,15 @@ def test_off_colab_the_token_is_exported():
     from gemma_tpu_helpers.course import hub
 
     assert "`export HF_TOKEN=hf_...`" in hub.no_token_message("google/gemma-4-31B-it")
+
+
+def test_the_colab_pins_are_the_training_stacks_own():
+    """requirements-colab.txt repeats some pins of requirements-common/-tpu.txt (a slimmer file, not -r): each must
+    be the same version, so Colab trains on the stack the tests ran."""
+    def pins(name):
+        lines = (REPO / name).read_text().splitlines()
+        return dict(line.split("#")[0].strip().split("==") for line in lines if "==" in line.split("#")[0])
+
+    stack = {**pins("requirements-common.txt"), **pins("requirements-tpu.txt")}
+    colab = pins("requirements-colab.txt")
+    assert len(colab) >= 10 and {k: (v, stack.get(k)) for k, v in colab.items() if stack.get(k) != v} == {}
