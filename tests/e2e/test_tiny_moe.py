@@ -2,6 +2,8 @@
 the tp limit of 2 global KV heads, and every step in smoke-moe: train, merge, verify, PEFT export, vLLM, eval."""
 
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from gemma_tpu_helpers.fixes import (
     layout,
     lora,
     merge,
+    model_size,
     parity,
     peft_export,
     vllm_client,
@@ -101,9 +104,9 @@ def test_real_config_maps_to_tunix_preset_and_counts():
     assert ours.attention_pattern == (ref.attention_pattern * 5)[:30]
     state = nnx.state(nnx.eval_shape(lambda: gm.Gemma4(ours, rngs=nnx.Rngs(0))), nnx.Param)
     held = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
-    assert gemma4.param_count(real) == held
+    assert model_size.param_count(real) == held
     # "26B-A4B": 25.2B in the language model, 3.8B of them run per token (8 of 128 experts)
-    assert round(held / 1e9, 1) == 25.2 and round(gemma4.active_param_count(real) / 1e9, 1) == 3.8
+    assert round(held / 1e9, 1) == 25.2 and round(model_size.active_param_count(real) / 1e9, 1) == 3.8
 
 
 def test_two_global_kv_heads_limit_tp_to_2(base):
@@ -270,18 +273,22 @@ def test_smoke_moe_walks_lora_train_merge_verify(walk):
     run = walk["run"]
     targeted = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",
                 ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.", ".experts.gate_up_proj", ".experts.down_proj")
-    changed, same = [], []
+    changed, same, ones = [], [], []
+    assert merge.read_merge_info(run / "merged")["fold_expert_scale"] is True  # the default: per_expert_scale folded
     for key in support.model_keys(run / "base"):
         a, b = support.model_tensor(run / "base", key), support.model_tensor(run / "merged", key)
-        if key.startswith(PRE) and any(t in key for t in targeted):
+        if key.endswith(".router.per_expert_scale"):  # folded into experts.down_proj: 1 in the merged files
+            assert a.dtype == b.dtype and np.all(b == 1) and not np.all(a == 1), key
+            ones.append(key)
+        elif key.startswith(PRE) and any(t in key for t in targeted):
             assert not np.array_equal(a, b), key
             changed.append(key)
-        else:  # router, norms, embedding, vision tower: bit-identical
+        else:  # the router's other tensors, norms, embedding, vision tower: bit-identical
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
             same.append(key)
     assert len(changed) == 41 + 12  # 6 layers x 7 targets, less v_proj on the k=v global layer; 6 x 2 expert tensors
-    assert sum(".router." in k for k in same) == 6 * 3 and not any(".experts." in k for k in same)
-    print(f"\nmerge: {len(changed)} tensors changed, {len(same)} bit-identical")
+    assert len(ones) == 6 and sum(".router." in k for k in same) == 6 * 2 and not any(".experts." in k for k in same)
+    print(f"\nmerge: {len(changed)} tensors changed, {len(ones)} scales folded, {len(same)} bit-identical")
     verify_out = support.walk_step(walk, "verify").stdout
     assert "verify: OK" in verify_out
     print(verify_out)
@@ -297,6 +304,54 @@ def test_peft_adapter_on_the_moe_matches_the_merged_model(walk):
 
 
 @pytest.fixture(scope="module")
+def fold_pair(walk, tmp_path_factory):
+    """The walk's merge (per_expert_scale folded, the default) and the same merge unfolded, each with transformers'
+    greedy tokens on greedy.PARITY_TEXT (N_PARITY of them)."""
+    import torch
+
+    support.walk_step(walk, "merge")
+    run = walk["run"]
+    unfolded = merge.merge_lora(run / "base", run / "checkpoints", tmp_path_factory.mktemp("fold") / "unfolded",
+                                progress=False, fold_expert_scale=False).out_dir
+    ids = vllm_client.prompt_ids(run / "merged", greedy.PARITY_TEXT, chat_template=False)
+    out = {"folded": run / "merged", "unfolded": unfolded, "ids": ids}
+    for name in ("folded", "unfolded"):
+        hf = parity.load_hf(out[name])
+        with torch.no_grad():
+            gen = hf.generate(torch.tensor([ids]), max_new_tokens=N_PARITY, do_sample=False, top_k=None, top_p=None)
+        out[name + " greedy"] = gen[0, len(ids):].tolist()
+    return out
+
+
+def test_the_fold_keeps_transformers_logits_and_greedy_tokens(fold_pair, tmp_path):
+    """Folded and unfolded merges are one model up to fp32 rounding: the fold moves each expert weight by one fp32
+    rounding (2^-24 relative), as the forward's own product w_k·s_e does, so their logits differ at the forward's fp32
+    rounding, within parity's bound (DEFAULT_REL_BOUND, 1e-4; ~1e-5 measured). The scale applied twice (the folded
+    files with the base's per_expert_scale back in, what a server that applies s sees if the fold forgot to write
+    ones) moves them by over 100 times that bound: the check can fail."""
+    from safetensors.numpy import load_file, save_file
+
+    tokens = parity.sample_tokens(1024, 40)
+    logits = {k: parity.hf_logits_and_hidden(parity.load_hf(fold_pair[k]), tokens)[0] for k in ("folded", "unfolded")}
+    scale = np.abs(logits["unfolded"]).max()
+    rel = np.abs(logits["folded"] - logits["unfolded"]).max() / scale
+    twice = tmp_path / "twice"
+    shutil.copytree(fold_pair["folded"], twice)
+    base = fold_pair["folded"].parent / "base"
+    for key, shard in support.model_keys(twice).items():
+        if key.endswith(".router.per_expert_scale"):
+            tensors = load_file(twice / shard)
+            save_file({**tensors, key: support.model_tensor(base, key)}, twice / shard, metadata={"format": "pt"})
+    moved = np.abs(parity.hf_logits_and_hidden(parity.load_hf(twice), tokens)[0] - logits["unfolded"]).max() / scale
+    same = fold_pair["folded greedy"] == fold_pair["unfolded greedy"]
+    print(f"\nfolded vs unfolded merge (transformers, fp32): relative {rel:.2e} (bound "
+          f"{parity.DEFAULT_REL_BOUND:.0e}); scale applied twice: {moved:.2e}; greedy tokens equal: {same} "
+          f"({fold_pair['folded greedy']})")
+    assert rel <= parity.DEFAULT_REL_BOUND and moved > 100 * parity.DEFAULT_REL_BOUND
+    assert same
+
+
+@pytest.fixture(scope="module")
 def server(walk):
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
@@ -306,14 +361,22 @@ def server(walk):
         yield srv
 
 
-def test_vllm_serves_the_merged_moe_token_for_token(walk, server, mesh):
-    """vLLM's CPU MoE path (gelu_tanh experts) and tunix (with the router fix) on the merged replica."""
+def test_vllm_serves_the_merged_moe_token_for_token(walk, server, mesh, fold_pair):
+    """vLLM's CPU MoE path (gelu_tanh experts) and tunix (with the router fix) on the merged replica, whose
+    per_expert_scale the merge folded into experts.down_proj (ones in the files: the same model on tpu-inference)."""
     merged = walk["run"] / "merged"
+    assert merge.read_merge_info(merged)["fold_expert_scale"]
+    assert np.all(support.model_tensor(merged, f"{PRE}layers.0.router.per_expert_scale") == 1)
     model = gemma4.load_model(merged, mesh, dtype=profiles.get_profile(PROFILE).model.dtype)
     ids = vllm_client.prompt_ids(merged, greedy.PARITY_TEXT, chat_template=False)
     jax_tokens, margins = greedy.jax_greedy(model, mesh, ids, N_PARITY, return_margins=True)
-    table = greedy.parity_table(jax_tokens, margins, server.complete_ids(ids, N_PARITY))
+    served = server.complete_ids(ids, N_PARITY)
+    table = greedy.parity_table(jax_tokens, margins, served)
     summary = greedy.parity_summary(table)
+    # and the unfolded merge's tokens in transformers (which applies per_expert_scale itself): the fold changed none
+    assert ids == fold_pair["ids"]
+    unfolded = [v == t for v, t in zip(served["token_ids"], fold_pair["unfolded greedy"], strict=True)]
+    assert (unfolded + [False]).index(False) >= 16, (served["token_ids"], fold_pair["unfolded greedy"])
     gap = (table["jax top-2 gap"] - table["vllm top-2 gap"]).abs().max()
     print(f"\nvLLM ready after {server.start_s:.1f} s; {summary['equal_prefix']}/{summary['n']} greedy tokens "
           f"equal; max top-2 gap difference {gap:.1e}\n{table.to_string(index=False)}")
