@@ -302,10 +302,10 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
     real = safetensors_io.write_merged_shard
     calls = []
 
-    def fill_disk(src, dst, deltas, kernel):
+    def fill_disk(src, dst, deltas, kernel, ones=()):
         calls.append(src)
         if len(calls) < 3:
-            return real(src, dst, deltas, kernel)
+            return real(src, dst, deltas, kernel, ones)
         Path(dst).write_bytes(b"\0" * 1000)  # a partial shard, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device", str(dst))
 
