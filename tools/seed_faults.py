@@ -145,6 +145,21 @@ FAULTS += (
         "neighbouring level",
     ),
     Fault(
+        "merge-fold-skipped",
+        "gemma_tpu_helpers/fixes/merge_plan.py",
+        '        out[down] = dataclasses.replace(d, fold=s, note=f"{d.note}; per_expert_scale folded in")\n',
+        "        out[down] = d\n",
+        "the 26B's per_expert_scale is written as ones but never folded into down_proj: tpu-inference and every other "
+        "server then lose the learned scales",
+    ),
+    Fault(
+        "fold-scale-wrong-expert",
+        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "        folds = [None] * len(self.a) if self.fold is None else self.fold\n",
+        "        folds = [None] * len(self.a) if self.fold is None else self.fold[::-1]\n",
+        "each expert's down_proj is scaled by another expert's per_expert_scale",
+    ),
+    Fault(
         "merge-skips-expert-tensors",
         "gemma_tpu_helpers/fixes/merge_plan.py",
         "            deltas.append(_expert_delta(key, modules[key], expected_experts[key], alpha / expert_rank))\n",

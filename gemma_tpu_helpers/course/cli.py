@@ -54,6 +54,7 @@ def build_parser(commands) -> OneLineParser:
 # them) are on this command line: the one place the course maps a fix's terms to its own.
 FLAGS = {
     "overwrite": "--overwrite",
+    "fold_expert_scale": "--no-fold-expert-scale (left out: folded)",
     "port": "--port (left out: a free one)",
     "num_processes": "--num-processes",
     "process_id": "--process-id",

@@ -141,6 +141,9 @@ def merge_arguments(p) -> None:
     p.add_argument("--step", type=non_negative_int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--out", type=cli_path, default=None, help="output directory (written atomically)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--no-fold-expert-scale", dest="fold_expert_scale", action="store_false",
+                   help="MoE: keep per_expert_scale in the router instead of folding it into each expert's down_proj "
+                        "(tpu-inference never applies it: a TPU server would then give other logits)")
 
 
 def merge_paths(args) -> tuple[Path, Path, Path]:
@@ -156,9 +159,11 @@ def merge_paths(args) -> tuple[Path, Path, Path]:
 def run_merge(args) -> int:
     """Step 07: merge the trained LoRA (Orbax) into the base's sharded safetensors, streamed."""
     base, checkpoint, out = merge_paths(args)
-    r = merge.merge_lora(base, checkpoint, out, step=args.step, overwrite=args.overwrite)
+    r = merge.merge_lora(base, checkpoint, out, step=args.step, overwrite=args.overwrite,
+                         fold_expert_scale=args.fold_expert_scale)
+    folded = ", per_expert_scale folded into down_proj" if r.info.get("fold_expert_scale") else ""
     print(f"merged step {r.step}: {r.merged_tensors} tensors with LoRA, {r.copied_tensors} copied, {r.shards} shards, "
-          f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s -> {r.out_dir}")
+          f"{r.bytes / 1e9:.3f} GB in {r.seconds:.1f} s{folded} -> {r.out_dir}")
     return 0
 
 
@@ -200,12 +205,20 @@ def run_verify(args) -> int:
     return 0 if res["ok"] else 1
 
 
+def _folded(res: dict) -> str:
+    """The MoE merge's fold, as the weight check saw it (nothing for a model without per_expert_scale)."""
+    if not res.get("ones_tensors"):
+        return ""
+    alone = f" ({res['folded_tensors']} down_proj scaled without a LoRA)" if res.get("folded_tensors") else ""
+    return f", {res['ones_tensors']} per_expert_scale folded into down_proj and checked as ones{alone}"
+
+
 def _verify_weights(args) -> int:
     profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
     res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
     print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
           f"{res['max_excess']:.2f} of the allowed rounding; {res['changed_share']:.0%} of their elements changed), "
-          f"{res['copied_tensors']} copied; "
+          f"{res['copied_tensors']} copied{_folded(res)}; "
           f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
     worst = weight_check.worst_tensors(res, 5)
     if worst:

@@ -36,8 +36,8 @@ N_PARITY = 20
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
     """One smoke-moe run directory walked once through the CLI steps (one Python process), each with --profile
-    smoke-moe: LoRA coverage, 2 training steps on 256-token rows, merge, verify, PEFT export. A failed step ends the
-    walk (the tests say which)."""
+    smoke-moe: LoRA coverage, 2 training steps on 256-token rows, merge, verify (and --weights), PEFT export. A failed
+    step ends the walk (the tests say which)."""
     root = tmp_path_factory.mktemp("runs")
     run = root / PROFILE
     return support.walk(root, PROFILE, [
@@ -46,6 +46,8 @@ def walk(tmp_path_factory):
         ("merge", ("merge", "--profile", PROFILE), 600),
         ("verify", ("verify", "--base", run / "base", "--checkpoint", run / "checkpoints", "--merged",
                     run / "merged", "--profile", PROFILE), 600),
+        ("verify-weights", ("verify", "--weights", "--base", run / "base", "--checkpoint", run / "checkpoints",
+                            "--merged", run / "merged"), 600),
         ("export", ("export-adapter", "--base", run / "base", "--checkpoint", run / "checkpoints", "--out",
                     run / "adapter"), 600),
     ])
@@ -269,7 +271,7 @@ def test_smoke_moe_walks_lora_train_merge_verify(walk):
     assert "(45%); 344,064 LoRA parameters reach them" in out  # 6 layers x 8 experts x r8 x (256+256 + 128+256)
     assert "LoRA parameters: 591,872 with the routed experts, 247,808 on attention and the dense MLP alone" in out
     support.walk_step(walk, "train")
-    support.walk_step(walk, "merge")
+    assert "per_expert_scale folded into down_proj" in support.walk_step(walk, "merge").stdout
     run = walk["run"]
     targeted = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",
                 ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.", ".experts.gate_up_proj", ".experts.down_proj")
@@ -292,6 +294,9 @@ def test_smoke_moe_walks_lora_train_merge_verify(walk):
     verify_out = support.walk_step(walk, "verify").stdout
     assert "verify: OK" in verify_out
     print(verify_out)
+    weights = support.walk_step(walk, "verify-weights").stdout  # the streamed check a 26B on a TPU VM would run
+    assert "6 per_expert_scale folded into down_proj and checked as ones;" in weights, weights
+    assert "verify --weights: OK" in weights
 
 
 def test_peft_adapter_on_the_moe_matches_the_merged_model(walk):
@@ -309,7 +314,7 @@ def fold_pair(walk, tmp_path_factory):
     greedy tokens on greedy.PARITY_TEXT (N_PARITY of them)."""
     import torch
 
-    support.walk_step(walk, "merge")
+    assert "per_expert_scale folded into down_proj" in support.walk_step(walk, "merge").stdout
     run = walk["run"]
     unfolded = merge.merge_lora(run / "base", run / "checkpoints", tmp_path_factory.mktemp("fold") / "unfolded",
                                 progress=False, fold_expert_scale=False).out_dir
