@@ -15,7 +15,6 @@ Colab's own modules are imported inside the functions: they exist only there (a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -31,13 +30,6 @@ DRIVE_MOUNT = "drive"  # under the working directory: /content/drive on Colab, w
 DRIVE_RUNS = "MyDrive/gemma-tpu/runs"  # under the mount point
 RUNS_ENV = "GEMMA_TPU_RUNS"  # the runs root profiles.Profile.run_dir reads
 SECRET = "HF_TOKEN"  # Colab's Secrets name, the one huggingface_hub reads too
-
-
-def on_colab() -> bool:
-    try:
-        return importlib.util.find_spec("google.colab") is not None
-    except ModuleNotFoundError:  # no google namespace at all
-        return False
 
 
 def secrets_token() -> str | None:
@@ -85,7 +77,7 @@ def setup(profile, mount: bool = True) -> dict:
     """On Colab: the token from Secrets into ``HF_TOKEN`` (the processes the notebooks start inherit it), and with
     ``mount`` the runs root on Drive (``$GEMMA_TPU_RUNS``, unless already set), where a fresh runtime finds the run
     again. Prints what it did and returns it; off Colab it does nothing and returns an empty dict."""
-    if not on_colab():
+    if not paths.on_colab():
         return {}
     token = secrets_token()
     if token:

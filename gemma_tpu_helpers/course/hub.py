@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..fixes.errors import GemmaTpuError
-from . import profiles
+from . import paths, profiles
 
 # What the training, merge and serving steps read from a base checkpoint.
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
@@ -41,10 +41,8 @@ def repo_url(repo_id: str) -> str:
 
 
 def no_token_message(repo_id: str) -> str:
-    from .colab import on_colab
-
     where = ("add it to Colab's Secrets as HF_TOKEN (the key icon on the left; allow this notebook access) and rerun "
-             "the install cell" if on_colab() else "`export HF_TOKEN=hf_...` (or run `hf auth login`) and retry")
+             "the install cell" if paths.on_colab() else "`export HF_TOKEN=hf_...` (or run `hf auth login`) and retry")
     return (f"{repo_id} is gated and no Hugging Face token is set: accept its licence at {repo_url(repo_id)} "
             f"(logged in), create a read token at https://huggingface.co/settings/tokens, then {where}.")
 

@@ -28,6 +28,16 @@ BUILD_IVERILOG = ("`make iverilog` (or `tools/build_iverilog.sh`) builds Icarus 
                   f"${TOOLS_ENV}/iverilog-12 in about 5 minutes; `conda install -c conda-forge iverilog=12` also works")
 
 
+def on_colab() -> bool:
+    """This Python runs in a Colab runtime (``google.colab`` importable)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("google.colab") is not None
+    except ModuleNotFoundError:  # no google namespace at all
+        return False
+
+
 def data_source(text: str) -> str:
     """A ``--source`` as the data fix takes it: ``shipped`` names the course's replica, anything else is as given."""
     return str(SHIPPED_REPLICA) if text == "shipped" else text

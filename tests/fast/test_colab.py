@@ -9,7 +9,7 @@ from importlib import metadata
 
 import pytest
 
-from gemma_tpu_helpers.course import colab, profiles
+from gemma_tpu_helpers.course import colab, paths, profiles
 from support import REPO
 
 STANDIN = REPO / "tests" / "data" / "colab_standin"
@@ -62,7 +62,7 @@ def test_restart_is_needed_only_for_a_module_that_changed_on_disk():
 
 def test_off_colab_setup_does_nothing(monkeypatch):
     monkeypatch.delenv("GEMMA_TPU_RUNS", raising=False)
-    assert not colab.on_colab() and colab.setup(profiles.get_profile("smoke")) == {}
+    assert not paths.on_colab() and colab.setup(profiles.get_profile("smoke")) == {}
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_on_colab_the_token_comes_from_secrets_and_the_runs_go_to_drive(on_colab
 
     monkeypatch.setenv("COLAB_STANDIN_SECRETS", json.dumps({"HF_TOKEN": "hf_secret"}))
     done = colab.setup(profiles.get_profile("colab-v5e-1"))
-    assert colab.on_colab() and done["token"] == "from Colab's Secrets" and os.environ["HF_TOKEN"] == "hf_secret"
+    assert paths.on_colab() and done["token"] == "from Colab's Secrets" and os.environ["HF_TOKEN"] == "hf_secret"
     assert os.environ["GEMMA_TPU_RUNS"] == done["runs"] == str(on_colab.parent / "content/drive/MyDrive/gemma-tpu/runs")
     assert (on_colab / "gemma-tpu" / "runs").is_dir()  # on "Drive"
     assert profiles.get_profile("colab-v5e-1").run_dir().resolve() == on_colab / "gemma-tpu/runs/colab-v5e-1"
