@@ -22,10 +22,9 @@ from ..fixes import mesh as mesh_lib
 from ..fixes import remat as remat_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import write_atomic
-from ..fixes.gemma4 import load_model
-from ..fixes.hf_checkpoint import PATTERN, kv_shared_layers, layer_kinds, read_text_config
+from ..fixes.hf_checkpoint import PATTERN, kv_shared_layers, layer_kinds
 from ..fixes.model_size import attn_dims, expert_param_count, param_count
-from . import base_model, paths, profiles, serving_bench
+from . import base_model, profiles, serving_bench
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -236,123 +235,16 @@ def compile_train_step(profile: Profile, remat_policy: str, seq_len: int, layers
         arguments = step.argument_bytes(*args)
         return {"layers": layers, "compile_s": round(time.perf_counter() - t0, 1), "hbm_oom": True,
                 "argument_bytes": arguments, "output_bytes": None, "temp_bytes": temp, "alias_bytes": None,
-                "peak_bytes": arguments + temp, "qlora": lora_spec.qlora}
+                "peak_bytes": arguments + temp, "qlora": lora_spec.qlora, "expert_rank": expert_rank(lora_spec)}
     seconds = time.perf_counter() - t0
     figures = remat_lib.memory_figures(compiled)
     return {"layers": layers, "compile_s": round(seconds, 1), **{k: figures[k] for k in _FIGURES},
-            **cost_figures(compiled), "qlora": lora_spec.qlora}
+            **cost_figures(compiled), "qlora": lora_spec.qlora, "expert_rank": expert_rank(lora_spec)}
 
 
-def compare_policies(profile: Profile, model_dir, mesh, policies=("none", "block", "decoder"), batch: int = 2,
-                     seq_len: int = 128, steps: int = 3, dtype: str = "float32", seed: int = 0,
-                     tpu_profile: str | None = "v5p-8", tpu_seq_len: int | None = None):
-    """A table with one row per remat policy: the profile's train step on the model in ``model_dir``, run on
-    ``mesh`` (step ms, compile s, losses, XLA:CPU temp bytes) and, with libtpu, AOT-compiled in bf16 for
-    ``tpu_profile``'s topology at ``tpu_seq_len`` (``TPU temp MiB``, ``TPU peak MiB``).
-
-    The memory effect is read from the TPU compile: XLA:CPU's buffer assignment does not reflect remat. Every policy
-    starts from the same LoRA weights and rows, so the losses agree (remat changes memory and time, not the math).
-    """
-    import concurrent.futures
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import pandas as pd
-    from flax import nnx
-
-    policies = [remat_lib.check_policy(p) for p in policies]
-    spec = dataclasses.replace(profile.train, grad_accum=1, warmup_steps=0, micro_batch=batch, max_seq_len=seq_len)
-    lora = profile.lora
-    model = remat_lib.lora_then_remat(load_model(model_dir, mesh, dtype=dtype), lora.rank, lora.alpha, "none",
-                                  seed=seed, targets=lora.targets, dropout=0.0, expert_rank=lora.expert_rank)
-    start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))  # the step donates the model's arrays
-    tokens = np.random.default_rng(seed).integers(3, model.config.num_embed, (batch, seq_len), dtype=np.int32)
-    rows = {"tokens": tokens, "loss_mask": np.ones_like(tokens, np.int8), "segment_ids": np.ones_like(tokens),
-            "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), tokens.shape).copy()}
-    tpu = profiles.get_profile(tpu_profile) if tpu_profile and importlib.util.find_spec("libtpu") else None
-    text = read_text_config(model_dir)
-    tpu_profile_spec = dataclasses.replace(tpu, lora=dataclasses.replace(lora, dropout=0.0)) if tpu else None
-    rows_out = []
-    # The TPU compiles run in a background thread while this one compiles for the CPU mesh: XLA compiles release
-    # the GIL, so on a 2-core laptop they overlap. The CPU steps are timed only after every compile has finished.
-    compiled = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        aot = {policy: pool.submit(compile_train_step, tpu_profile_spec, policy, tpu_seq_len or seq_len,
-                                   text["num_hidden_layers"], text_config=text, batch=batch, dtype="bfloat16")
-               for policy in (policies if tpu is not None else ())}
-        for policy in policies:
-            remat_lib.set_remat(model, policy)
-            optimizer = step.optimizer_for(model, spec, steps + 1)
-            t0 = time.perf_counter()
-            compiled[policy] = (step.lower(model, optimizer, rows, mesh).compile(), time.perf_counter() - t0,
-                                optimizer)
-        aot = {policy: future.result() for policy, future in aot.items()}
-    for policy in policies:
-        fn, compile_s, optimizer = compiled.pop(policy)
-        nnx.update(model, jax.tree.map(jnp.copy, start))  # every policy from the same LoRA weights
-        remat_lib.set_remat(model, policy)
-        mem = remat_lib.memory_figures(fn)
-        losses = [float(jax.block_until_ready(fn(model, optimizer, rows)[0]))]  # warm-up step
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            losses.append(float(jax.block_until_ready(fn(model, optimizer, rows)[0])))
-        step_ms = 1000 * (time.perf_counter() - t0) / max(steps, 1)
-        row = {"policy": policy, "step ms": step_ms, "compile s": compile_s, "first loss": losses[0],
-               "last loss": losses[-1], "CPU temp MiB": mem["temp_bytes"] / 2**20}
-        if policy in aot:
-            row.update({"TPU temp MiB": aot[policy]["temp_bytes"] / 2**20,
-                        "TPU peak MiB": aot[policy]["peak_bytes"] / 2**20, "TPU compile s": aot[policy]["compile_s"]})
-        rows_out.append(row)
-    remat_lib.set_remat(model, "none")
-    df = pd.DataFrame(rows_out)
-    if tpu is not None and "none" in policies:
-        df["TPU temp vs none"] = df["TPU temp MiB"] / float(df.loc[df.policy == "none", "TPU temp MiB"].iloc[0])
-    df.attrs["tpu_profile"] = tpu.name if tpu is not None else None
-    if tpu is None:  # why there are no TPU columns (the run report says it: tpu_temp_mib)
-        df.attrs["tpu_skipped"] = ("libtpu is not installed (pip install libtpu; no TPU needed)" if tpu_profile else
-                                   "the step was not compiled for a TPU (tpu_profile=None)")
-    df.attrs["shape"] = {"batch": batch, "seq_len": seq_len, "tpu_seq_len": tpu_seq_len or seq_len,
-                         "rank": lora.rank}
-    return df
-
-
-def cached_compare(run_dir, profile: Profile, **kwargs):
-    """:func:`compare_policies`, cached as JSON in ``run_dir/remat/`` (keyed by the profile and the arguments)."""
-    key_args = {k: (str(v) if k in ("model_dir", "mesh") else v) for k, v in sorted(kwargs.items())}
-    key_args["mesh"] = str(dict(zip(kwargs["mesh"].axis_names, kwargs["mesh"].devices.shape)))
-    key_args["profile"] = [profile.name, dataclasses.asdict(profile.lora), dataclasses.asdict(profile.train)]
-    return paths.cached_table(Path(run_dir) / "remat", "compare", key_args,
-                              lambda: compare_policies(profile, **kwargs))
-
-
-def tpu_temp_mib(df) -> dict[str, float] | str:
-    """The run report's figure from :func:`compare_policies`'s table: the ``TPU temp MiB`` of each policy (0.1 MiB),
-    or, where the step was not compiled for a TPU (the table then has no TPU columns), why not, in words: a NaN
-    would not say it, and is not JSON. Notebook 04 compiles the TPU columns with ``GEMMA_TPU_AOT=1`` (smoke) or on a
-    TPU profile; XLA:CPU's temp bytes are no stand-in (its buffer assignment does not reflect remat)."""
-    values = {r["policy"]: float(r.get("TPU temp MiB", math.nan)) for _, r in df.iterrows()}
-    if values and all(math.isfinite(v) for v in values.values()):
-        return {policy: round(v, 1) for policy, v in values.items()}
-    why = df.attrs.get("tpu_skipped") or "the step was not compiled for a TPU"
-    return (f"not measured: {why}; notebook 04 compiles it with GEMMA_TPU_AOT=1 (smoke, about a minute more) or on "
-            "a TPU profile")
-
-
-def plot_policies(df, title: str = "Remat policies: the LoRA train step"):
-    """Bar charts of temp memory and step time per policy; returns the matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    mem = "TPU temp MiB" if "TPU temp MiB" in df else "CPU temp MiB"
-    where = f"AOT for {df.attrs.get('tpu_profile')}" if mem.startswith("TPU") else "XLA:CPU"
-    ax1.bar(df["policy"], df[mem], color="tab:blue")
-    ax1.set_ylabel(f"temp memory, MiB per chip ({where})")
-    ax2.bar(df["policy"], df["step ms"], color="tab:orange")
-    ax2.set_ylabel("step time (ms)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+def expert_rank(lora_spec) -> int | None:
+    """The rank of each routed expert's LoRA when the spec adapts the experts (an MoE), else None."""
+    return (lora_spec.expert_rank or lora_spec.rank) if set(lora_spec.targets) & set(layout.EXPERT_TARGETS) else None
 
 
 def cost_figures(compiled) -> dict:
@@ -432,7 +324,7 @@ def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict
         "profile": profile.name, "topology": profile.hardware.tpu_topology, "chip": profile.hardware.chip,
         "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
         "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
-        "qlora": points[0].get("qlora"), "model": profile.model.source,
+        "qlora": points[0].get("qlora"), "expert_rank": points[0].get("expert_rank"), "model": profile.model.source,
         "hbm_bytes": int(hbm), "hbm_usable_bytes": int(usable),
         "spare_bytes": None if oom else int(usable - result["peak_bytes"]),
         "fits": not oom and bool(result["peak_bytes"] <= usable), "model_layers": model_layers,
@@ -457,9 +349,11 @@ def fit_table(plan: dict):
     return pd.DataFrame(rows)
 
 
-def lora_label(plan: dict) -> str:
-    """"LoRA", or "QLoRA nf4" for a plan of the QLoRA step."""
-    return f"QLoRA {plan['qlora']}" if plan.get("qlora") else "LoRA"
+def lora_label(plan: dict, rank: bool = False) -> str:
+    """"LoRA", or "QLoRA nf4" for a plan of the QLoRA step (``rank``: and its rank), "+ experts r8" when each routed
+    expert has its own LoRA (an MoE)."""
+    label = (f"QLoRA {plan['qlora']}" if plan.get("qlora") else "LoRA") + (f" rank {plan.get('lora_rank')}" * rank)
+    return label + (f" + experts r{plan['expert_rank']}" if plan.get("expert_rank") else "")
 
 
 def plan_row(plan: dict) -> dict:
@@ -512,11 +406,12 @@ COLAB_PLANS = (("colab-v5e-1", "none"), ("colab-v5e-1", "block"), ("colab-v5e-1"
 # Gemma 4 26B-A4B (MoE) on the 4-chip slices its 2 global KV heads allow (fsdp=2 x tp=2), and QLoRA (nf4 experts) on
 # one Colab v6e chip: notebook 04's MoE rows.
 MOE_PLANS = (("v5p-8-moe", "block"), ("v6e-4-moe", "block"), ("v6e-4-moe", "decoder"), ("colab-v6e-1-moe", "decoder"))
-MOE_PREDICTIONS = (("v5p-8-moe", "block"), ("v6e-4-moe", "decoder"))  # the settings the MoE profiles train with
+# the settings the MoE profiles train with, the experts' LoRA included
+MOE_PREDICTIONS = (("v5p-8-moe", "block"), ("v6e-4-moe", "decoder"), ("colab-v6e-1-moe", "decoder", "nf4"))
 
 # XLA's compiled points for the course's settings (batch 1, bf16, LoRA rank 64), shown when nothing is compiled
 # (how they were measured: docs/design-notes.md). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
-REFERENCE_NOTE = "measured 2026-11-29 to 12-04 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
+REFERENCE_NOTE = "measured 2026-11-29 to 12-07 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
 _AOT_POINTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "aot_points.json").read_text())
 # A setting with a single point (an E model, compiled at full depth) is shown as compiled, not extrapolated.
 REFERENCE_POINTS: dict[str, list[dict]] = _AOT_POINTS["reference_points"]
@@ -779,8 +674,7 @@ def format_plan(plan: dict) -> str:
     of = f"of the {usable / GIB:.2f} GiB XLA can use ({g('hbm_bytes'):.0f} GiB HBM)"
     lines = [
         f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
-        f"{plan.get('model', 'google/gemma-4-31B-it')} {lora_label(plan)} "
-        f"rank {plan.get('lora_rank')}, bf16",
+        f"{plan.get('model', 'google/gemma-4-31B-it')} {lora_label(plan, rank=True)}, bf16",
         f"  remat={plan['remat']} batch={plan['batch']} seq={plan['seq_len']} layers={plan['layers']} "
         f"({plan['method']})",
     ]

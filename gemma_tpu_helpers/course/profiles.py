@@ -21,7 +21,7 @@ from ..fixes.data import DataSpec
 from ..fixes.lora import EXPERT_TARGETS, LoraSpec
 from ..fixes.multihost import cpu_xla_flags
 from ..fixes.process_groups import tpu_device_files, tpu_holders, tpu_visible  # noqa: F401  (profiles.tpu_*)
-from ..fixes.step import TrainSpec
+from ..fixes.sft import TrainSpec
 from ..fixes.vllm_command import ServeSpec
 from . import paths
 
@@ -264,7 +264,7 @@ _MOE_LORA = dataclasses.replace(_PAPER_LORA, targets=LoraSpec.targets + EXPERT_T
 
 
 def _moe(name: str, chip: str, chips: int, topology: str, hbm: float, serve_spec: ServeSpec,
-         description: str, remat: str = _PAPER_TRAIN.remat, lora: LoraSpec = _MOE_LORA) -> Profile:
+         description: str, remat: str = _PAPER_TRAIN.remat) -> Profile:
     """A 26B-A4B training profile on ``chips`` chips of one host: fsdp x tp=2, the paper's recipe (8 rows/update),
     LoRA on attention and the dense MLP (rank 64) and, by default, on each routed expert (rank 8: ``--no-experts``
     drops them)."""
@@ -278,7 +278,7 @@ def _moe(name: str, chip: str, chips: int, topology: str, hbm: float, serve_spec
             accelerator_type=name.removesuffix("-moe"),
         ),
         model=ModelSpec(source="google/gemma-4-26B-A4B-it", dtype="bfloat16"),
-        lora=lora,
+        lora=_MOE_LORA,
         train=dataclasses.replace(_PAPER_TRAIN, micro_batch=chips // 2, grad_accum=8 // (chips // 2), remat=remat),
         data=_REAL_DATA,
         serve=serve_spec,
@@ -381,20 +381,20 @@ PROFILES: dict[str, Profile] = {
         _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe, LoRA "
              "on the routed experts too."),
-        # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does, with LoRA on attention and the dense MLP
-        # only: the experts' LoRA (rank 8) takes the compiled step to 32.29 GiB a chip, 1.05 over (README)
+        # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does, the experts' LoRA included (rank 8):
+        # 18.40 GiB a chip compiled (docs/moe-experts.md: 32.29 before expert_lora's backward and grouped matmul)
         _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, _V6E4_MOE_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
-             "recipe under DECODER remat: the smallest v6e slice that holds the model (LoRA on the experts does not "
-             "fit it yet).", remat="decoder", lora=_PAPER_LORA),
+             "recipe under DECODER remat, LoRA on the routed experts too: the smallest v6e slice that holds the "
+             "model.", remat="decoder"),
         # The 26B on one chip: QLoRA with nf4 experts too (fixes/expert_lora.quantize_experts), LoRA on attention,
-        # the dense MLP and each routed expert (rank 8 per expert). Its AOT plan does not fit yet (39.44 of 31.24
-        # GiB, README). Serving the merged bf16 model needs a v6e-4.
+        # the dense MLP and each routed expert (rank 8 per expert), seq 3072: its compiled step fits (AOT plan,
+        # docs/moe-experts.md). Serving the merged bf16 model needs a v6e-4.
         dataclasses.replace(
             _colab("v6e", 32.0, "google/gemma-4-26B-A4B-it", 3072,
                    "Gemma 4 26B-A4B (MoE) QLoRA on a Colab TPU v6e-1 (one chip, 32 GiB): nf4 weights, the experts "
-                   "included, LoRA on attention, the dense MLP and each routed expert; its AOT plan does not fit yet "
-                   "(39.4 GiB); serve on a v6e-4.", remat="decoder"),
+                   "included, LoRA on attention, the dense MLP and each routed expert, DECODER remat; serve on a "
+                   "v6e-4.", remat="decoder"),
             name="colab-v6e-1-moe",
             lora=dataclasses.replace(_MOE_LORA, qlora="nf4"),
             serve=_V6E4_MOE_SERVE, serve_on="v6e-4-moe"),
@@ -439,7 +439,7 @@ def default_profile_name() -> str:
         return named[0]
     raise ValueError(
         f"A TPU is visible but {ENV_VAR} is not set. Set it to one of: {', '.join(PROFILES)} "
-        f"(e.g. `export {ENV_VAR}=v5p-8`)."
+        f"(e.g. `export {ENV_VAR}=v5p-8`; in a notebook, `PROFILE = \"colab-v5e-1\"` in its first cell)."
     )
 
 

@@ -186,7 +186,8 @@ def derive_namespace(tmp_dir) -> dict:
     beside = {"colab-v5e-1_decoder_seq2048_Lfit", "colab-v6e-1_decoder_seq3072_Lfit"}
     return {"v": {k: f["value"] for k, f in FIGURES.items()}, "GIB": GIB, "gib": gib, "pred": pred, "point": point,
             "text": text, "ple": ple, "lora_bytes": lora_bytes, "XLA_31B": xla_31b, "plan": plan,
-            "profiles": profiles, "gemma4": gemma4, "model_size": model_size, "serving_bench": serving_bench, "hbm": profiles.CHIP_HBM_USABLE_GIB,
+            "profiles": profiles, "gemma4": gemma4, "model_size": model_size, "serving_bench": serving_bench,
+            "hbm": profiles.CHIP_HBM_USABLE_GIB,
             "serving": lambda name: profile_steps.hbm_per_chip(profiles.get_profile(name)),
             "IDLE_E": [point(k)["compile_s"] for k in e_keys if k not in beside],
             "ALL_E": [point(k)["compile_s"] for k in e_keys]}
