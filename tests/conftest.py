@@ -92,7 +92,7 @@ def smoke_run(tmp_path_factory, tiny_dir):
 # - "smoke_run": the modules that read conftest's smoke run (a session fixture is per worker: together, it trains
 #   once).
 GROUPS = {"processes": {"test_multihost", "test_serve", "test_bench", "test_user_paths"},
-          "smoke_run": {"test_train", "test_resume", "test_merge", "test_colab"}}
+          "smoke_run": {"test_train", "test_resume", "test_merge", "test_colab_first_cells"}}
 
 
 def work_unit(nodeid: str) -> str:

@@ -147,7 +147,7 @@ profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 from tunix.sft import peft_trainer
 from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import gemma4, sharding, step
+from gemma_tpu_helpers.fixes import gemma4, sft, sharding, step
 from gemma_tpu_helpers.fixes import mesh as mesh_lib
 smoke = profiles.get_profile("smoke")
 t, mesh = smoke.train, smoke.make_mesh()

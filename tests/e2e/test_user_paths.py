@@ -39,6 +39,8 @@ NOT_RUN = {
     "eval --url": "needs a server; test_evaluate and notebook 09 run it",
     "bench --url": "needs a server; test_bench runs the sweep",
     "eval --calibrate": "needs VerilogEval's data set, not shipped; test_evaluate calibrates the shipped problems",
+    "badges": "rewrites the checkout's notebooks from pyproject's URL; tests/fast/test_colab.py runs `badges --check` "
+              "as typed, and the writing on a copy",
     "train --profile smoke --max-steps 20": "docs/tpu-vm.md's first run, a second training into its own run "
                                             "directory (a minute here); the documented `train` runs above, and "
                                             "test_train and test_resume train with --max-steps",
@@ -98,7 +100,7 @@ def test_documented_commands_are_found_and_parse():
     found = documented_commands()
     texts = [" ".join(a) for _, a in found]
     for must in ("merge --base runs/smoke/base --checkpoint runs/smoke/checkpoints --out runs/smoke/merged",
-                 "train --profile smoke --run-dir runs/smoke", "parity runs/smoke/base --layers",
+                 "train --profile smoke --stop-after 20", "parity runs/smoke/base --layers",
                  "eval --completions answers.jsonl",
                  "launch --workers 2 --coordinator 10.0.0.2:8476 -- train --max-steps 10"):  # docs/multi-host.md
         assert must in texts, f"{must!r} is no longer documented as it was: update this test with the docs"

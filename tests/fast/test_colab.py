@@ -1,6 +1,6 @@
 """The course on Colab (course/colab.py): the badge and install URL of every notebook come from pyproject.toml's one
 URL; Secrets, Drive and the restart message with a stand-in ``google.colab`` (tests/data/colab_standin, the real
-package's names and errors). tests/e2e/test_colab.py runs the notebooks' first cells with it."""
+package's names and errors). tests/e2e/test_colab_first_cells.py runs the notebooks' first cells with it."""
 
 import copy
 import json
