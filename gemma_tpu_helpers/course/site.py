@@ -19,9 +19,12 @@ from pathlib import Path
 
 from ..fixes import file_io
 from ..fixes.errors import GemmaTpuError
+from . import paths
+from .colab import BADGE_ID
 from .logbook import COURSE
 
 SITE_DIR = "site"
+DOCS = "docs"  # the checkout's docs/*.md the notebooks link to (../docs/X.md), copied into the site
 INDEX = "index.html"
 SCREENSHOT = "site_index.png"  # in the run dir, next to site/ (not handed out with it)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -79,17 +82,20 @@ def _nav(stem: str, stems: list[str]) -> str:
 def notebook_html(nb, title: str, nav: str = "", stems: list[str] = ()) -> str:
     """One executed notebook as a standalone, offline HTML page (nbconvert lab template, remote scripts removed).
 
-    Links to ``X.ipynb`` among ``stems`` point to ``X.html``."""
+    Links to ``X.ipynb`` among ``stems`` point to ``X.html``, links to ``../docs/`` to the site's copy of the docs;
+    the "Open in Colab" badge (a notebook's first cell, on GitHub) is left out: it needs the network."""
     import copy
 
     from nbconvert import HTMLExporter
 
     nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if c.get("id") != BADGE_ID]
     nb.metadata.pop("widgets", None)  # no widget manager from a CDN: widgets fall back to their text output
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb, resources={"metadata": {"name": title}})
     body = _REMOTE_SCRIPT.sub("", body)
     for stem in stems:
         body = body.replace(f'href="{stem}.ipynb', f'href="{stem}.html')
+    body = body.replace('href="../docs/', f'href="{DOCS}/')
     nav_css = "<style>" + "\n".join(line for line in STYLE.splitlines() if line.startswith("nav.gt-nav")) + "</style>"
     body = body.replace("</head>", nav_css + "</head>", 1)
     return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
@@ -181,15 +187,16 @@ def build(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) 
             file_io.write_atomic(tmp / f"{path.stem}.html", notebook_html(nb, title, _nav(path.stem, stems), stems))
         generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         file_io.write_atomic(tmp / INDEX, index_html(run_dir, pages, generated))
-        for f in tmp.iterdir():  # mkstemp / mkdtemp make them private; a site is for sharing
-            f.chmod(0o644)
+        shutil.copytree(paths.REPO / DOCS, tmp / DOCS, ignore=shutil.ignore_patterns("*.png", "*.svg"))
+        for f in tmp.rglob("*"):  # mkstemp / mkdtemp make them private; a site is for sharing
+            f.chmod(0o755 if f.is_dir() else 0o644)
         tmp.chmod(0o755)
         file_io.install_dir(tmp, out)  # a site is always rebuilt whole: replacing the old one is the point
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    files = list(out.iterdir())
-    return {"index": out / INDEX, "pages": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    files = [f for f in out.rglob("*") if f.is_file()]
+    return {"index": out / INDEX, "pages": len(list(out.glob("*.html"))), "bytes": sum(f.stat().st_size for f in files)}
 
 
 def broken_links(site_dir: str | os.PathLike) -> list[str]:

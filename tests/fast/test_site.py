@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gemma_tpu_helpers.course import logbook, site
+from gemma_tpu_helpers.course import colab, logbook, site
 from support import REPO, run_cli
 
 PLOT = """import matplotlib
@@ -49,7 +49,11 @@ def _executed_run(tmp_path):
     run_dir = tmp_path / "runs" / "smoke"
     (run_dir / "executed").mkdir(parents=True)
     for stem, (title, cells) in NOTEBOOKS.items():
-        nb = new_notebook(cells=[new_markdown_cell(f"# {title}\nA small notebook."), *map(new_code_cell, cells)])
+        # as the course's notebooks open: the Colab badge, then a title that links to a docs page
+        badge = new_markdown_cell(colab.BADGE.format(url=colab.colab_url(stem, "https://github.com/acme/course")))
+        badge["id"] = colab.BADGE_ID
+        nb = new_notebook(cells=[badge, new_markdown_cell(f"# {title}\nA small notebook ([Colab](../docs/colab.md))."),
+                                 *map(new_code_cell, cells)])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         NotebookClient(nb, timeout=120, kernel_name="python3").execute()
         nbformat.write(nb, run_dir / "executed" / f"{stem}.ipynb")
@@ -68,7 +72,7 @@ def test_build_writes_an_offline_page_per_notebook_and_an_index(built):
     run_dir, result = built
     out = run_dir / "site"
     assert result["index"] == out / "index.html" and result["pages"] == len(NOTEBOOKS) + 1
-    assert sorted(p.name for p in out.iterdir()) == ["00_setup.html", "01_mesh_setup.html", "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["00_setup.html", "01_mesh_setup.html", "docs", "index.html"]
     index = (out / "index.html").read_text()
     for nb, *_ in logbook.COURSE:
         assert nb in index
@@ -77,6 +81,9 @@ def test_build_writes_an_offline_page_per_notebook_and_an_index(built):
     page = (out / "00_setup.html").read_text()
     assert "data:image/png;base64," in page and 'class="dataframe"' in page
     assert not re.search(r"<script[^>]*src=\"https?:", page + index), "no script from the network"
+    # the badge needs the network (left out); ../docs/ links reach the site's copy of the checkout's docs
+    assert "colab.research.google.com" not in page and 'href="docs/colab.md"' in page
+    assert (out / "docs" / "colab.md").read_text() == (REPO / "docs" / "colab.md").read_text()
     assert site.broken_links(out) == []
 
 
