@@ -189,6 +189,20 @@ FAULTS += (
         "    if False:\n",
         "QLoRA leaves the routed experts in bf16 (what qwix alone does): no memory saved on a MoE",
     ),
+    Fault(
+        "lora-init-eager",
+        "gemma_tpu_helpers/fixes/lora.py",
+        "    return _place_lora(nnx.jit(go)(model))\n",
+        "    return _place_lora(go(model))\n",
+        "qwix's init forward runs eagerly: per-op collectives on a multi-device CPU mesh, which can deadlock",
+    ),
+    Fault(
+        "lora-left-replicated",
+        "gemma_tpu_helpers/fixes/lora.py",
+        "    return _place_lora(nnx.jit(go)(model))\n",
+        "    return nnx.jit(go)(model)\n",
+        "the jitted qwix init leaves every LoRA param replicated on every chip, not placed like its base weight",
+    ),
 )
 BY_NAME = {f.name: f for f in FAULTS}
 BASELINE = "none"

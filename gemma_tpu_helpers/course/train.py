@@ -271,21 +271,17 @@ def total_steps(profile: Profile, train_rows: int) -> int:
 def _apply_lora(model, profile: Profile, seed: int):
     """The profile's LoRA on ``model``, then its remat policy (``remat.lora_then_remat``: the only working order).
 
-    qwix creates the LoRA params by running the model once; that runs under ``nnx.jit`` (same params), since an eager
-    forward dispatches every op alone to every device and cannot unpack an array that spans processes. The params
-    come out replicated; they are then placed as annotated, in every process, so training runs the program ``plan``
-    compiles (sharded LoRA and AdamW state, a reduce-scatter of the gradient), not a replicated copy per chip."""
+    Then every param is placed as annotated, in every process (qwix places QLoRA's nf4 weights its own way), so
+    training runs the program ``plan`` compiles (sharded weights, LoRA and AdamW state, a reduce-scatter of the
+    gradient), not a replicated copy per chip."""
     import jax
     from flax import nnx
 
     spec = profile.lora
-
-    def go(m):
-        return remat.lora_then_remat(m, spec.rank, spec.alpha, profile.train.remat, seed=seed, targets=spec.targets,
-                                     dropout=spec.dropout, qlora=spec.qlora, expert_rank=spec.expert_rank)
-
-    lora_model = nnx.jit(go)(model)
     mesh = next(x.sharding.mesh for x in jax.tree.leaves(nnx.state(model)) if hasattr(x, "sharding"))
+    lora_model = remat.lora_then_remat(model, spec.rank, spec.alpha, profile.train.remat, seed=seed,
+                                       targets=spec.targets, dropout=spec.dropout, qlora=spec.qlora,
+                                       expert_rank=spec.expert_rank)
     sharding.apply_annotations(lora_model, mesh)
     return lora_model
 

@@ -311,7 +311,39 @@ def _run_qwix(model, provider, seed: int, abstract: bool):
     def go(m):
         return qwix.apply_lora_to_model(m, provider, rngs=nnx.Rngs(seed), **m.get_model_input())
 
-    return nnx.eval_shape(go, model) if abstract else go(model)
+    if abstract:
+        return nnx.eval_shape(go, model)
+    # qwix creates the LoRA params by running the model once. Jitted, not eager: an eager forward dispatches each op
+    # to every device on its own, and on a CPU with fewer cores than virtual devices those small collectives can
+    # deadlock in XLA's rendezvous (a CI run hung 1200 s in verify's forward, then aborted); eager, qwix also cannot
+    # place a param on an array that spans processes. The values are the same; jit leaves the new params replicated,
+    # so they are then placed as annotated (qwix's annotation: the base weight's axes), as eager qwix places them.
+    return _place_lora(nnx.jit(go)(model))
+
+
+def _place_lora(model):
+    """Every LoRA param of ``model`` placed as its annotation says, on the mesh its base weights are on (one jitted
+    identity, which reshards across processes too). A model on one device is returned as it is."""
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = next((x.sharding.mesh for x in jax.tree.leaves(nnx.state(model))
+                 if isinstance(getattr(x, "sharding", None), NamedSharding)), None)
+    variables = [v for _, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))]
+    if mesh is None or not variables:
+        return model
+
+    def wanted(v):
+        md = v.get_metadata()
+        names = next((md[k] for k in ("out_sharding", "sharding_names", "sharding") if md.get(k) is not None), ())
+        return NamedSharding(mesh, P(*names))
+
+    placed = jax.jit(lambda xs: xs, out_shardings=[wanted(v) for v in variables])([v.value for v in variables])
+    for v, x in zip(variables, placed):
+        v.value = x
+    return model
 
 
 def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
@@ -322,7 +354,8 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
 
     ``qlora="nf4"`` quantizes the frozen base: the targeted dense weights (qwix; with the compat shim tunix needs)
     and the routed experts of a MoE, targeted or not; ``tile_size`` must divide the contracted dims (default: the
-    largest that does). ``abstract``: shapes only (``nnx.eval_shape``).
+    largest that does). ``abstract``: shapes only (``nnx.eval_shape``); otherwise qwix runs under ``nnx.jit`` and the
+    LoRA params come out replicated: ``sharding.apply_annotations(model, mesh)`` places them.
     :data:`EXPERT_TARGETS` give each routed expert of an MoE its own LoRA, of rank ``expert_rank`` (default ``rank``).
     Raises :class:`LoraConfigError` for bad arguments, :class:`LoraCoverageError` when a target got LoRA nowhere.
     """

@@ -124,6 +124,32 @@ def test_input_model_keeps_no_lora(lora_smoke, tunix_model):
     assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.iter_graph(tunix_model))
 
 
+def test_qwix_runs_the_model_traced_and_the_lora_lands_placed(tunix_model, mesh, monkeypatch):
+    """qwix creates the LoRA params by running the model once: that forward must be traced (nnx.jit), never eager.
+    Eager, every op runs on its own on all 8 CPU devices, and those small collectives can deadlock in XLA's
+    rendezvous (a CI run of verify hung 1200 s and aborted). The params then sit where eager qwix puts them."""
+    import jax
+
+    from gemma_tpu_helpers.fixes import sharding
+
+    seen = []
+    cls = type(tunix_model)
+    forward = cls.__call__
+
+    def spy(self, tokens, *args, **kwargs):
+        seen.append(isinstance(tokens, jax.core.Tracer))
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__call__", spy)
+    model, _ = lora.apply_lora(tunix_model, rank=8, alpha=16.0)
+    monkeypatch.undo()
+    assert seen and all(seen), f"qwix's forward ran eagerly ({seen.count(False)} of {len(seen)} calls)"
+    audit = sharding.audit(model, mesh)
+    lora_rows = audit[audit["kind"] == "LoRAParam"]
+    assert len(lora_rows) and sharding.flagged(lora_rows).empty  # placed as annotated, not left replicated
+    assert (lora_rows["spec"] != "()").any()
+
+
 def test_raw_qwix_traps(tunix_model, tiny_dir):
     kinds = gemma4.layer_kinds(gemma4.read_text_config(tiny_dir))
     hf = lora.coverage_of_regex(tunix_model, model_views.HF_NAMES_REGEX)
