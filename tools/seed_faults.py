@@ -203,6 +203,21 @@ FAULTS += (
         "    return nnx.jit(go)(model)\n",
         "the jitted qwix init leaves every LoRA param replicated on every chip, not placed like its base weight",
     ),
+    Fault(
+        "course-sets-path-on-import",
+        "gemma_tpu_helpers/course/__init__.py",
+        "plans, benchmarks, cost, preflight, the site, the workshop, the exercises and the CLI's steps.\"\"\"\n",
+        "plans, benchmarks, cost, preflight, the site, the workshop, the exercises and the CLI's steps.\"\"\"\n"
+        "import os\n\nos.environ[\"PATH\"] = \"/opt/iverilog/bin:\" + os.environ.get(\"PATH\", \"\")\n",
+        "importing the course puts a tool first on PATH: every process the user starts afterwards changes",
+    ),
+    Fault(
+        "profiles-reads-runs-env",
+        "gemma_tpu_helpers/course/profiles.py",
+        "        root = root or paths.runs_root()\n",
+        "        root = root or os.environ.get(\"GEMMA_TPU_RUNS\") or paths.default_runs_root()\n",
+        "a second module reads the runs root from the environment: two places to change when the setting moves",
+    ),
 )
 BY_NAME = {f.name: f for f in FAULTS}
 BASELINE = "none"

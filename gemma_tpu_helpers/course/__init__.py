@@ -1,6 +1,2 @@
 """The course on top of the fixes: profiles, run directories, downloads, the tiny replica, caching, training runs,
 plans, benchmarks, cost, preflight, the site, the workshop, the exercises and the CLI's steps."""
-
-from . import paths
-
-paths.use_course_iverilog()  # the simulation fix finds Icarus on PATH: the course's build comes first

@@ -16,7 +16,6 @@ Colab's own modules are imported inside the functions: they exist only there (a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import tomllib
 from importlib import metadata
@@ -28,8 +27,8 @@ from . import base_model, paths
 
 DRIVE_MOUNT = "drive"  # under the working directory: /content/drive on Colab, where a notebook starts in /content
 DRIVE_RUNS = "MyDrive/gemma-tpu/runs"  # under the mount point
-RUNS_ENV = "GEMMA_TPU_RUNS"  # the runs root profiles.Profile.run_dir reads
-SECRET = "HF_TOKEN"  # Colab's Secrets name, the one huggingface_hub reads too
+RUNS_ENV = paths.RUNS_ENV  # the runs root profiles.Profile.run_dir reads
+SECRET = paths.TOKEN_ENV  # Colab's Secrets name, the one huggingface_hub reads too
 
 
 def secrets_token() -> str | None:
@@ -81,22 +80,22 @@ def setup(profile, mount: bool = True) -> dict:
         return {}
     token = secrets_token()
     if token:
-        os.environ[SECRET] = token
+        paths.set_settings({SECRET: token})
         done = {"token": "from Colab's Secrets"}
-    elif os.environ.get(SECRET):
+    elif paths.setting(SECRET):
         done = {"token": "from $HF_TOKEN"}
     else:
         done = {"token": "none (a gated model needs HF_TOKEN under Secrets, the key icon, with access for this "
                          "notebook)"}
-    if mount and not os.environ.get(RUNS_ENV):
+    if mount and not paths.setting(RUNS_ENV):
         from google.colab import drive
 
         mountpoint = Path.cwd() / DRIVE_MOUNT
         drive.mount(str(mountpoint))  # Colab asks the user first
         runs = mountpoint / DRIVE_RUNS
         runs.mkdir(parents=True, exist_ok=True)
-        os.environ[RUNS_ENV] = str(runs)
-    done["runs"] = os.environ.get(RUNS_ENV) or "runs/ on this runtime's disk (gone when the runtime is recycled)"
+        paths.set_settings({RUNS_ENV: str(runs)})
+    done["runs"] = paths.setting(RUNS_ENV) or "runs/ on this runtime's disk (gone when the runtime is recycled)"
     done["drive_gb"] = round(drive_gb(profile), 1)
     print(f"Colab: Hugging Face token {done['token']}; run directories in {done['runs']} (profile {profile.name} "
           f"needs about {done['drive_gb']:g} GB there)")

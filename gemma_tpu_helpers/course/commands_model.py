@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..fixes import data, gemma4, hf_checkpoint, parity
 from ..fixes import remat as remat_lib
-from . import base_model, data_views, logbook, model_views, plan, preflight, profile_steps, profiles, tiny, workshop
+from . import (
+    base_model,
+    data_views,
+    logbook,
+    model_views,
+    paths,
+    plan,
+    preflight,
+    profile_steps,
+    profiles,
+    tiny,
+    workshop,
+)
 from .cli import (
     Command,
     cli_path,
@@ -186,7 +197,7 @@ def run_plan(args) -> int:
     """Step 04: the analytic per-chip estimate; --aot: XLA's compiled figures for the profile's TPU topology
     (libtpu, no TPU)."""
     if not profiles.tpu_visible():  # compile-only on a host: keep JAX's runtime on the CPU (set before JAX loads)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        paths.set_settings({"JAX_PLATFORMS": "cpu"}, keep=True)
     profile = profiles.get_profile(args.profile)
     if args.remat is not None:
         remat_lib.check_policy(args.remat)

@@ -154,8 +154,9 @@ def sampling_settings(args) -> dict:
     return chosen
 
 
-def _calibrate(args, problems, cache_dir: Path, version: str) -> int:
-    cal = eval_score.calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite)
+def _calibrate(args, problems, cache_dir: Path, version: str, iverilog: str | None) -> int:
+    cal = eval_score.calibrate(problems, cache_dir, timeout=args.timeout, workers=args.workers, refresh=args.overwrite,
+                               iverilog=iverilog)
     print(cal.summary())
     for row in cal.table().itertuples():
         print(f"  {row.task_id}: {row.category} [{row.official}] {row.detail}")
@@ -191,17 +192,18 @@ def run_eval(args) -> int:
         raise eval_problems.EvalError(f"{args.out} exists; pass --overwrite to replace it")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     problems = eval_problems.load_problems(args.problems or paths.SHIPPED_EVAL, tasks=tasks)
-    eval_simulate.simulator_tools()
-    version = eval_simulate.simulator_version()
-    print(f"simulator: Icarus Verilog {version} ({eval_simulate.simulator_tools()[0]})")
+    iverilog = eval_simulate.simulator_tools(paths.iverilog())[0]  # the course's build first, else PATH's
+    version = eval_simulate.simulator_version(iverilog)
+    print(f"simulator: Icarus Verilog {version} ({iverilog})")
     cache_dir = Path(args.run_dir) / "eval"
     if args.calibrate:
-        return _calibrate(args, problems, cache_dir, version)
+        return _calibrate(args, problems, cache_dir, version, iverilog)
     completions = _completions(args, problems)
-    results, _ = eval_score.score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers)
+    results, _ = eval_score.score_completions(problems, completions, ks=ks, timeout=args.timeout, workers=args.workers,
+                                              iverilog=iverilog)
     scored = [p for p in problems if p.task_id in set(results["task_id"])]
-    calibration = eval_score.find_calibration(scored, cache_dir)
-    lines = eval_score.score_lines(results, ks, calibration)
+    calibration = eval_score.find_calibration(scored, cache_dir, iverilog)
+    lines = eval_score.score_lines(results, ks, calibration, iverilog)
     if args.out:
         eval_sample.write_jsonl_atomic(args.out, eval_score.records(results), overwrite=args.overwrite)
         print(f"wrote {len(results)} results to {args.out}")

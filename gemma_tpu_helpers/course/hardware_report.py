@@ -23,14 +23,14 @@ from pathlib import Path
 from ..fixes import vllm_command
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import is_remote, to_path, write_atomic
-from . import logbook, plan, preflight, train
+from . import logbook, paths, plan, preflight, train
 from .cli import PROG
 from .profiles import Profile
 
 REPORT = "hardware_report.md"  # in the run directory (the local one when the run directory is on gs://)
 EVAL_SCORE = "last_score.json"  # in <run>/eval/: the last `eval`'s score (record_eval)
 GIB = 2**30
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = paths.REPO
 
 
 class ReportError(GemmaTpuError, ValueError):

@@ -3,12 +3,12 @@ on local processes for a test, with the coordinator and process ids filled in.""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
 
 from ..fixes.multihost import MultihostError
+from . import paths
 
 # Steps that run on every worker of a pod (they join with jax.distributed); the others run on worker 0 only.
 ALL_WORKERS = ("train",)
@@ -67,7 +67,7 @@ def run_commands(commands: list[list[str]], timeout_s: float | None = None, wait
         while cmd and "=" in cmd[0] and not cmd[0].startswith("-"):
             k, v = cmd[0].split("=", 1)
             env_vars[k], cmd = v, cmd[1:]
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **env_vars}))
+        procs.append(subprocess.Popen(cmd, env=paths.child_env(env_vars)))
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while True:

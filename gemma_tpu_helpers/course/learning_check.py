@@ -233,7 +233,7 @@ def learn_dir(profile, run_dir=None, broken: str | None = None) -> Path:
 
 def score(problems, rows):
     """``eval_score.score_completions`` of the answers: one result row per problem (pass@1 from one greedy answer)."""
-    results, _ = eval_score.score_completions(problems, rows, ks=(1,), progress=False)
+    results, _ = eval_score.score_completions(problems, rows, ks=(1,), progress=False, iverilog=paths.iverilog())
     return results
 
 

@@ -13,7 +13,7 @@ from ..fixes import file_io
 from ..fixes.multihost import is_main
 from . import paths
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS_DIR = paths.NOTEBOOKS_DIR
 
 # Every time, pass@1, GiB and ratio the README, docs/ and the course map quote (tests/fast/test_figures.py).
 QUOTED_FIGURES = paths.DATA_DIR / "quoted_figures.json"
@@ -162,8 +162,7 @@ def run_notebooks(profile_name: str, run_dir: str | Path, notebooks: list[Path] 
     out_dir = run_dir / "executed"
     out_dir.mkdir(parents=True, exist_ok=True)
     notebooks = notebooks or sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-    os.environ["GEMMA_TPU_PROFILE"] = profile_name
-    os.environ["GEMMA_TPU_RUNS"] = str(run_dir.parent.resolve())
+    paths.set_settings({paths.PROFILE_ENV: profile_name, paths.RUNS_ENV: str(run_dir.parent.resolve())})
     results = []
     for nb_path in tqdm(notebooks, desc="notebooks"):
         nb = nbformat.read(nb_path, as_version=4)

@@ -1,6 +1,7 @@
-"""The course's own locations, read from the environment in this one module and passed down to the fixes as plain
-arguments: the checkout, the shipped data, the cache, the serving venv and the Icarus Verilog that ``make iverilog``
-builds."""
+"""The course's settings and locations, in this one module: the checkout, the shipped data, the runs root, the
+cache, the serving venv, the Icarus Verilog that ``make iverilog`` builds, and every environment variable the course
+reads or sets. No other course module touches ``os.environ`` or ``__file__`` (tests/fast/test_architecture.py), and
+importing the course changes nothing; the fixes get all of it as plain arguments."""
 
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from ..fixes.vllm_command import ServeError
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+NOTEBOOKS_DIR = REPO / "notebooks"
 SHIPPED_REPLICA = DATA_DIR / "codev_r1_replica"  # the layout of zhuyaoyu/CodeV-R1-dataset, self-written rows
 SHIPPED_CONFIG = "sft"
 SHIPPED_SFT = SHIPPED_REPLICA / "codev_r1_sft.jsonl"
 SHIPPED_EVAL = DATA_DIR / "eval"  # the course's 28 self-written problems in the VerilogEval v2 layout
 
+RUNS_ENV = "GEMMA_TPU_RUNS"  # the runs root: run directories go under it as <root>/<profile>
+PROFILE_ENV = "GEMMA_TPU_PROFILE"  # the profile the notebooks and commands take by default
+TOKEN_ENV = "HF_TOKEN"  # the Hugging Face token huggingface_hub reads (colab.setup fills it from Colab's Secrets)
+ACCELERATOR_ENV = "TPU_ACCELERATOR_TYPE"  # a TPU VM's slice type, e.g. v5p-8 (libtpu reads it too)
 CACHE_ENV = "GEMMA_TPU_CACHE"  # the course's cache (default ~/.cache/gemma-tpu): gs:// data copies under gs/
 TOOLS_ENV = "GEMMA_TPU_TOOLS"  # where `make iverilog` builds Icarus Verilog 12 (default: the cache)
 IVERILOG_ENV = "GEMMA_TPU_IVERILOG"  # another iverilog to use (its vvp beside it)
@@ -43,6 +49,40 @@ def data_source(text: str) -> str:
     return str(SHIPPED_REPLICA) if text == "shipped" else text
 
 
+def runs_root() -> str | Path:
+    """Where run directories go: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout (``runs`` in the current
+    directory when the package is installed without its checkout)."""
+    return os.environ.get(RUNS_ENV) or default_runs_root()
+
+
+def default_runs_root() -> Path:
+    return REPO / "runs" if (REPO / "pyproject.toml").is_file() else Path("runs")
+
+
+def setting(name: str) -> str | None:
+    """One environment variable the course reads (``PROFILE_ENV``, ``TOKEN_ENV``, ``ACCELERATOR_ENV``, XLA_FLAGS ...),
+    None when unset or empty."""
+    return os.environ.get(name) or None
+
+
+def set_settings(values: dict[str, str], keep: bool = False) -> None:
+    """Set environment variables for this process and the ones it starts (JAX's flags before JAX loads, the runs
+    root on Drive, the token); ``keep``: only those not set already. Called by a command or a notebook, never on
+    import."""
+    for name, value in values.items():
+        if keep:
+            os.environ.setdefault(name, value)
+        else:
+            os.environ[name] = value
+
+
+def child_env(extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment for a process it starts, with ``extra`` set and ``drop`` removed."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra or {})
+    return env
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gemma-tpu")
 
@@ -57,21 +97,11 @@ def iverilog_prefix() -> Path:
 
 
 def iverilog() -> str | None:
-    """The iverilog the course uses: $GEMMA_TPU_IVERILOG, else the one `make iverilog` built, else PATH's."""
+    """The iverilog the course passes to the simulation fix: $GEMMA_TPU_IVERILOG, else the one `make iverilog`
+    built, else PATH's (None: none at all; the fix then says how to install one)."""
     built = iverilog_prefix() / "bin" / "iverilog"
     chosen = os.environ.get(IVERILOG_ENV) or (str(built) if built.is_file() else None)
     return chosen or shutil.which("iverilog")
-
-
-def use_course_iverilog() -> None:
-    """Put the course's iverilog first on PATH, where the simulation fix (and any process started from here) finds
-    it. Called once, when the course is imported."""
-    chosen = iverilog()
-    if chosen:
-        bin_dir = str(Path(chosen).absolute().parent)
-        parts = os.environ.get("PATH", "").split(os.pathsep)
-        if parts[:1] != [bin_dir]:
-            os.environ["PATH"] = os.pathsep.join([bin_dir] + [p for p in parts if p != bin_dir])
 
 
 def serve_python(check: bool = False) -> Path:

@@ -24,7 +24,7 @@ from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import write_atomic
 from ..fixes.hf_checkpoint import PATTERN, kv_shared_layers, layer_kinds
 from ..fixes.model_size import attn_dims, expert_param_count, param_count
-from . import base_model, profiles, serving_bench
+from . import base_model, paths, profiles, serving_bench
 from .profiles import Profile
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -136,10 +136,10 @@ def topology_mesh(profile: Profile):
     if not profile.hardware.tpu_topology:
         raise PlanError(f"Profile {profile.name!r} has no TPU topology; use a TPU profile such as v5p-8 or v6e-8.")
     # quiets libtpu's metadata probing
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", profile.hardware.accelerator_type or profile.name)
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    paths.set_settings({paths.ACCELERATOR_ENV: profile.hardware.accelerator_type or profile.name,
+                        "TPU_WORKER_HOSTNAMES": "localhost"}, keep=True)
     if not profiles.tpu_visible():  # compile-only: let a second process (a test, a notebook) load libtpu too
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        paths.set_settings({"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, keep=True)
     from jax.experimental import topologies
 
     topo = topologies.get_topology_desc(platform="tpu", topology_name=profile.hardware.tpu_topology)
@@ -412,7 +412,7 @@ MOE_PREDICTIONS = (("v5p-8-moe", "block"), ("v6e-4-moe", "decoder"), ("colab-v6e
 # XLA's compiled points for the course's settings (batch 1, bf16, LoRA rank 64), shown when nothing is compiled
 # (how they were measured: docs/design-notes.md). Regenerate: `python -m gemma_tpu_helpers plan --aot ...`.
 REFERENCE_NOTE = "measured 2026-11-29 to 12-07 with jax 0.10.2 / libtpu 0.0.52 on a shared 2-core CPU host"
-_AOT_POINTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "aot_points.json").read_text())
+_AOT_POINTS = json.loads((paths.DATA_DIR / "aot_points.json").read_text())
 # A setting with a single point (an E model, compiled at full depth) is shown as compiled, not extrapolated.
 REFERENCE_POINTS: dict[str, list[dict]] = _AOT_POINTS["reference_points"]
 # Independent compiles (18 and 60 layers) that measure the extrapolation's error.

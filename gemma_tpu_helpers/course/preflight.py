@@ -19,14 +19,13 @@ from pathlib import Path
 
 from ..fixes import http_client, process_groups
 from ..fixes.errors import GemmaTpuError
-from . import hub, profiles
+from . import hub, paths, profiles
 
 # PCI device ids of TPU chips (vendor Google 0x1ae0), as jax._src.hardware_utils lists them (a test keeps them equal).
 GOOGLE_PCI_VENDOR = "0x1ae0"
 TPU_PCI_IDS = {"0x0027": "v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e",
                "0x0076": "tpu7x"}
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/accelerator-type"
-CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 class PreflightError(GemmaTpuError, RuntimeError):
@@ -57,8 +56,8 @@ def tpu_chips(sysfs: str = "/sys/bus/pci/devices") -> tuple[int, str | None]:
 
 def accelerator_type() -> str | None:
     """The slice type (e.g. ``v5p-8``): $TPU_ACCELERATOR_TYPE, else the TPU VM's metadata server. None if unknown."""
-    if os.environ.get("TPU_ACCELERATOR_TYPE"):
-        return os.environ["TPU_ACCELERATOR_TYPE"]
+    if paths.setting(paths.ACCELERATOR_ENV):
+        return paths.setting(paths.ACCELERATOR_ENV)
     try:
         return http_client.get_text(METADATA_URL, {"Metadata-Flavor": "Google"},
                               timeout=profiles.PREFLIGHT_PROBE_TIMEOUT_S).strip() or None
@@ -184,7 +183,7 @@ def _version(name: str) -> str | None:
         return None
 
 
-def pinned_jax(requirements: Path = CHECKOUT / "requirements-tpu.txt") -> str | None:
+def pinned_jax(requirements: Path = paths.REPO / "requirements-tpu.txt") -> str | None:
     """The jax version requirements-tpu.txt pins (``jax[tpu]==X``), None outside a checkout."""
     if not requirements.is_file():
         return None

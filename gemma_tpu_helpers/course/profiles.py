@@ -25,7 +25,7 @@ from ..fixes.sft import TrainSpec
 from ..fixes.vllm_command import ServeSpec
 from . import paths
 
-ENV_VAR = "GEMMA_TPU_PROFILE"
+ENV_VAR = paths.PROFILE_ENV
 
 # First contact (hub.py, preflight.py). huggingface_hub sets no timeout of its own: a network that drops packets
 # would hang the first metadata request for minutes.
@@ -149,7 +149,7 @@ class Profile:
         """``runs/<profile>/`` under ``root`` (default: $GEMMA_TPU_RUNS, else ``runs/`` in the course checkout),
         absolute. A ``gs://`` root gives an ``etils.epath.Path``: training keeps its checkpoints, metrics and
         ``done.json`` there; local files (the base, the merged model) go to :meth:`local_dir`."""
-        root = root or os.environ.get("GEMMA_TPU_RUNS") or _default_root()
+        root = root or paths.runs_root()
         root = file_io.absolute_path(root, "runs root", remote=True)  # relative: to the current directory, once
         if root.exists() and not root.is_dir():
             raise file_io.PathArgumentError(f"the runs root {root} is a file; give a directory (--runs, "
@@ -161,13 +161,8 @@ class Profile:
         itself, or ``runs/<profile>/`` in the course checkout when the run directory is on ``gs://``."""
         run_dir = run_dir or self.run_dir()
         if file_io.is_remote(run_dir):
-            return self.run_dir(_default_root())
+            return self.run_dir(paths.default_runs_root())
         return file_io.absolute_path(run_dir, "run directory")
-
-
-def _default_root() -> Path:
-    checkout = Path(__file__).resolve().parents[2]
-    return checkout / "runs" if (checkout / "pyproject.toml").is_file() else Path("runs")
 
 
 _PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)
@@ -424,12 +419,12 @@ PROFILES: dict[str, Profile] = {
 
 
 def default_profile_name() -> str:
-    name = os.environ.get(ENV_VAR)
+    name = paths.setting(ENV_VAR)
     if name:
         return name
     if not tpu_visible():
         return "smoke"
-    accel = os.environ.get("TPU_ACCELERATOR_TYPE", "")
+    accel = paths.setting(paths.ACCELERATOR_ENV) or ""
     if accel in PROFILES:
         return accel
     named = [p.name for p in PROFILES.values() if accel and p.hardware.accelerator_type == accel]
@@ -462,8 +457,8 @@ def configure_jax(profile: Profile | str | None = None) -> Profile:
     profile = profile if isinstance(profile, Profile) else get_profile(profile)
     if profile.hardware.platform == "cpu":
         flag = f"--xla_force_host_platform_device_count={profile.hardware.num_devices}"
-        wanted = cpu_xla_flags(profile.hardware.num_devices, os.environ.get("XLA_FLAGS", ""))
-        if "jax" in sys.modules and os.environ.get("XLA_FLAGS") != wanted:
+        wanted = cpu_xla_flags(profile.hardware.num_devices, paths.setting("XLA_FLAGS") or "")
+        if "jax" in sys.modules and paths.setting("XLA_FLAGS") != wanted:
             import jax  # already imported: only check
 
             if jax.device_count() != profile.hardware.num_devices:
@@ -472,8 +467,8 @@ def configure_jax(profile: Profile | str | None = None) -> Profile:
                     f"{profile.name!r} needs {profile.hardware.num_devices}. Restart the kernel and run the "
                     f"parameters cell first (or set XLA_FLAGS='{flag}' before importing JAX)."
                 )
-        os.environ["XLA_FLAGS"] = wanted
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        paths.set_settings({"XLA_FLAGS": wanted})
+        paths.set_settings({"JAX_PLATFORMS": "cpu"}, keep=True)
     return profile
 
 

@@ -183,7 +183,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     points = [bench_argv(root, model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
     argv = launcher_command(points, py)
     log_path = out_dir / "bench.log"
-    env = dict(os.environ)
+    env = paths.child_env()
     if Path(tok).is_dir():  # a local tokenizer: never wait on the Hub
         env.setdefault("HF_HUB_OFFLINE", "1")
     env.pop("OPENAI_API_KEY", None)

@@ -14,6 +14,7 @@ from ..fixes import chat_format, file_io
 from ..fixes.file_io import OutputExistsError
 from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, TEXT_CONFIGS
 from ..fixes.hf_checkpoint import KEY_PREFIX, PATTERN, kv_shared_layers
+from . import paths
 
 # What changes from the 31B. Head dims 64/128 are ones vLLM's CPU attention accepts; hidden_size differs from both
 # head dims (tunix's loader finds k/v axes by size); every sharded size divides an (fsdp=4, tp=2) mesh. There are
@@ -124,7 +125,7 @@ def tiny_text_config(layers: int | None = None, variant: str = "31b") -> dict:
 
 def training_texts() -> list[str]:
     """Prompts and responses of the shipped Verilog data (the tokenizer's training corpus)."""
-    path = Path(__file__).resolve().parents[1] / "data" / "verilog_sft.jsonl"
+    path = paths.DATA_DIR / "verilog_sft.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [t for r in rows for t in (r["prompt"], r["response"])]
 

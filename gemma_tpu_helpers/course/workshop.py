@@ -22,11 +22,10 @@ from ..fixes.gemma4 import check_checkpoint
 from ..fixes.hf_checkpoint import CheckpointError
 from ..fixes.vllm_command import ServeError
 from ..fixes.vllm_server import start
-from . import preflight, profiles
+from . import paths, preflight, profiles
 from .paths import serve_python
 from .site import find_chromium
 
-CHECKOUT = Path(__file__).resolve().parents[2]
 COURSE_NOTEBOOKS = 11  # 00..10
 # Guidance, not measurements: a notebook kernel with the tiny model plus the vLLM CPU server (KV cache 1 GiB).
 RAM_WARN_GIB, RAM_FAIL_GIB = 8.0, 4.0
@@ -78,7 +77,7 @@ def _check_serve_venv() -> Item:
 
 def _check_iverilog() -> Item:
     try:
-        iv, _ = eval_simulate.simulator_tools()  # the lookup the evaluation itself uses
+        iv, _ = eval_simulate.simulator_tools(paths.iverilog())  # the lookup the evaluation itself uses
     except Exception as e:  # IverilogNotFoundError and kin: the message says what to install
         return Item("iverilog", FAIL, str(e).split(". ")[0], eval_simulate.INSTALL_HINT)
     try:

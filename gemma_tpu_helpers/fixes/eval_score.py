@@ -67,9 +67,9 @@ def _completion_rows(completions) -> list[dict]:
     return rows
 
 
-def _score_one(row: dict, problem: Problem, timeout: float) -> dict:
+def _score_one(row: dict, problem: Problem, timeout: float, iverilog) -> dict:
     code = extract_verilog(row["completion"])
-    res = simulate(code, problem, timeout=timeout)
+    res = simulate(code, problem, timeout=timeout, iverilog=iverilog)
     return {"task_id": row["task_id"], "sample_index": row["sample_index"], **res.as_dict(),
             "finish_reason": row["finish_reason"], **{k: row[k] for k in SAMPLING_KEYS if k in row},
             "completion": row["completion"]}
@@ -89,10 +89,11 @@ def pass_at_k_table(results, ks: Sequence[int] = (1, 5)) -> dict[int, float]:
 
 
 def score_completions(problems: Sequence[Problem], completions, ks: Sequence[int] = (1, 5),
-                      timeout: float = DEFAULT_TIMEOUT, workers: int = 2, progress: bool = True):
+                      timeout: float = DEFAULT_TIMEOUT, workers: int = 2, progress: bool = True,
+                      iverilog: str | os.PathLike | None = None):
     """Simulate every completion; return ``(results, {k: pass@k})``: one row per sample, and the mean over the tasks
     (NaN where a task has fewer than k samples). ``completions``: rows (dicts or a DataFrame) with ``task_id`` and
-    ``completion``; several rows per task are its n samples."""
+    ``completion``; several rows per task are its n samples. ``iverilog``: its path (default: the first on PATH)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -104,9 +105,9 @@ def score_completions(problems: Sequence[Problem], completions, ks: Sequence[int
     if unknown:
         raise EvalError(f"completions for unknown task id(s) {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; "
                         f"the problem set has e.g. {sorted(by_id)[:3]}")
-    simulator_tools()  # fail once, clearly, before starting the pool
+    simulator_tools(iverilog)  # fail once, clearly, before starting the pool
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(_score_one, r, by_id[r["task_id"]], timeout) for r in rows]
+        futures = [pool.submit(_score_one, r, by_id[r["task_id"]], timeout, iverilog) for r in rows]
         for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="simulate",
                       disable=not progress):
             pass
@@ -199,15 +200,15 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
 
 def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None = None,
               timeout: float = DEFAULT_TIMEOUT, workers: int = 2, refresh: bool = False,
-              progress: bool = True) -> Calibration:
+              progress: bool = True, iverilog: str | os.PathLike | None = None) -> Calibration:
     """Score every problem's reference as a completion: a failing one marks a problem no model can pass with this
-    toolchain. With ``cache_dir`` the result is cached per problem set, simulator version and timeout, and reused
-    unless ``refresh``."""
+    toolchain (``iverilog``: its path, default the first on PATH). With ``cache_dir`` the result is cached per
+    problem set, simulator version and timeout, and reused unless ``refresh``."""
     from tqdm.auto import tqdm
 
     if not problems:
         raise EvalError("no problems to calibrate")
-    version = simulator_version()
+    version = simulator_version(iverilog)
     digest = problems_digest(problems)
     path = (Path(cache_dir) / CALIBRATION_GLOB.format(version=version).replace("*", digest[:16])
             if cache_dir is not None else None)
@@ -216,7 +217,7 @@ def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None =
         if cached.digest == digest and cached.simulator == version and cached.timeout == timeout:
             return cached
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(simulate, reference_code(p), p, timeout): p for p in problems}
+        futures = {pool.submit(simulate, reference_code(p), p, timeout, iverilog): p for p in problems}
         for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures), desc="calibrate",
                       disable=not progress):
             pass
@@ -231,11 +232,13 @@ def calibrate(problems: Sequence[Problem], cache_dir: str | os.PathLike | None =
     return cal
 
 
-def find_calibration(problems: Sequence[Problem], cache_dir: str | os.PathLike | None) -> Calibration | None:
-    """The newest cached calibration in ``cache_dir`` that covers ``problems`` with the current simulator, or None."""
+def find_calibration(problems: Sequence[Problem], cache_dir: str | os.PathLike | None,
+                     iverilog: str | os.PathLike | None = None) -> Calibration | None:
+    """The newest cached calibration in ``cache_dir`` that covers ``problems`` with ``iverilog``'s version (default:
+    the first on PATH), or None."""
     if cache_dir is None or not Path(cache_dir).is_dir():
         return None
-    files = sorted(Path(cache_dir).glob(CALIBRATION_GLOB.format(version=simulator_version())),
+    files = sorted(Path(cache_dir).glob(CALIBRATION_GLOB.format(version=simulator_version(iverilog))),
                    key=lambda f: f.stat().st_mtime, reverse=True)
     for f in files:
         cal = load_calibration(f)
@@ -244,10 +247,11 @@ def find_calibration(problems: Sequence[Problem], cache_dir: str | os.PathLike |
     return None
 
 
-def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | None = None) -> list[str]:
+def score_lines(results, ks: Sequence[int] = (1, 5), calibration: Calibration | None = None,
+                iverilog: str | os.PathLike | None = None) -> list[str]:
     """The printed score: one ``pass@k`` line per k, raw and, given a calibration, over the calibrated problems,
-    with the simulator version (a warning line for another version than the required one)."""
-    version = simulator_version()
+    with ``iverilog``'s version (default: the first on PATH's; a warning line for another version than 12)."""
+    version = simulator_version(iverilog)
     tasks = sorted(results["task_id"].unique())
     min_n = int(results.groupby("task_id").size().min())
     raw = pass_at_k_table(results, ks)

@@ -96,9 +96,9 @@ def simulator_tools(iverilog: str | os.PathLike | None = None) -> tuple[str, str
 _VERSIONS: dict[tuple[str, float], str] = {}
 
 
-def simulator_version() -> str:
-    """The Icarus Verilog version that :func:`simulate` uses, e.g. ``"12.0"`` (from ``iverilog -V``)."""
-    iverilog, _ = simulator_tools()
+def simulator_version(iverilog: str | os.PathLike | None = None) -> str:
+    """The version of ``iverilog`` (default: the first on PATH), e.g. ``"12.0"`` (from ``iverilog -V``)."""
+    iverilog, _ = simulator_tools(iverilog)
     key = (iverilog, os.stat(iverilog).st_mtime)
     if key not in _VERSIONS:
         try:
@@ -114,9 +114,9 @@ def simulator_version() -> str:
     return _VERSIONS[key]
 
 
-def version_warning(version: str | None = None) -> str | None:
-    """A warning when the simulator is not the version VerilogEval v2 requires (12), else None."""
-    version = version or simulator_version()
+def version_warning(version: str | None = None, iverilog: str | os.PathLike | None = None) -> str | None:
+    """A warning when ``version`` (default: ``iverilog``'s) is not the one VerilogEval v2 requires (12), else None."""
+    version = version or simulator_version(iverilog)
     if version.split(".")[0] == REQUIRED_IVERILOG:
         return None
     return (f"warning: scored with Icarus Verilog {version}, but VerilogEval v2 requires version "
@@ -159,22 +159,24 @@ def _first_error(log: str) -> str:
     return lines[0].strip() if lines else ""
 
 
-def simulate(sample_code: str | None, problem: Problem, timeout: float = DEFAULT_TIMEOUT) -> SimResult:
+def simulate(sample_code: str | None, problem: Problem, timeout: float = DEFAULT_TIMEOUT,
+             iverilog: str | os.PathLike | None = None) -> SimResult:
     """Run one sample through the official VerilogEval harness and classify it (``official``: VerilogEval's letter).
     ``sample_code`` must define ``module TopModule``; ``timeout`` bounds the simulation (VerilogEval's ``timeout 30``)
-    and the compile separately, killing the process group on expiry."""
-    result, full_log = _simulate(sample_code, problem, timeout)
+    and the compile separately, killing the process group on expiry. ``iverilog``: its path (vvp beside it), default
+    the first on PATH."""
+    result, full_log = _simulate(sample_code, problem, timeout, iverilog)
     # No code: VerilogEval compiles an empty sample, and its testbench then finds no TopModule ('m').
     result.official = "m" if result.category == "no_code" else official_letter(full_log, sample_code)
     return result
 
 
-def _simulate(sample_code: str | None, problem: Problem, timeout: float) -> tuple[SimResult, str]:
+def _simulate(sample_code: str | None, problem: Problem, timeout: float, iverilog=None) -> tuple[SimResult, str]:
     """:func:`simulate`'s result and the whole iverilog + vvp log (with TIMEOUT appended when it was killed)."""
     start = time.monotonic()
     if sample_code is None or not sample_code.strip():
         return SimResult("no_code", detail="no Verilog module in the completion"), ""
-    iverilog, vvp = simulator_tools()
+    iverilog, vvp = simulator_tools(iverilog)
     with tempfile.TemporaryDirectory(prefix="verilog-eval-") as tmp:
         d = Path(tmp)
         (d / "sample.sv").write_text(sample_code, encoding="utf-8")

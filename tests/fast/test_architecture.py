@@ -323,3 +323,63 @@ def test_no_test_module_imports_another():
             found += [f"{path.relative_to(TESTS)} imports {n}" for n in names
                       if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
     assert not found, found
+
+
+# -------------------------------------------------------------------------------- the course's settings, in one place
+
+SETTINGS_MODULE = "course.paths"  # reads and sets every environment variable the course uses, and locates the checkout
+
+
+def environment_uses(source: str, module: str) -> list[str]:
+    """Where ``source`` touches the process environment (``os.environ``, ``getenv``, ``putenv``, ``unsetenv``) or
+    locates files from its own ``__file__``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" and \
+                node.attr in ("environ", "getenv", "putenv", "unsetenv"):
+            found.append(f"{module}:{node.lineno} uses os.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "__file__":
+            found.append(f"{module}:{node.lineno} locates files from its own __file__")
+    return found
+
+
+def test_the_course_reads_its_settings_in_paths_alone():
+    """course/paths.py is the one course module that reads or sets the environment or computes the checkout's
+    locations; the others ask it (``paths.runs_root()``, ``paths.setting(...)``, ``paths.REPO`` ...)."""
+    found = [f for m in MODULES if tier_of(m) == "course" and m != SETTINGS_MODULE
+             for f in environment_uses(path_of(m).read_text(), m)]
+    assert not found, found
+    assert environment_uses(path_of(SETTINGS_MODULE).read_text(), SETTINGS_MODULE)  # it is there, in paths
+
+
+def test_the_settings_check_sees_a_violation():
+    seeded = ("import os\nfrom pathlib import Path\n"
+              "ROOT = os.environ.get('GEMMA_TPU_RUNS')\nHERE = Path(__file__).parent\nos.putenv('X', '1')\n")
+    assert sorted(environment_uses(seeded, "course.profiles")) == [
+        "course.profiles:3 uses os.environ", "course.profiles:4 locates files from its own __file__",
+        "course.profiles:5 uses os.putenv"]
+
+
+IMPORT_EVERYTHING = """
+import importlib, json, os, sys
+import threadpoolctl  # a dependency's own import sets KMP_DUPLICATE_LIB_OK: not the package's doing
+before = dict(os.environ)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+after = dict(os.environ)
+print(json.dumps(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))))
+"""
+
+
+def test_importing_the_package_changes_no_environment():
+    """Importing every module of the package (the course included) leaves PATH and every other variable as it was:
+    the course sets what it must when a command or a notebook asks (``profiles.configure_jax``, ``colab.setup``)."""
+    import json
+    import subprocess
+    import sys
+
+    names = ["gemma_tpu_helpers"] + [f"gemma_tpu_helpers.{m}" for m in MODULES]
+    out = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING, *names], capture_output=True, text=True,
+                         timeout=300, cwd=support.REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -549,27 +549,24 @@ def test_version_check_warns_for_another_version(tmp_path, monkeypatch):
 
 
 @needs_iverilog
-def test_the_course_puts_its_built_iverilog_first_on_path(tmp_path, monkeypatch):
-    """The fix takes the first iverilog on PATH; the course puts `make iverilog`'s build (or $GEMMA_TPU_IVERILOG's)
-    first, and PATH's is used when there is neither."""
+def test_the_course_passes_its_built_iverilog_to_the_fix(tmp_path, monkeypatch):
+    """The fix takes the iverilog it is given, else the first on PATH; the course gives `make iverilog`'s build (or
+    $GEMMA_TPU_IVERILOG's), and PATH's when there is neither. Nothing changes PATH."""
     monkeypatch.delenv(paths.IVERILOG_ENV, raising=False)
     monkeypatch.setenv(paths.TOOLS_ENV, str(tmp_path / "tools"))
     fake_iverilog(tmp_path / "tools" / "iverilog-12" / "bin", "12.0")
     other = fake_iverilog(tmp_path / "path-bin", "11.0")
     monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
     assert eval_simulate.simulator_tools()[0] == str(other)  # the fix alone: PATH's
-    paths.use_course_iverilog()
     built = tmp_path / "tools" / "iverilog-12" / "bin"
-    assert eval_simulate.simulator_tools() == (str(built / "iverilog"), str(built / "vvp"))
-    assert eval_simulate.simulator_version() == "12.0"
+    assert eval_simulate.simulator_tools(paths.iverilog()) == (str(built / "iverilog"), str(built / "vvp"))
+    assert eval_simulate.simulator_version(paths.iverilog()) == "12.0"
+    assert os.environ["PATH"] == f"{other.parent}:/usr/bin:/bin"
     (built / "iverilog").unlink()  # no build: PATH's is used
-    monkeypatch.setenv("PATH", f"{other.parent}:/usr/bin:/bin")
-    paths.use_course_iverilog()
-    assert eval_simulate.simulator_tools()[0] == str(other) and eval_simulate.simulator_version() == "11.0"
+    assert paths.iverilog() == str(other) and eval_simulate.simulator_version(paths.iverilog()) == "11.0"
     mine = fake_iverilog(tmp_path / "mine", "12.0")
     monkeypatch.setenv(paths.IVERILOG_ENV, str(mine))  # an explicit choice wins over both
-    paths.use_course_iverilog()
-    assert eval_simulate.simulator_tools()[0] == str(mine)
+    assert eval_simulate.simulator_tools(paths.iverilog())[0] == str(mine)
 
 
 @pytest.mark.parametrize("log, code, letter", [
