@@ -60,6 +60,22 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tokenizer(tiny_dir):
+    """The tiny replica's tokenizer (the real Gemma 4 special tokens and chat template); read-only for tests."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def e2b_dir(tmp_path_factory):
+    """The tiny E2B replica (KV-shared layers, per-layer inputs), once for the session; read-only for tests."""
+    from gemma_tpu_helpers.course import tiny
+
+    return tiny.write_tiny_model(tmp_path_factory.mktemp("e2b") / "base", variant="e2b")
+
+
+@pytest.fixture(scope="session")
 def mesh():
 
     return SMOKE.make_mesh()

@@ -1,6 +1,7 @@
 """Helpers the test modules share (no test module imports another): starting and stopping the CLI in processes of
 their own, the kill-and-resume checks, the replicas' CLI walks, the serving venv and the notebooks' copy lines."""
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "gemma_tpu_helpers"
@@ -47,6 +49,42 @@ def serve_python() -> Path:
     from gemma_tpu_helpers.course import paths
 
     return paths.serve_python()
+
+
+SERVE_PY = serve_python()
+needs_serve_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
+
+
+@contextlib.contextmanager
+def vllm(spec, model, log_path, **start_kwargs):
+    """A real vLLM server (``vllm_server.start``, 127.0.0.1) for a module's tests, stopped afterwards, also when a CI
+    timeout's SIGTERM arrives (it unwinds through ``finally``); the tests skip without the serving venv."""
+    from gemma_tpu_helpers.fixes import vllm_server
+
+    if not SERVE_PY.is_file():
+        pytest.skip("no serving venv: run `make serve-venv`")
+
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    srv = vllm_server.start(spec, model, log_path=log_path, progress=False, **start_kwargs)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def one_line_error(r, *needles) -> str:
+    """The CLI refused bad input as it should: exit 2, no traceback, one stderr line ``error: ...`` naming each of
+    ``needles``; returns that line."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
 
 
 def run_cli(*args, env=None, timeout=600, cwd=REPO):

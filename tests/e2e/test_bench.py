@@ -5,7 +5,6 @@ stopped, the server's group and the benchmark launcher alike, even when a test f
 """
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,6 @@ from gemma_tpu_helpers.course import cost, paths, serving_bench
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
 from support import REPO
 
-SERVE_PY = support.serve_python()
 OUTPUT_LEN = 16
 NUM_PROMPTS = 4
 
@@ -115,7 +113,7 @@ def test_input_lengths_over_the_servers_max_model_len_are_skipped_in_one_line(ca
         serving_bench.within_model_len([8192], 512, 4096)
 
 
-@pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv")
+@support.needs_serve_venv
 def test_unreachable_server_fails_fast_before_the_sweep(tmp_path):
     url = f"http://127.0.0.1:{vllm_server.free_port()}"
     t0 = time.perf_counter()
@@ -168,20 +166,8 @@ def test_paper_reference_and_costs():
 
 @pytest.fixture(scope="module")
 def server(smoke, tiny_dir, tmp_path_factory):
-    if not SERVE_PY.is_file():
-        pytest.skip("no serving venv: run `make serve-venv`")
-    log = tmp_path_factory.mktemp("bench-serve") / "server.log"
-
-    def on_sigterm(signum, frame):  # a CI timeout's SIGTERM: unwind through `finally` so the server is stopped
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    srv = vllm_server.start(smoke.serving, tiny_dir, log_path=log, progress=False)
-    try:
+    with support.vllm(smoke.serving, tiny_dir, tmp_path_factory.mktemp("bench-serve") / "server.log") as srv:
         yield srv
-    finally:
-        srv.stop()
-        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="module")

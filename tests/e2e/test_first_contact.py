@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import support
 from gemma_tpu_helpers.course import base_model
 from gemma_tpu_helpers.fixes import process_groups, vllm_command, vllm_server
 from support import run_cli
@@ -116,15 +117,6 @@ def env_for(tmp_path, **extra):
     env = {"HF_HOME": str(tmp_path / "hf_home"), "GEMMA_TPU_RUNS": str(tmp_path / "runs"), "HF_TOKEN": "",
            "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", **extra}
     return env
-
-
-def one_line_error(r, starts):
-    """The CLI failed cleanly: exit code 2, no traceback, one `error:` line that begins with ``starts``."""
-    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith("error: " + starts), r.stderr[-3000:]
-    return errors[0]
 
 
 def timed_cli(*args, env, budget_s):
@@ -231,7 +223,7 @@ def test_no_network_for_real(first_contact, tmp_path):
         v5p8_base(tmp_path)
     assert time.time() - t < 30 and not (tmp_path / "runs" / "v5p-8" / "base").exists()
     r = timed_cli("data-stats", "--profile", "v5p-8", env=env_for(tmp_path), budget_s=60)
-    one_line_error(r, f"cannot reach the Hugging Face Hub to download {REAL}")
+    support.one_line_error(r, f"cannot reach the Hugging Face Hub to download {REAL}")
 
 
 def test_refused_connection_and_offline_mode(tmp_path):
@@ -240,9 +232,9 @@ def test_refused_connection_and_offline_mode(tmp_path):
         port = s.getsockname()[1]
     r = timed_cli("data-stats", "--profile", "v5p-8",
                   env=env_for(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}"), budget_s=60)
-    one_line_error(r, "cannot reach the Hugging Face Hub")
+    support.one_line_error(r, "cannot reach the Hugging Face Hub")
     r = timed_cli("data-stats", "--profile", "v5p-8", env=env_for(tmp_path, HF_HUB_OFFLINE="1"), budget_s=60)
-    one_line_error(r, "HF_HUB_OFFLINE is set and")
+    support.one_line_error(r, "HF_HUB_OFFLINE is set and")
 
 
 def test_silent_network_times_out(monkeypatch, tmp_path):
@@ -272,13 +264,13 @@ def test_gated_repo_without_token_and_without_licence(fake_hub, first_contact, t
         v5p8_base(tmp_path)
     env = env_for(tmp_path, HF_ENDPOINT=fake_hub.url)
     r = timed_cli("data-stats", "--profile", "v5p-8", env=env, budget_s=60)
-    one_line_error(r, f"{REAL} is gated and no Hugging Face token is set")
+    support.one_line_error(r, f"{REAL} is gated and no Hugging Face token is set")
     fake_hub.repos[REAL]["access"] = False
     first_contact.setenv("HF_TOKEN", "hf_notaccepted")
     with pytest.raises(hub.HubError, match=f"^your Hugging Face token has no access to the gated {REAL}"):
         v5p8_base(tmp_path)
     r = timed_cli("data-stats", "--profile", "v5p-8", env={**env, "HF_TOKEN": "hf_notaccepted"}, budget_s=60)
-    one_line_error(r, f"your Hugging Face token has no access to the gated {REAL}: accept its licence")
+    support.one_line_error(r, f"your Hugging Face token has no access to the gated {REAL}: accept its licence")
     assert not any("/resolve/" in p for p in fake_hub.requests), "nothing may be downloaded before the checks pass"
 
 
@@ -411,13 +403,13 @@ def test_a_file_as_out_and_a_truncated_shard_from_a_relative_path(tiny_dir, tmp_
 
     (tmp_path / "afile").write_text("keep me")
     r = run_cli("tiny-model", "afile", cwd=tmp_path, env=env_for(tmp_path))
-    one_line_error(r, f"{tmp_path / 'afile'} is a file, not a directory")
+    support.one_line_error(r, f"{tmp_path / 'afile'} is a file, not a directory")
     assert (tmp_path / "afile").read_text() == "keep me"  # nothing lost
     shutil.copytree(tiny_dir, tmp_path / "base")
     shard = sorted((tmp_path / "base").glob("*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:1000])  # an interrupted copy
     r = run_cli("parity", "base", cwd=tmp_path, env=env_for(tmp_path))
-    line = one_line_error(r, f"{shard} is truncated: 1,000 bytes")
+    line = support.one_line_error(r, f"{shard} is truncated: 1,000 bytes")
     assert "tiny-model" in line and "--overwrite" in line, line  # how to get it back
 
 
@@ -429,7 +421,8 @@ def test_tpu_profile_without_tpu_is_one_line_without_libtpu_noise(tmp_path):
     env = env_for(tmp_path)
     for step in (["mesh"], ["lora"], ["train", "--run-dir", str(tmp_path / "x")]):
         r = timed_cli(*step, "--profile", "v5p-8", env={**env, "JAX_PLATFORMS": ""}, budget_s=30)
-        line = one_line_error(r, "profile 'v5p-8' needs a TPU v5p host with 4 chips, but this machine has no TPU")
+        line = support.one_line_error(r, "profile 'v5p-8' needs a TPU v5p host with 4 chips, but this machine has "
+                                         "no TPU")
         assert "--profile smoke" in line and "plan --aot --profile v5p-8" in line
         assert r.stderr.strip() == line, r.stderr  # nothing else: no libtpu warnings
         assert "jax" not in r.stdout
@@ -442,7 +435,7 @@ def test_setup_reports_every_check_on_a_tpu_profile(tmp_path):
         assert re.search(rf"^  (OK|WARN|FAIL|SKIP)\s+{name}\s", out, re.M), out
     assert re.search(r"FAIL\s+tpu\s+profile 'v5p-8' needs a TPU", out)
     assert re.search(r"(OK|FAIL)\s+disk\s+.*126.0 GB", out), out  # the checkpoint and its merge, 63 GB each
-    one_line_error(r, "pre-flight failed (tpu")
+    support.one_line_error(r, "pre-flight failed (tpu")
     assert "TPU_WORKER_HOSTNAMES" not in r.stderr and "INVALID_ARGUMENT" not in r.stderr
 
 

@@ -87,11 +87,9 @@ def test_each_broken_link_scores_lower(working, broken, tmp_path):
         assert res.losses[-1] < 0.5 * res.losses[0], (broken, res.losses)
 
 
-def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
+def test_the_gemma3_variant_is_what_the_mask_check_refuses(tokenizer):
     """The paper's trap, built by hand because the pipeline refuses it: Gemma 3's template on Gemma 4's tokenizer."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tok = tokenizer
     problem = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=[learning_check.default_tasks(1, 0)[0][0]])[0]
     ids, mask = learning_check.example(tok, problem, broken="gemma3-template")
     text = tok.decode(ids)
@@ -108,10 +106,8 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tiny_dir):
     assert tok.decode(good_ids[good_mask == 1]) == learning_check.answer(problem) + "<turn|>"
 
 
-def test_rows_fill_the_fsdp_axis_and_each_step_sees_every_problem(tiny_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
+def test_rows_fill_the_fsdp_axis_and_each_step_sees_every_problem(tokenizer):
+    tok = tokenizer
     problems = eval_problems.load_problems(paths.SHIPPED_EVAL, tasks=learning_check.default_tasks(5, 0)[0])
     prepared, rows, seq = learning_check.training_rows(tok, problems, fsdp=4)
     assert (rows, len(prepared.train), seq % 64) == (8, 8, 0)  # 5 problems -> 8 rows: the fsdp axis splits them

@@ -23,8 +23,7 @@ from gemma_tpu_helpers.fixes import adapters as lora_adapters
 from gemma_tpu_helpers.fixes import greedy, http_client, vllm_client, vllm_command, vllm_server
 from support import REPO
 
-SERVE_PY = support.serve_python()
-needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
+SERVE_PY = support.SERVE_PY
 API_KEY = "test-key-not-secret"
 N_PARITY = 20
 
@@ -85,7 +84,7 @@ def test_tpu_command_comes_from_the_profile_and_never_holds_secrets(monkeypatch)
     assert f"vllm-tpu=={prof.serve.pip_version}" in pip and "hf_do_not_print_me" not in pip
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_cpu_command_uses_the_serve_venv_and_the_workarounds(smoke, tiny_dir):
     argv = vllm_command.serve_command(smoke.serving, tiny_dir, port=9001, api_key="k", lora_modules={"a": tiny_dir})
     assert argv[0] == str(SERVE_PY.resolve()) or Path(argv[0]) == SERVE_PY
@@ -110,7 +109,7 @@ def test_missing_serve_venv_says_what_to_do(monkeypatch, smoke, tmp_path):
         paths.serve_python(check=True)  # the course adds its command
 
 
-@needs_venv
+@support.needs_serve_venv
 @pytest.mark.parametrize("remove", ["config.json", "tokenizer.json", "weights"])
 def test_bad_model_dir_fails_before_launch(smoke, tiny_dir, tmp_path, remove):
     bad = tmp_path / "ckpt"
@@ -127,7 +126,7 @@ def test_bad_model_dir_fails_before_launch(smoke, tiny_dir, tmp_path, remove):
         vllm_server.start(smoke.serving, tmp_path / "missing", log_path=tmp_path / "log")
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_busy_port_is_a_clear_error(smoke, tiny_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,7 +157,7 @@ def test_request_timeout_is_a_clear_error():
             c.close()
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_server_that_dies_at_start_reports_the_log_tail(smoke, tiny_dir, tmp_path):
     log = tmp_path / "server.log"
     t0 = time.perf_counter()
@@ -183,24 +182,13 @@ def adapters(tiny_dir, tmp_path_factory, smoke):
 
 @pytest.fixture(scope="module")
 def server(smoke, tiny_dir, adapters, tmp_path_factory):
-    if not SERVE_PY.is_file():
-        pytest.skip("no serving venv: run `make serve-venv`")
     log = tmp_path_factory.mktemp("serve") / "server.log"
-
-    def on_sigterm(signum, frame):  # a CI timeout's SIGTERM: unwind through `finally` so the server is stopped
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
     rel = os.path.relpath  # as a user types them: relative to this directory (vLLM runs in the log's folder)
-    srv = vllm_server.start(smoke.serving, rel(tiny_dir), api_key=API_KEY,
-                      lora_modules={k: rel(v) for k, v in adapters.items()}, log_path=rel(log), progress=False)
-    srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
-    print(f"\nvLLM start: {srv.start_s:.1f} s")
-    try:
+    with support.vllm(smoke.serving, rel(tiny_dir), rel(log), api_key=API_KEY,
+                      lora_modules={k: rel(v) for k, v in adapters.items()}) as srv:
+        srv.children_seen = _descendants(srv.pid)  # the engine core and friends, to check after stop
+        print(f"\nvLLM start: {srv.start_s:.1f} s")
         yield srv
-    finally:
-        srv.stop()
-        signal.signal(signal.SIGTERM, previous)
 
 
 def test_health_and_models(server):
@@ -286,7 +274,7 @@ def test_stop_leaves_no_process(server):
 # ------------------------------------------------------------------------------------------- the CLI
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_cli_smoke_test_answers_and_cleans_up(tiny_dir, tmp_path):
     import psutil
 

@@ -31,11 +31,6 @@ SERVE_PY = support.serve_python()
 N_PARITY = 20
 
 
-@pytest.fixture(scope="module")
-def e2b_dir(tmp_path_factory):
-    return tiny.write_tiny_model(tmp_path_factory.mktemp("e2b") / "base", variant=E2B)
-
-
 def test_e2b_replica_has_the_e_structure(e2b_dir):
     text = gemma4.read_text_config(e2b_dir)
     real = gemma4.GEMMA4_E2B_TEXT_CONFIG

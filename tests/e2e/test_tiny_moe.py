@@ -22,13 +22,11 @@ from gemma_tpu_helpers.fixes import (
     peft_export,
     vllm_client,
     vllm_command,
-    vllm_server,
 )
 from support import have_iverilog, run_cli
 
 MOE = "26b-a4b"
 PROFILE = "smoke-moe"
-SERVE_PY = support.serve_python()
 PRE = gemma4.KEY_PREFIX
 N_PARITY = 20
 
@@ -358,11 +356,8 @@ def test_the_fold_keeps_transformers_logits_and_greedy_tokens(fold_pair, tmp_pat
 
 @pytest.fixture(scope="module")
 def server(walk):
-    if not SERVE_PY.is_file():
-        pytest.skip("no serving venv: run `make serve-venv`")
     support.walk_step(walk, "merge")
-    with vllm_server.start(profiles.get_profile(PROFILE).serving, walk["run"] / "merged", progress=False,
-                     log_path=walk["root"] / "serve.log") as srv:
+    with support.vllm(profiles.get_profile(PROFILE).serving, walk["run"] / "merged", walk["root"] / "serve.log") as srv:
         yield srv
 
 

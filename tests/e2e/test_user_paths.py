@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import support
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course import paths, profiles
 from gemma_tpu_helpers.course.cli import build_parser
@@ -106,15 +107,6 @@ def test_documented_commands_are_found_and_parse():
         assert must in texts, f"{must!r} is no longer documented as it was: update this test with the docs"
     unparsed = [(name, argv) for name, argv in found if argv != ["--help"] and not parses(argv)]
     assert not unparsed, f"documented commands the CLI refuses (a renamed or removed flag?): {unparsed}"
-
-
-def one_line_error(r, *needles):
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr[-3000:]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def answers_file(path: Path, tasks) -> None:
@@ -229,8 +221,8 @@ def test_steps_with_relative_paths_only(work):
     shutil.copytree(d / "merged", d / "cut")
     shard = sorted((d / "cut").glob("*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:5000])
-    one_line_error(run("serve", "--model", "cut", "--smoke-test"), f"{d.resolve() / 'cut' / shard.name} is truncated",
-                   "merge again")
+    support.one_line_error(run("serve", "--model", "cut", "--smoke-test"),
+                           f"{d.resolve() / 'cut' / shard.name} is truncated", "merge again")
 
 
 def test_serve_precheck_resolves_a_relative_model_dir(work, monkeypatch):

@@ -20,13 +20,6 @@ CHAT = [{"role": "system", "content": "Be terse."},
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
 def gemma3_tokenizer(tiny_dir, tmp_path_factory):
     """A Gemma 3-style tokenizer: <start_of_turn>/<end_of_turn> tokens, no named eot_token (the end of turn comes
     from generation_config.json, as for the real Gemma 3) and Gemma 3's template."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import gemma_tpu_helpers
+import support
 from gemma_tpu_helpers import __main__ as main_module
 from gemma_tpu_helpers.course import cli
 from gemma_tpu_helpers.fixes import data
@@ -19,18 +20,11 @@ CLI_MODULES = sorted([PKG / "course" / "cli.py", *(PKG / "course").glob("command
 MAX_FUNCTION_LINES = 60
 
 
-def one_line_error(r) -> str:
-    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
-    assert "Traceback" not in r.stderr, r.stderr
-    assert len(r.stderr.splitlines()) == 1, r.stderr
-    return r.stderr
-
-
 # ------------------------------------------------------------------------------------------- as a new user typed it
 
 def test_data_stats_on_an_empty_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
-    line = one_line_error(run_cli("data-stats", "--source", "empty.jsonl", cwd=tmp_path))
+    line = support.one_line_error(run_cli("data-stats", "--source", "empty.jsonl", cwd=tmp_path))
     assert line.startswith("error: ") and "--source" in line and "empty.jsonl is an empty file" in line
 
 
@@ -42,12 +36,12 @@ def test_the_data_fix_says_an_empty_file_is_empty(tmp_path):
 
 
 def test_serve_on_a_port_out_of_range(tmp_path):
-    line = one_line_error(run_cli("serve", "--model", "DIR", "--port", "99999", cwd=tmp_path))
+    line = support.one_line_error(run_cli("serve", "--model", "DIR", "--port", "99999", cwd=tmp_path))
     assert "--port" in line and "from 1 to 65535, got '99999'" in line
 
 
 def test_train_with_negative_max_steps(tmp_path):
-    line = one_line_error(run_cli("train", "--max-steps", "-3", cwd=tmp_path))
+    line = support.one_line_error(run_cli("train", "--max-steps", "-3", cwd=tmp_path))
     assert "--max-steps" in line and "a positive integer, got '-3'" in line and "packed" not in line
 
 

@@ -4,14 +4,6 @@ import pytest
 from gemma_tpu_helpers.fixes import data, forward_inputs
 from support import SHIPPED, run_cli
 
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
 ROW = {"prompt": "Write a module named inv with input a and output y.",
        "response": "<think>Just invert.</think>\nHere it is.\n```verilog\nmodule inv(input a, output y);\n"
                    "  assign y = ~a;\nendmodule\n```"}

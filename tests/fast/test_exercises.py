@@ -91,13 +91,11 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
     assert present["has LoRA"].all() and not report.attrs["unused_rules"]
 
 
-def test_the_mask_exercise_means_what_data_tokenize_example_does(tiny_dir):
+def test_the_mask_exercise_means_what_data_tokenize_example_does(tokenizer):
     """Both train on the last answer and its closing end-of-turn token, and on nothing else."""
-    from transformers import AutoTokenizer
-
     from gemma_tpu_helpers.fixes import data
 
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tok = tokenizer
     for chat in exercises._MASK_CHATS:
         ids, mask = data.tokenize_example(tok, chat)
         trained = ids[mask == 1].tolist()

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers.course import equivalence, tiny
+from gemma_tpu_helpers.course import equivalence
 from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint, layout, lora, peft_export
 
 RANK = 4
@@ -163,11 +163,6 @@ def test_full_real_configs(name):
 # ------------------------------------------------------------------------------------------------ against PEFT
 
 
-@pytest.fixture(scope="module")
-def e2b_dir(tmp_path_factory):
-    return tiny.write_tiny_model(tmp_path_factory.mktemp("layout_e2b") / "base", variant="e2b")
-
-
 @pytest.mark.parametrize("targets", [layout.TARGETS, ("v_proj", "o_proj"), ("k_proj", "gate_proj")], ids="+".join)
 @pytest.mark.parametrize("which", ["31b", "e2b"])
 def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
@@ -194,13 +189,13 @@ def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
 
 
 @pytest.mark.parametrize("variant", ["31b", "e2b"])
-def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, tmp_path):
+def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, e2b_dir):
     """Every weight the table says LoRA adapts is in the replica's files at that [out, in] shape (k=v layers, KV-shared
     layers and E2B's doubled MLP included), and it leaves out only what no forward pass reads: the k/v projections
     the real E files still carry on KV-shared layers."""
     from gemma_tpu_helpers.fixes import safetensors_io
 
-    base = tiny_dir if variant == "31b" else tiny.write_tiny_model(tmp_path / "e2b", variant="e2b")
+    base = tiny_dir if variant == "31b" else e2b_dir
     text = gemma4.read_text_config(base)
     _, _, entries = safetensors_io.base_layout(base)
     got = layout.targeted_weights(text)

@@ -17,8 +17,7 @@ from gemma_tpu_helpers.course import paths, profile_steps, profiles
 from gemma_tpu_helpers.fixes import vllm_command, vllm_server
 from support import run_cli
 
-SERVE_PY = support.serve_python()
-needs_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving venv: run `make serve-venv`")
+SERVE_PY = support.SERVE_PY
 COLAB = ("colab-v5e-1", "colab-v6e-1")
 UV = Path(sys.executable).parent / "uv"
 
@@ -127,7 +126,7 @@ def test_the_command_has_the_recipe_flags(v6e, tpu_argv):
     assert s.image == "vllm/vllm-tpu:gemma4" and s.pip_version == "0.32.0"
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_v6e_command_parses_with_vllm_032s_own_parser(v6e, parsed):
     real = parsed["real"]
     assert real["ok"], real.get("error")
@@ -142,7 +141,7 @@ def test_v6e_command_parses_with_vllm_032s_own_parser(v6e, parsed):
     assert (got["host"], got["port"]) == (vllm_command.HOST, 8123)
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_smoke_command_serves_eager(parsed):
     """The CPU build skips torch.compile (53 s of a 90 s start for the replica); vLLM's parser reads the flag."""
     smoke = parsed["smoke"]
@@ -151,7 +150,7 @@ def test_smoke_command_serves_eager(parsed):
     assert parsed["real"]["values"]["enforce_eager"] is False  # the TPU line compiles, as vllm-tpu must
 
 
-@needs_venv
+@support.needs_serve_venv
 @pytest.mark.parametrize("variant, flag", [("misspelled", "--max-num-batch-tokens"),
                                            ("extra_s", "--disable-chunked-mm-inputs"),
                                            ("removed_in_032", "--disable-log-requests")])
@@ -160,7 +159,7 @@ def test_an_unknown_flag_fails_vllms_parser(parsed, variant, flag):
     assert not result["ok"] and "unrecognized arguments" in result["error"] and flag in result["error"]
 
 
-@needs_venv
+@support.needs_serve_venv
 def test_an_abbreviated_flag_is_caught_although_argparse_accepts_it(parsed):
     result = parsed["abbreviated"]
     assert result["inexact"] == ["--tensor-parallel-siz"]
@@ -235,7 +234,7 @@ def test_colab_command_is_a_plain_vllm_serve_from_the_serving_venv(name):
     assert "VLLM_API_KEY=$VLLM_API_KEY" in line and "sk-secret" not in line
 
 
-@needs_venv
+@support.needs_serve_venv
 @pytest.mark.parametrize("name", COLAB)
 def test_colab_command_parses_with_vllm_032s_own_parser(parsed, name):
     result, s = parsed[name], profiles.get_profile(name).serve

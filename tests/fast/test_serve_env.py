@@ -5,8 +5,6 @@ import os
 import subprocess
 from importlib import metadata
 
-import pytest
-
 import support
 
 SERVE_PY = support.serve_python()
@@ -19,7 +17,7 @@ print(json.dumps({"vllm": vllm.__version__, "transformers": m.version("transform
 """
 
 
-@pytest.mark.skipif(not SERVE_PY.exists(), reason="no serving venv: run `make serve-venv`")
+@support.needs_serve_venv
 def test_serve_venv_has_vllm_032_and_its_own_pins():
     out = subprocess.run([str(SERVE_PY), "-c", PROBE], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})

@@ -111,10 +111,8 @@ def test_two_processes_asking_at_once_build_it_once(tmp_path):
 REAL_IDS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<|tool_response>": 50, "<|turn>": 105, "<turn|>": 106}
 
 
-def test_special_token_ids_are_the_real_releases(tiny_dir):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
+def test_special_token_ids_are_the_real_releases(tiny_dir, tokenizer):
+    tok = tokenizer
     assert {t: tok.convert_tokens_to_ids(t) for t in REAL_IDS} == REAL_IDS
     generation = json.loads((tiny_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [1, 106, 50]
