@@ -28,9 +28,13 @@ os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")
 # spinning threads, 12.2 s with passive ones (9.0 s with one thread). Set before torch is imported; processes the
 # tests start (the CLI, vLLM) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from gemma_tpu_helpers.course import profiles  # noqa: E402
+from gemma_tpu_helpers.course import paths, profiles  # noqa: E402
 
 SMOKE = profiles.configure_jax("smoke")
+# The Makefile puts `make iverilog`'s build first on PATH; a bare `pytest` gets the same here, for the tests that
+# call the simulation fix without iverilog= (importing the course changes no variable).
+if paths.iverilog():
+    os.environ["PATH"] = os.pathsep.join([str(Path(paths.iverilog()).parent), os.environ.get("PATH", "")])
 
 
 @pytest.fixture(scope="session", autouse=True)

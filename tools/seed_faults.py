@@ -88,9 +88,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "sigterm-exits-without-saving",
         "gemma_tpu_helpers/course/train.py",
-        "                trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, "
-        "Orbax closed\n",
-        "                trainer.checkpoint_manager.close()  # Orbax closed\n",
+        "        trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed\n",
+        "        trainer.checkpoint_manager.close()  # Orbax closed\n",
         "on SIGTERM (preemption) training closes Orbax without saving the step in progress: the work since the "
         "last periodic checkpoint is lost",
     ),

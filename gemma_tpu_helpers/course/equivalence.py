@@ -106,36 +106,12 @@ def _jax_lora_arrays(model) -> dict:
     return found
 
 
-def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 2, seq_len: int = 192,
-                learning_rate: float = 1e-3, rank: int = 8, alpha: float = 16.0, seed: int = 0):
-    """Train the tiny model ``steps`` steps with HF PEFT (torch CPU) and with tunix + qwix, from the same LoRA
-    initial values on the same rows, dropout 0, AdamW + warmup-cosine + clipping; return the two loss curves.
-
-    The B matrices start at zero on both sides, and A is copied from qwix's initial values into PEFT.
-    """
-    import dataclasses
-
-    import jax
-    import pandas as pd
+def _peft_losses(base_dir, init: dict, rank: int, alpha: float, spec, steps: int, batches) -> list[float]:
+    """HF PEFT's losses on ``batches`` (torch CPU), from qwix's initial LoRA values ``init``: AdamW with the same
+    schedule, clipping and masked loss as the tunix run."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    spec = dataclasses.replace(profile.train, learning_rate=learning_rate, warmup_steps=2, micro_batch=batch,
-                               grad_accum=1)
-    batches = _batches(base_dir, steps, batch, seq_len)
-
-    # tunix + qwix: the train step, loss and optimizer training runs (sft.train_step), one update per batch
-    model = gemma4.load_model(base_dir, mesh, dtype="float32")
-    model = remat.lora_then_remat(model, rank, alpha, "none", seed=seed, targets=PARITY_TARGETS)
-    init = _jax_lora_arrays(model)
-    optimizer = sft.optimizer_for(model, spec, steps)
-    train_step = sft.jitted()
-    jax_losses = []
-    with jax.set_mesh(mesh):
-        for b in batches:
-            jax_losses.append(float(train_step(model, optimizer, b)[0]))
-
-    # HF PEFT on torch CPU
     hf = parity.load_hf(base_dir)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
                         target_modules=r".*language_model\.layers\.\d+\.(self_attn\.(q_proj|o_proj)|mlp\.(gate_proj|up_proj|down_proj))")
@@ -146,7 +122,7 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
         raise RuntimeError(f"PEFT model lacks {sorted(missing)[:3]}...")
     peft_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
     params = [p for p in peft_model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=spec.weight_decay)
+    opt = torch.optim.AdamW(params, lr=spec.learning_rate, betas=(0.9, 0.999), eps=1e-8, weight_decay=spec.weight_decay)
     schedule = sft.lr_schedule(spec, steps)
     torch_losses = []
     peft_model.train()
@@ -164,6 +140,37 @@ def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 
         torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
         opt.step()
         torch_losses.append(float(loss.detach()))
+    return torch_losses
+
+
+def peft_parity(profile: Profile, base_dir, mesh, steps: int = 20, batch: int = 2, seq_len: int = 192,
+                learning_rate: float = 1e-3, rank: int = 8, alpha: float = 16.0, seed: int = 0):
+    """Train the tiny model ``steps`` steps with HF PEFT (torch CPU) and with tunix + qwix, from the same LoRA
+    initial values on the same rows, dropout 0, AdamW + warmup-cosine + clipping; return the two loss curves.
+
+    The B matrices start at zero on both sides, and A is copied from qwix's initial values into PEFT.
+    """
+    import dataclasses
+
+    import jax
+    import pandas as pd
+
+    spec = dataclasses.replace(profile.train, learning_rate=learning_rate, warmup_steps=2, micro_batch=batch,
+                               grad_accum=1)
+    batches = _batches(base_dir, steps, batch, seq_len)
+
+    # tunix + qwix: the train step, loss and optimizer training runs (sft.train_step), one update per batch
+    model = gemma4.load_model(base_dir, mesh, dtype="float32")
+    model = remat.lora_then_remat(model, rank, alpha, "none", seed=seed, targets=PARITY_TARGETS)
+    init = _jax_lora_arrays(model)
+    optimizer = sft.optimizer_for(model, spec, steps)
+    train_step = sft.jitted()
+    jax_losses = []
+    with jax.set_mesh(mesh):
+        for b in batches:
+            jax_losses.append(float(train_step(model, optimizer, b)[0]))
+
+    torch_losses = _peft_losses(base_dir, init, rank, alpha, spec, steps, batches)  # HF PEFT on torch CPU
     table = pd.DataFrame({"step": np.arange(1, steps + 1), "tunix + qwix": jax_losses, "HF PEFT (torch)": torch_losses})
     table["|diff|"] = (table["tunix + qwix"] - table["HF PEFT (torch)"]).abs()
     return table

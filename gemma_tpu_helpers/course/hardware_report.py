@@ -152,26 +152,8 @@ def figures(profile: Profile, run_dir=None) -> list[Figure]:
            Figure("this host", host())]
     pred = prediction(profile, local)
     run = (pred or {}).get("run")
-
     done = _read_json(to_path(run_dir) / "train" / train.DONE, "train")
-    if done is None:
-        started = (to_path(run_dir) / "train" / "metrics.jsonl").is_file()
-        why = "the training has not finished: the same command resumes it" if started else ""
-        out += [Figure("training devices", None, step=train_cmd, why=why),
-                Figure("training", None, step=train_cmd, why=why)]
-    else:
-        if "device_count" in done:
-            procs = done.get("process_count", 1)
-            out.append(Figure("training devices", f"{done['device_kind']} x {done['device_count']} "
-                                                  f"({procs} process{'es' if procs != 1 else ''})"))
-        else:
-            out.append(Figure("training devices", None, step=f"{train_cmd} --run-dir NEW_DIR",
-                              why="not recorded: trained before the course recorded it"))
-        hours = (f"{run['roofline_hours']['packed']:.2f} h (roofline) to {run['paper_mfu_hours']['packed']:.2f} h "
-                 f"(the paper's MFU) for {run['steps']['packed']:,} packed steps" if run else "")
-        out.append(Figure("training", f"{done['steps']:,} steps in {done['seconds']:.1f} s "
-                                      f"({done['seconds'] / 3600:.2f} h)", compare=hours))
-
+    out += _training_figures(done, run, train_cmd, run_dir)
     median, clean, steps = clean_step_seconds(run_dir)
     step_pred = (f"{run['step_s']:.2f} s (roofline) to {run['paper_mfu_step_s']:.2f} s (the paper's MFU)"
                  if run else "")
@@ -182,44 +164,67 @@ def figures(profile: Profile, run_dir=None) -> list[Figure]:
         why = (f"none of its {steps} steps is clean: a process's first step compiles, the last saves, and saves and "
                f"evaluations are left out; train more steps" if steps else "")
         out.append(Figure("clean step time", None, compare=step_pred, step=train_cmd, why=why))
-
-    hbm_pred = (f"{_gib(pred['peak_bytes'])} per chip (AOT plan)" if pred and pred.get("peak_bytes") else "")
-    if done is None or "device_count" not in done:
-        out.append(Figure("peak HBM (training)", None, compare=hbm_pred, step=train_cmd,
-                          why="recorded at the end of a training"))
-    elif done.get("peak_hbm_bytes") is not None:
-        limit = f" of {_gib(done['hbm_limit_bytes'])}" if done.get("hbm_limit_bytes") else ""
-        out.append(Figure("peak HBM (training)", f"{_gib(done['peak_hbm_bytes'])}{limit} per chip (the largest of "
-                                                 f"this process's chips)", compare=hbm_pred))
-    else:
-        out.append(Figure("peak HBM (training)", "n/a on CPU" if done.get("platform") == "cpu" else
-                          f"not reported by the {done.get('platform')} runtime", compare=hbm_pred))
-
-    info = _read_json(local / "merged" / "merge_info.json", "merge")
-    merge_cmd = f"{PROG} merge --profile {name}"
-    if info is None:
-        out.append(Figure("merge", None, step=merge_cmd))
-    elif info.get("seconds") is None:
-        out.append(Figure("merge", None, step=f"{merge_cmd} --overwrite",
-                          why="not recorded: merged before the course recorded its time"))
-    else:
-        out.append(Figure("merge", f"{info['seconds']:.1f} s (step {info['step']}, "
-                                   f"{info['total_size'] / 1e9:.2f} GB written)"))
-
-    score = _read_json(local / "eval" / EVAL_SCORE, "eval")
-    eval_cmd = (f"{PROG} eval --url {url} --model {vllm_command.SERVED_NAME} --preset official-greedy "
-                f"--profile {name}")
-    if score is None or score.get("pass_at_k", {}).get("1") is None:
-        out.append(Figure("pass@1", None, step=eval_cmd, why="with the server up"))
-    else:
-        ans = score.get("answers", {})
-        how = (f"{ans.get('n', '?')} sample(s) a problem at temperature {ans.get('temperature', '?')} from "
-               f"{ans['url']}" if "url" in ans else f"answers from {ans.get('completions', '?')}")
-        ceiling = f", ceiling {score['ceiling']:.4f}" if score.get("ceiling") is not None else ""
-        out.append(Figure("pass@1", f"{score['pass_at_k']['1']:.4f} on {score['problems']} problems ({how}; "
-                                    f"iverilog {score['iverilog']}{ceiling}; {score.get('host', '?')})"))
+    out.append(_hbm_figure(done, pred, train_cmd))
+    out.append(_merge_figure(_read_json(local / "merged" / "merge_info.json", "merge"),
+                             f"{PROG} merge --profile {name}"))
+    out.append(_score_figure(_read_json(local / "eval" / EVAL_SCORE, "eval"),
+                             f"{PROG} eval --url {url} --model {vllm_command.SERVED_NAME} --preset official-greedy "
+                             f"--profile {name}"))
     out.append(_serving(local / "bench" / "sweep.csv", f"{PROG} bench --url {url} --profile {name}"))
     return out
+
+
+def _training_figures(done: dict | None, run: dict | None, train_cmd: str, run_dir) -> list[Figure]:
+    """The devices and the time of the training from its ``done.json``, beside the plan's prediction (``run``)."""
+    if done is None:
+        started = (to_path(run_dir) / "train" / "metrics.jsonl").is_file()
+        why = "the training has not finished: the same command resumes it" if started else ""
+        return [Figure("training devices", None, step=train_cmd, why=why),
+                Figure("training", None, step=train_cmd, why=why)]
+    if "device_count" in done:
+        procs = done.get("process_count", 1)
+        devices = Figure("training devices", f"{done['device_kind']} x {done['device_count']} "
+                                             f"({procs} process{'es' if procs != 1 else ''})")
+    else:
+        devices = Figure("training devices", None, step=f"{train_cmd} --run-dir NEW_DIR",
+                         why="not recorded: trained before the course recorded it")
+    hours = (f"{run['roofline_hours']['packed']:.2f} h (roofline) to {run['paper_mfu_hours']['packed']:.2f} h "
+             f"(the paper's MFU) for {run['steps']['packed']:,} packed steps" if run else "")
+    return [devices, Figure("training", f"{done['steps']:,} steps in {done['seconds']:.1f} s "
+                                        f"({done['seconds'] / 3600:.2f} h)", compare=hours)]
+
+
+def _hbm_figure(done: dict | None, pred: dict | None, train_cmd: str) -> Figure:
+    hbm_pred = (f"{_gib(pred['peak_bytes'])} per chip (AOT plan)" if pred and pred.get("peak_bytes") else "")
+    if done is None or "device_count" not in done:
+        return Figure("peak HBM (training)", None, compare=hbm_pred, step=train_cmd,
+                      why="recorded at the end of a training")
+    if done.get("peak_hbm_bytes") is not None:
+        limit = f" of {_gib(done['hbm_limit_bytes'])}" if done.get("hbm_limit_bytes") else ""
+        return Figure("peak HBM (training)", f"{_gib(done['peak_hbm_bytes'])}{limit} per chip (the largest of "
+                                             f"this process's chips)", compare=hbm_pred)
+    return Figure("peak HBM (training)", "n/a on CPU" if done.get("platform") == "cpu" else
+                  f"not reported by the {done.get('platform')} runtime", compare=hbm_pred)
+
+
+def _merge_figure(info: dict | None, merge_cmd: str) -> Figure:
+    if info is None:
+        return Figure("merge", None, step=merge_cmd)
+    if info.get("seconds") is None:
+        return Figure("merge", None, step=f"{merge_cmd} --overwrite",
+                      why="not recorded: merged before the course recorded its time")
+    return Figure("merge", f"{info['seconds']:.1f} s (step {info['step']}, {info['total_size'] / 1e9:.2f} GB written)")
+
+
+def _score_figure(score: dict | None, eval_cmd: str) -> Figure:
+    if score is None or score.get("pass_at_k", {}).get("1") is None:
+        return Figure("pass@1", None, step=eval_cmd, why="with the server up")
+    ans = score.get("answers", {})
+    how = (f"{ans.get('n', '?')} sample(s) a problem at temperature {ans.get('temperature', '?')} from "
+           f"{ans['url']}" if "url" in ans else f"answers from {ans.get('completions', '?')}")
+    ceiling = f", ceiling {score['ceiling']:.4f}" if score.get("ceiling") is not None else ""
+    return Figure("pass@1", f"{score['pass_at_k']['1']:.4f} on {score['problems']} problems ({how}; "
+                            f"iverilog {score['iverilog']}{ceiling}; {score.get('host', '?')})")
 
 
 def _serving(path: Path, step: str) -> Figure:

@@ -161,8 +161,6 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     ``api_key`` (default ``$VLLM_API_KEY``) goes to the benchmark as ``OPENAI_API_KEY``, the variable ``vllm bench
     serve`` reads (never on the command line).
     """
-    from tqdm.auto import tqdm
-
     input_lens = parse_list(input_lens, int, "input_lens")
     qps_list = parse_list(qps_list, float, "qps_list")
     output_len = parse_list([output_len], int, "output_len")[0]
@@ -183,15 +181,27 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
     points = [bench_argv(root, model, tok, i, q, output_len, num_prompts, raw.resolve()) for i, q in grid]
     argv = launcher_command(points, py)
     log_path = out_dir / "bench.log"
-    env = paths.child_env()
+    env = paths.child_env({"OPENAI_API_KEY": api_key} if api_key else {}, drop=("OPENAI_API_KEY",))
     if Path(tok).is_dir():  # a local tokenizer: never wait on the Hub
         env.setdefault("HF_HUB_OFFLINE", "1")
-    env.pop("OPENAI_API_KEY", None)
-    if api_key:
-        env["OPENAI_API_KEY"] = api_key
     header = "# " + shlex.join(argv[:2]) + " <launcher> <points>\n" + "".join(
         f"# point input_len={i} qps={q:g}: vllm bench serve {shlex.join(p)}\n" for (i, q), p in zip(grid, points))
     proc = process_groups.start_group(argv, log_path, env=env, header=header)
+    finished = _follow(proc, log_path, grid, timeout, progress)
+    if proc.returncode != 0 or finished != len(grid):
+        raise BenchError(f"`vllm bench serve` failed (exit code {proc.returncode}) after {finished} of {len(grid)} "
+                         f"points. Last lines of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
+    df = collect([raw / point_filename(i, q) for i, q in grid])
+    df.to_csv(out_dir / "sweep.csv", index=False)
+    df.attrs["skipped_input_lens"] = skipped
+    return df
+
+
+def _follow(proc, log_path: Path, grid: list, timeout: float, progress: bool) -> int:
+    """Follow the launcher's log until it exits (a bar tick per finished point); stop its process group on a timeout
+    or an interrupt. Returns how many points finished."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(total=len(grid), desc="vllm bench serve", disable=not progress)
     deadline = time.monotonic() + timeout
     finished, offset = 0, 0
@@ -205,7 +215,7 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
                 bar.set_postfix_str(f"input {i}, qps {q:g}")
                 bar.update(1)
             if exited:
-                break
+                return finished
             if time.monotonic() > deadline:
                 raise BenchError(f"The sweep did not finish within {timeout:g} s (stopped it). Last lines "
                                  f"of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
@@ -215,13 +225,6 @@ def sweep(url: str, model: str | None, input_lens: Sequence[int] = DEFAULT_INPUT
         raise
     finally:
         bar.close()
-    if proc.returncode != 0 or finished != len(grid):
-        raise BenchError(f"`vllm bench serve` failed (exit code {proc.returncode}) after {finished} of {len(grid)} "
-                         f"points. Last lines of {log_path}:\n{file_io.log_tail(log_path, LOG_TAIL_LINES)}")
-    df = collect([raw / point_filename(i, q) for i, q in grid])
-    df.to_csv(out_dir / "sweep.csv", index=False)
-    df.attrs["skipped_input_lens"] = skipped
-    return df
 
 
 def within_model_len(input_lens: list[int], output_len: int, max_model_len: int | None) -> tuple[list, list]:

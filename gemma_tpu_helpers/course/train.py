@@ -149,97 +149,113 @@ def clean_step(step: int, start_step: int, last_step: int, checkpoint_every: int
             and (eval_every is None or step % eval_every != 0))
 
 
-def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str, write: bool = True,
-              watch: PreemptionWatch | None = None, accum: int = 1, last_step: int | None = None,
-              checkpoint_every: int = 10**9, eval_every: int | None = None, stop_at: int | None = None):
-    from tunix.sft import hooks
+@dataclasses.dataclass
+class MetricsRecorder:
+    """tunix's training hooks for one run: writes one metrics line per optimizer step; stops on a non-finite loss,
+    at ``stop_at``, and before the optimizer step that follows the one where ``watch`` sees the preemption.
+    ``wall_s`` is the time between the ends of two steps (tunix reports a step once the next is dispatched, so in a
+    steady run that is one step); ``step_s`` the same only where :func:`clean_step` holds, else None: evaluations and
+    saves are not the step. ``write``: process 0 only (every process sees the same global loss)."""
 
-    class Recorder(hooks.TrainingHooks):
-        """Writes one metrics line per optimizer step; stops on a non-finite loss, and before the optimizer step
-        that follows the one where ``watch`` sees the preemption. ``wall_s`` is the time between the ends of two
-        steps (tunix reports a step once the next is dispatched, so in a steady run that is one step); ``step_s``
-        the same only where :func:`clean_step` holds, else None: evaluations and saves are not the step."""
+    path: Path
+    start_step: int
+    tokens_per_step: object  # tokens in each optimizer step (a sequence)
+    schedule: object
+    prefix: str
+    write: bool = True
+    watch: PreemptionWatch | None = None
+    accum: int = 1
+    last_step: int | None = None
+    checkpoint_every: int = 10**9
+    eval_every: int | None = None
+    stop_at: int | None = None
 
-        def __init__(self):
-            self.last = time.perf_counter()
-            self.rows = []
-            self.preempted_at: int | None = None
-            self.stopped_at: int | None = None
-            self.asked: dict[int, bool] = {}
-            self.lines = path.read_text().splitlines(keepends=True) if write and path.is_file() else []
-            self.written, self.uploaded = len(self.lines), -math.inf
+    def __post_init__(self):
+        self.last = time.perf_counter()
+        self.rows = []
+        self.preempted_at: int | None = None
+        self.stopped_at: int | None = None
+        self.asked: dict[int, bool] = {}
+        self.lines = self.path.read_text().splitlines(keepends=True) if self.write and self.path.is_file() else []
+        self.written, self.uploaded = len(self.lines), -math.inf
 
-        def record(self, row: dict) -> None:
-            self.rows.append(row)
-            if write:  # process 0 only; every process sees the same (global) loss
-                self.lines.append(json.dumps(row) + "\n")
-                if not is_remote(path) or time.monotonic() - self.uploaded >= GCS_REWRITE_S:
-                    self.flush()
+    def record(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.write:
+            self.lines.append(json.dumps(row) + "\n")
+            if not is_remote(self.path) or time.monotonic() - self.uploaded >= GCS_REWRITE_S:
+                self.flush()
 
-        def flush(self) -> None:
-            """Write the lines not written yet (on gs://, those held back by :data:`GCS_REWRITE_S`)."""
-            if write and len(self.lines) > self.written:
-                if is_remote(path):  # nothing appends to an object: the whole file, once
-                    write_atomic(path, "".join(self.lines))
-                else:
-                    with path.open("a") as f:
-                        f.write("".join(self.lines[self.written:]))
-                self.written, self.uploaded = len(self.lines), time.monotonic()
+    def flush(self) -> None:
+        """Write the lines not written yet (on gs://, those held back by :data:`GCS_REWRITE_S`)."""
+        if self.write and len(self.lines) > self.written:
+            if is_remote(self.path):  # nothing appends to an object: the whole file, once
+                write_atomic(self.path, "".join(self.lines))
+            else:
+                with self.path.open("a") as f:
+                    f.write("".join(self.lines[self.written:]))
+            self.written, self.uploaded = len(self.lines), time.monotonic()
 
-        def on_train_start(self, trainer):
-            self.last = time.perf_counter()
+    def on_train_start(self, trainer):
+        self.last = time.perf_counter()
 
-        def on_train_end(self, trainer):
-            pass
+    def on_train_end(self, trainer):
+        pass
 
-        def stop_after(self, done: int) -> None:
-            """Stop after ``done`` steps if the watch says so. Asked once per step (every process must ask with
-            the same step numbers), before an evaluation or the next step, whichever comes first. ``stop_at``
-            stops there too, with nothing to agree on: every process counts the same steps."""
-            if stop_at is not None and done >= stop_at:
-                self.stopped_at = done
-                raise StopForPreemption
-            if watch is None:
-                return
-            if done not in self.asked:
-                self.asked[done] = watch.reached(done)
-            if self.asked[done]:
-                self.preempted_at = done
-                raise StopForPreemption
+    def stop_after(self, done: int) -> None:
+        """Stop after ``done`` steps if the watch says so. Asked once per step (every process must ask with the same
+        step numbers), before an evaluation or the next step, whichever comes first. ``stop_at`` stops there too,
+        with nothing to agree on: every process counts the same steps."""
+        if self.stop_at is not None and done >= self.stop_at:
+            self.stopped_at = done
+            raise StopForPreemption
+        if self.watch is None:
+            return
+        if done not in self.asked:
+            self.asked[done] = self.watch.reached(done)
+        if self.asked[done]:
+            self.preempted_at = done
+            raise StopForPreemption
 
-        def on_train_step_start(self, trainer):
-            """Before each micro-batch; at an optimizer step's first, ``trainer.train_steps`` steps are done and
-            saved if due (tunix calls ``on_train_step_end`` a step late, so the check cannot go there)."""
-            if trainer.iter_steps % accum == 0:
-                self.stop_after(int(trainer.train_steps))
-
-        def on_eval_step_start(self, trainer):
-            """An evaluation on the stopping step would eat the grace period: the save comes first."""
+    def on_train_step_start(self, trainer):
+        """Before each micro-batch; at an optimizer step's first, ``trainer.train_steps`` steps are done and saved if
+        due (tunix calls ``on_train_step_end`` a step late, so the check cannot go there)."""
+        if trainer.iter_steps % self.accum == 0:
             self.stop_after(int(trainer.train_steps))
 
-        def on_train_step_end(self, trainer, train_step, train_loss):
-            now = time.perf_counter()
-            loss = float(np.asarray(train_loss))
-            step = int(train_step)
-            grad = trainer.metrics_logger.get_metric_history(prefix, "grad_norm", "train")[-1]
-            tokens = int(tokens_per_step[step - 1]) if step - 1 < len(tokens_per_step) else 0
-            wall = now - self.last
-            clean = clean_step(step, start_step, last_step or 10**9, checkpoint_every, eval_every)
-            row = {"step": step, "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(grad),
-                   "step_s": wall if clean else None, "wall_s": wall, "tokens": tokens,
-                   "tokens_per_s": tokens / max(wall, 1e-9) if clean else None}
-            self.last = now
-            self.record(row)
-            if not math.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"Loss is {loss} at step {step}. Training stopped; the update was skipped, so the latest "
-                    f"checkpoint holds the last good LoRA params. Lower the learning rate or check the data.")
+    def on_eval_step_start(self, trainer):
+        """An evaluation on the stopping step would eat the grace period: the save comes first."""
+        self.stop_after(int(trainer.train_steps))
 
-        def on_eval_step_end(self, trainer, eval_loss):
-            loss = float(trainer.metrics_logger.get_metric_history(prefix, "loss", "eval")[-1])
-            self.record({"step": int(trainer.train_steps), "eval_loss": loss})
+    def on_train_step_end(self, trainer, train_step, train_loss):
+        now = time.perf_counter()
+        loss = float(np.asarray(train_loss))
+        step = int(train_step)
+        grad = trainer.metrics_logger.get_metric_history(self.prefix, "grad_norm", "train")[-1]
+        tokens = int(self.tokens_per_step[step - 1]) if step - 1 < len(self.tokens_per_step) else 0
+        wall = now - self.last
+        clean = clean_step(step, self.start_step, self.last_step or 10**9, self.checkpoint_every, self.eval_every)
+        self.last = now
+        self.record({"step": step, "loss": loss, "lr": float(self.schedule(step - 1)), "grad_norm": float(grad),
+                     "step_s": wall if clean else None, "wall_s": wall, "tokens": tokens,
+                     "tokens_per_s": tokens / max(wall, 1e-9) if clean else None})
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"Loss is {loss} at step {step}. Training stopped; the update was skipped, so the latest "
+                f"checkpoint holds the last good LoRA params. Lower the learning rate or check the data.")
 
-    return Recorder()
+    def on_eval_step_end(self, trainer, eval_loss):
+        loss = float(trainer.metrics_logger.get_metric_history(self.prefix, "loss", "eval")[-1])
+        self.record({"step": int(trainer.train_steps), "eval_loss": loss})
+
+
+def metrics_recorder(path: Path, start_step: int, tokens_per_step, schedule, prefix: str,
+                     **settings) -> MetricsRecorder:
+    """A :class:`MetricsRecorder` (``settings``: its other fields), registered as tunix's ``TrainingHooks``."""
+    from tunix.sft import hooks
+
+    hooks.TrainingHooks.register(MetricsRecorder)  # an ABC: a virtual subclass keeps tunix out of the course's import
+    return MetricsRecorder(path, start_step, tokens_per_step, schedule, prefix, **settings)
 
 
 def _trim_metrics(path: Path, start_step: int) -> None:
@@ -318,23 +334,12 @@ def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | P
 def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: bool, checkpoint_every,
            watch: PreemptionWatch, stop_after: int | None = None) -> TrainResult:
     import jax
-    import orbax.checkpoint as ocp
-    from transformers import AutoTokenizer
-    from tunix.sft import peft_trainer
 
-    t = profile.train
     overrides = {k: v for k, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)) if v is not None}
     if overrides:
-        t = dataclasses.replace(t, **overrides)
-        profile = dataclasses.replace(profile, train=t)
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)  # Orbax: absolute paths
-    if run_dir.exists() and not run_dir.is_dir():
-        raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
-                            f"go under it).")
-    base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
-    # --base DIR: used as it is, or downloaded there; on a pod, by process 0 while the others wait (one download)
-    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base",
-                      directory=Path(base_dir).parent if base_dir else profile.local_dir(run_dir))
+        profile = dataclasses.replace(profile, train=dataclasses.replace(profile.train, **overrides))
+    t = profile.train
+    run_dir, base = _run_dir_and_base(profile, run_dir, base_dir)
     mesh = profile.make_mesh()
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:
@@ -343,10 +348,10 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     text = gemma4.check_checkpoint(base)
     ckpt_dir = run_dir / "checkpoints"
     check_or_write_metadata(ckpt_dir, lora_metadata(profile, text))
-
     if prepared is None:
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        prepared = data_lib.prepare(profile.data, tokenizer, profile.train.max_seq_len, profile.train.seed,
+        from transformers import AutoTokenizer
+
+        prepared = data_lib.prepare(profile.data, AutoTokenizer.from_pretrained(base), t.max_seq_len, t.seed,
                                     progress=progress)
     steps = total_steps(profile, len(prepared.train))
     if steps <= 0:
@@ -357,62 +362,96 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     saved = latest_step(ckpt_dir) or 0
     if stop_after is not None and saved >= stop_after:  # a first run's command again
         return TrainResult(read_metrics(run_dir), ckpt_dir, saved, steps, 0.0, stopped_at=saved)
-    rows = process_rows(mesh, t.micro_batch)  # this process's rows of each global batch
+    train_ds, eval_ds, tokens_per_step = _feeds(prepared, mesh, t)
+    model = _apply_lora(gemma4.load_model(base, mesh, dtype=profile.model.dtype), profile, t.seed)  # then remat
+    metrics_path = run_dir / "train" / "metrics.jsonl"
+    if is_main() and not is_remote(metrics_path):
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with mesh_lib.trainer_context(mesh):
+        trainer = sft.make_trainer(model, t, steps, _trainer_config(t, steps, ckpt_dir, progress and is_main()))
+        start_step = trainer.train_steps  # sft.train_step runs here: what `plan` compiles
+        if is_main():
+            _trim_metrics(metrics_path, start_step)
+        with watch.training():  # from here a notice ends the step in progress, and the step is saved
+            # the step we start from, reported at once: JAX's sync drops a notice that comes before any report
+            watch.reached(start_step)
+            recorder = metrics_recorder(metrics_path, start_step, tokens_per_step, sft.lr_schedule(t, steps),
+                                        trainer.metrics_prefix, write=is_main(), watch=watch, accum=t.grad_accum,
+                                        last_step=steps, checkpoint_every=t.checkpoint_every,
+                                        eval_every=t.eval_every if eval_ds is not None else None,
+                                        stop_at=stop_after if stop_after is not None and stop_after < steps else None)
+            _run_trainer(trainer, recorder, train_ds, eval_ds)
+    jax.effects_barrier()
+    return _finish(recorder, run_dir, ckpt_dir, start_step, steps, time.perf_counter() - started, watch)
+
+
+def _run_dir_and_base(profile: Profile, run_dir, base_dir) -> tuple[Path, Path]:
+    """The run directory (absolute: Orbax needs it) and the base checkpoint, fetched if needed: on a pod by process 0
+    while the others wait (one download)."""
+    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
+                            f"go under it).")
+    base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
+    # --base DIR: used as it is, or downloaded there
+    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base",
+                      directory=Path(base_dir).parent if base_dir else profile.local_dir(run_dir))
+    return run_dir, base
+
+
+def _feeds(prepared, mesh, t):
+    """The training and evaluation batches (this process's rows of each global batch) and the tokens in each
+    optimizer step (of the whole global batch)."""
+    rows = process_rows(mesh, t.micro_batch)
     train_ds = GlobalBatches(data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
                              mesh, t.micro_batch)
     eval_ds = (GlobalBatches(data_lib.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False, rows=rows),
                              mesh, t.micro_batch)
                if prepared.eval is not None and len(prepared.eval) >= t.micro_batch else None)
-    micro_tokens = np.array([int((b["segment_ids"] > 0).sum())  # of the whole global batch, not this process's rows
+    micro_tokens = np.array([int((b["segment_ids"] > 0).sum())
                              for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs,
                                                        rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
+    return train_ds, eval_ds, tokens_per_step
 
-    schedule = sft.lr_schedule(t, steps)
-    model = gemma4.load_model(base, mesh, dtype=profile.model.dtype)
-    model = _apply_lora(model, profile, t.seed)  # LoRA, then remat
-    main = is_main()
+
+def _trainer_config(t, steps: int, ckpt_dir: Path, progress: bool):
+    """tunix's TrainingConfig for the run: Orbax checkpoints of the LoRA and optimizer under ``ckpt_dir``."""
+    import orbax.checkpoint as ocp
+    from tunix.sft import peft_trainer
+
     options = ocp.CheckpointManagerOptions(save_interval_steps=t.checkpoint_every, max_to_keep=t.keep_checkpoints,
                                            enable_async_checkpointing=False)
-    config = peft_trainer.TrainingConfig(
+    return peft_trainer.TrainingConfig(
         eval_every_n_steps=t.eval_every, max_steps=steps, gradient_accumulation_steps=t.grad_accum,
         checkpoint_root_directory=str(ckpt_dir), checkpointing_options=options,
-        pbar_description="training" if progress and main else None)
-    metrics_path = run_dir / "train" / "metrics.jsonl"
-    if main and not is_remote(metrics_path):
-        metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with mesh_lib.trainer_context(mesh):
-        trainer = sft.make_trainer(model, t, steps, config)  # runs sft.train_step: what `plan` compiles
-        start_step = trainer.train_steps
-        if main:
-            _trim_metrics(metrics_path, start_step)
-        with watch.training():  # from here a notice ends the step in progress, and the step is saved
-            # the step we start from, reported at once: JAX's sync drops a notice that comes before any report
-            watch.reached(start_step)
-            recorder = metrics_recorder(metrics_path, start_step, tokens_per_step, schedule, trainer.metrics_prefix,
-                                 write=main, watch=watch, accum=t.grad_accum, last_step=steps,
-                                 checkpoint_every=t.checkpoint_every,
-                                 eval_every=t.eval_every if eval_ds is not None else None,
-                                 stop_at=stop_after if stop_after is not None and stop_after < steps else None)
-            trainer.with_training_hooks(recorder)
-            try:
-                trainer.train(train_ds, eval_ds)  # ends with trainer.close(): saves the last step if not saved yet
-            except StopForPreemption:
-                trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed
-            except BaseException:
-                trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
-                raise
-            finally:
-                recorder.flush()  # metrics lines held back on gs://
-    jax.effects_barrier()
-    seconds = time.perf_counter() - started
+        pbar_description="training" if progress else None)
+
+
+def _run_trainer(trainer, recorder: MetricsRecorder, train_ds, eval_ds) -> None:
+    """tunix's loop with the recorder's hooks; a stop saves the step, a failure closes Orbax on what was saved."""
+    trainer.with_training_hooks(recorder)
+    try:
+        trainer.train(train_ds, eval_ds)  # ends with trainer.close(): saves the last step if not saved yet
+    except StopForPreemption:
+        trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed
+    except BaseException:
+        trainer.checkpoint_manager.close()  # flush what was saved; the failing step saved nothing new
+        raise
+    finally:
+        recorder.flush()  # metrics lines held back on gs://
+
+
+def _finish(recorder: MetricsRecorder, run_dir, ckpt_dir, start_step: int, steps: int, seconds: float,
+            watch: PreemptionWatch) -> TrainResult:
+    """After the loop: a preemption raises, a ``stop_after`` returns, a finished run writes ``done.json``."""
     if recorder.preempted_at is not None:
         _preempted(recorder.preempted_at, steps, ckpt_dir, watch.signal_at)
     if recorder.stopped_at is not None:
         _sync("train stopped")
         return TrainResult(read_metrics(run_dir), ckpt_dir, start_step, steps, seconds, stopped_at=recorder.stopped_at)
-    if main:
+    if is_main():
         write_atomic(run_dir / "train" / DONE, json.dumps({"steps": steps, "seconds": round(seconds, 1),
                                                             **device_record()}))
     _sync("train done")  # the others read process 0's metrics file only once it is complete

@@ -92,6 +92,42 @@ LOST_SHARE = 0.5  # bf16 storage moving the logits by over half the LoRA's effec
 BOUND_FLOOR = 1e-6
 
 
+def _merged_logits(base_dir, checkpoint_dir, merged_dir, step: int, fold: bool, narrow: list, tokens,
+                   mesh) -> dict:
+    """transformers' and tunix's logits of the merge: of its unrounded fp32 twin for a bf16 merge, and then of the
+    stored files too ("stored hf", "stored tunix")."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="verify-fp32-") as tmp:
+        exact_dir = fp32_merge(base_dir, checkpoint_dir, step, tmp, fold) if narrow else merged_dir
+        out["hf"], _ = parity.hf_logits_and_hidden(parity.load_hf(exact_dir), tokens)
+        out["tunix"] = parity.tunix_logits(gemma4.load_model(exact_dir, mesh, dtype="float32"), tokens, mesh)
+    if narrow:
+        out["stored tunix"] = parity.tunix_logits(gemma4.load_model(merged_dir, mesh, dtype="float32"), tokens, mesh)
+        out["stored hf"], _ = parity.hf_logits_and_hidden(parity.load_hf(merged_dir), tokens)
+    return out
+
+
+def _rows(logits: dict, ref, base_logits, port: dict, narrow: str | None, bound: float) -> list[dict]:
+    """verify_merge's comparisons: (a), (b) and for a bf16 merge (c) within ``bound``; the LoRA's effect, the port's
+    residual and what bf16 storage moves, for scale."""
+    what = "merged in fp32" if narrow else "merged"
+    rows = [
+        {"comparison": f"(a) transformers({what}) vs tunix(base + LoRA)", **_stats(logits["hf"], ref), "bound": bound},
+        {"comparison": f"(b) tunix({what}) vs tunix(base + LoRA)", **_stats(logits["tunix"], ref), "bound": bound},
+    ]
+    if narrow:
+        rows.append({"comparison": f"(c) transformers(merged {narrow}) vs tunix(merged {narrow})",
+                     **_stats(logits["stored hf"], logits["stored tunix"]), "bound": bound})
+    rows += [
+        {"comparison": "LoRA effect: tunix(base) vs tunix(base + LoRA)", **_stats(base_logits, ref), "bound": None},
+        {"comparison": "port: transformers(base) vs tunix(base)", **port, "bound": None},
+    ]
+    if narrow:
+        rows.append({"comparison": f"{narrow} storage: tunix(merged {narrow}) vs tunix(merged in fp32)",
+                     **_stats(logits["stored tunix"], logits["tunix"]), "bound": None})
+    return rows
+
+
 def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40,
            seed: int = 0, bound: float | None = None) -> dict:
     """Check a merged checkpoint in fp32 (small models; the 31B gets the weight check alone); return ``ok``, a row
@@ -129,29 +165,9 @@ def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, 
     else:
         rule = "fixed"
     narrow = sorted({r["dtype"] for r in weights["tensors"] if r["kind"] == "merged" and r["dtype"] in NARROW})
-    with tempfile.TemporaryDirectory(prefix="verify-fp32-") as tmp:
-        # a bf16 merge is checked through its unrounded twin: (a), (b) on the fp32 merge, (c) on the bf16 files
-        fold = bool(info and info.get("fold_expert_scale"))  # merged as the files were: folded or not
-        exact_dir = fp32_merge(base_dir, checkpoint_dir, step, tmp, fold) if narrow else merged_dir
-        hf_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(exact_dir), tokens)
-        merged_tunix = parity.tunix_logits(gemma4.load_model(exact_dir, mesh, dtype="float32"), tokens, mesh)
-    what = "merged in fp32" if narrow else "merged"
-    rows = [
-        {"comparison": f"(a) transformers({what}) vs tunix(base + LoRA)", **_stats(hf_logits, ref), "bound": bound},
-        {"comparison": f"(b) tunix({what}) vs tunix(base + LoRA)", **_stats(merged_tunix, ref), "bound": bound},
-    ]
-    if narrow:
-        stored_tunix = parity.tunix_logits(gemma4.load_model(merged_dir, mesh, dtype="float32"), tokens, mesh)
-        stored_hf, _ = parity.hf_logits_and_hidden(parity.load_hf(merged_dir), tokens)
-        rows.append({"comparison": f"(c) transformers(merged {narrow[0]}) vs tunix(merged {narrow[0]})",
-                     **_stats(stored_hf, stored_tunix), "bound": bound})
-    rows += [
-        {"comparison": "LoRA effect: tunix(base) vs tunix(base + LoRA)", **_stats(base_logits, ref), "bound": None},
-        {"comparison": "port: transformers(base) vs tunix(base)", **port, "bound": None},
-    ]
-    if narrow:
-        rows.append({"comparison": f"{narrow[0]} storage: tunix(merged {narrow[0]}) vs tunix(merged in fp32)",
-                     **_stats(stored_tunix, merged_tunix), "bound": None})
+    fold = bool(info and info.get("fold_expert_scale"))  # merged as the files were: folded or not
+    logits = _merged_logits(base_dir, checkpoint_dir, merged_dir, step, fold, narrow, tokens, mesh)
+    rows = _rows(logits, ref, base_logits, port, narrow[0] if narrow else None, bound)
     notes = []
     effect = next(r["rel"] for r in rows if r["comparison"].startswith("LoRA effect"))
     if narrow and rows[-1]["rel"] > LOST_SHARE * effect:

@@ -9,6 +9,7 @@ of ``problems``, naming the tensor or file; ``ok`` is True when there is none.
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import json
 import os
@@ -121,7 +122,7 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
     bts = bt * scale if folded else bt
     bits = np.dtype(f"u{dtype.itemsize}")
     bf16 = dtype.name == "bfloat16"
-    rank, fold = at.shape[0], None if d.fold is None else np.float32(d.fold)
+    fold = None if d.fold is None else np.float32(d.fold)
     worst, worst_at, err, excess, changed = 0, None, 0.0, 0.0, 0
     # one set of buffers per tensor, reused by every block (no allocation, no page faults per block)
     n_max = min(rows, out_dim) * in_dim
@@ -141,35 +142,9 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
             np.add(_to_float32(w.view(dtype)), x, out=x)
         if fold is not None:
             x *= fold  # s_e·(W + ΔW), as the merge rounds it
-        if bf16:
-            # round(x) to bf16 is m where x lies less than half a bf16 ulp from m: on the bits (the floats' order
-            # for one sign) |x_bits - m_bits·2¹⁶| < 2¹⁵, three in-place passes instead of rounding every element
-            # (ml_dtypes' cast: about twice the cost). Ties (rounded to even), a sign change and a NaN against a
-            # number land outside and go, with every real difference, through the exact cast below.
-            u = np.left_shift(m, 16, out=ubuf[:n], dtype=np.uint32)
-            np.subtract(x.view(np.uint32), u, out=u)
-            u += 0x7FFF
-            off = np.flatnonzero(u > 0xFFFE)
-            want = x[off].astype(dtype)  # ml_dtypes' round-to-nearest-even, as the merge rounds
-            keep = m[off] != want.view(bits)
-            off, want = off[keep], want[keep]
-        else:
-            want = x.astype(dtype)
-            off = np.flatnonzero(m != want.view(bits))
-            want = want[off]
+        off, want = _rounding_misses(x, m, ubuf[:n], dtype, bits)
         if off.size:  # usually none: ulps only where the bits differ
-            mv, wv = m[off].view(dtype), want
-            ulps = np.abs(_ordered(mv) - _ordered(wv))
-            m32, w32 = _to_float32(mv), _to_float32(wv)
-            e = np.abs(m32 - w32)
-            rr, cc = off // in_dim, off % in_dim
-            dot = abs(float(scale)) * np.einsum("ir,ir->i", np.abs(bt[r0 + rr]), np.abs(at[:, cc].T))
-            allowed = allowed_error(w32, dot, rank, dtype.name, max_ulps, fold)
-            x_err = e / np.maximum(allowed, np.finfo(np.float32).tiny)
-            nan_m, nan_w = np.isnan(m32), np.isnan(w32)
-            x_err[nan_m != nan_w] = np.inf  # a NaN where base + ΔW is a number, or the reverse: fails
-            x_err[nan_m & nan_w] = 0.0  # NaN both (a NaN in the base): another payload is no error
-            x_err[np.isnan(x_err)] = np.inf  # inf against inf of the other sign
+            ulps, x_err, e = _errors_at(off, m, want, bt[r0:r1], at, in_dim, scale, dtype, max_ulps, fold)
             j = int(x_err.argmax())
             if x_err[j] > excess:
                 i = int(off[j])
@@ -180,6 +155,44 @@ def _check_blocks(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Del
         changed += int(np.count_nonzero(m != w))
     return {"max_ulps": worst, "excess": excess, "worst_at": worst_at, "error_there": err,
             "delta_rms": _delta_rms(at, bt, scale), "changed": changed}
+
+
+def _rounding_misses(x: np.ndarray, m: np.ndarray, ubuf: np.ndarray, dtype, bits) -> tuple[np.ndarray, np.ndarray]:
+    """Where the merged bits ``m`` are not ``x`` (fp32 W + ΔW) rounded to ``dtype``: their indices, and the rounded
+    values there."""
+    if dtype.name == "bfloat16":
+        # round(x) to bf16 is m where x lies less than half a bf16 ulp from m: on the bits (the floats' order
+        # for one sign) |x_bits - m_bits·2¹⁶| < 2¹⁵, three in-place passes instead of rounding every element
+        # (ml_dtypes' cast: about twice the cost). Ties (rounded to even), a sign change and a NaN against a
+        # number land outside and go, with every real difference, through the exact cast below.
+        u = np.left_shift(m, 16, out=ubuf, dtype=np.uint32)
+        np.subtract(x.view(np.uint32), u, out=u)
+        u += 0x7FFF
+        off = np.flatnonzero(u > 0xFFFE)
+        want = x[off].astype(dtype)  # ml_dtypes' round-to-nearest-even, as the merge rounds
+        keep = m[off] != want.view(bits)
+        return off[keep], want[keep]
+    want = x.astype(dtype)
+    off = np.flatnonzero(m != want.view(bits))
+    return off, want[off]
+
+
+def _errors_at(off, m, want, bt_rows, at, in_dim: int, scale, dtype, max_ulps: int, fold):
+    """At the elements ``off`` of a block (merged bits ``m``, expected values ``want``): the ulps between merged
+    and expected, the error over what rounding allows (inf for a NaN against a number), and the error itself."""
+    mv, wv = m[off].view(dtype), want
+    ulps = np.abs(_ordered(mv) - _ordered(wv))
+    m32, w32 = _to_float32(mv), _to_float32(wv)
+    e = np.abs(m32 - w32)
+    rr, cc = off // in_dim, off % in_dim
+    dot = abs(float(scale)) * np.einsum("ir,ir->i", np.abs(bt_rows[rr]), np.abs(at[:, cc].T))
+    allowed = allowed_error(w32, dot, at.shape[0], dtype.name, max_ulps, fold)
+    x_err = e / np.maximum(allowed, np.finfo(np.float32).tiny)
+    nan_m, nan_w = np.isnan(m32), np.isnan(w32)
+    x_err[nan_m != nan_w] = np.inf  # a NaN where base + ΔW is a number, or the reverse: fails
+    x_err[nan_m & nan_w] = 0.0  # NaN both (a NaN in the base): another payload is no error
+    x_err[np.isnan(x_err)] = np.inf  # inf against inf of the other sign
+    return ulps, x_err, e
 
 
 def _check_experts(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.Delta, max_ulps: int) -> dict:
@@ -222,44 +235,11 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
     if info.get("fold_expert_scale"):  # the merge folded per_expert_scale into experts.down_proj (merge_plan)
         deltas, ones = merge_plan.fold_expert_scales(deltas, entries,
                                                      lambda n: safetensors_io.read_tensor(base_dir, index, n))
-    problems: list[str] = []
-    notes: list[str] = []
-    params: list[str] = []  # the names the problems tell the caller to set (as GemmaTpuError.params)
-
-    # what merge_info.json says was merged
-    if info.get("step") != step:
-        problems.append(f"{MERGE_INFO} records step {info.get('step')}, not step {step} of {checkpoint_dir}: the "
-                        f"merge is of another step (check that one with step={info.get('step')}, or merge again)")
-        params.append("step")
-    if info.get("lora_sha256") not in (None, lora_checkpoint.lora_digest(arrays)):
-        problems.append(f"{MERGE_INFO} records another LoRA (sha256 {info['lora_sha256'][:12]}...) than step {step} "
-                        f"of {checkpoint_dir}: merged from another run or checkpoint")
-    if info.get("base_config_sha256") not in (None, config_hash(text)):
-        problems.append(f"{MERGE_INFO} records another base config ({info['base_config_sha256']}) than "
-                        f"{base_dir}/config.json ({config_hash(text)}): merged onto another base")
-    if info.get("checkpoint_dir") not in (None, path_id(checkpoint_dir)):
-        notes.append(f"merged from {info['checkpoint_dir']} (a copy of this checkpoint, by its LoRA digest)")
-
-    # the merged checkpoint's files: index, shards, every other file of the base
-    try:
-        m_index, m_shards, _ = hf_checkpoint.checkpoint_layout(merged_dir)
-    except hf_checkpoint.CheckpointError as e:
-        problems.append(str(e))
-        m_index, m_shards = None, {}
-    if m_index is not None and m_index["weight_map"] != index["weight_map"]:
-        moved = sorted(k for k in set(index["weight_map"]) | set(m_index["weight_map"])
-                       if index["weight_map"].get(k) != m_index["weight_map"].get(k))
-        problems.append(f"the merged index differs from the base's for {len(moved)} tensor(s), e.g. {moved[:3]}")
-    for p in sorted(base_dir.iterdir()):
-        if p.name in shards or p.name in (hf_checkpoint.INDEX, *IGNORED) or p.name.startswith(".") or p.is_dir():
-            continue
-        q = merged_dir / p.name
-        if not q.is_file():
-            problems.append(f"{q} is missing (the base has {p.name})")
-        elif not filecmp.cmp(p, q, shallow=False):
-            problems.append(f"{q} differs from the base's {p.name} (it must be a byte-identical copy)")
-
-    # every tensor, streamed: copied ones compared byte for byte here, targeted ones on a pool of threads
+    found = _Found()
+    _check_merge_record(found, info, step, arrays, text, base_dir, checkpoint_dir)
+    m_index, m_shards = _check_files(found, base_dir, merged_dir, index, shards)
+    kinds = {n: "merged" if n in lora_names else "folded" if n in deltas else "ones" if n in ones else "copied"
+             for names in shards.values() for n in names}
     rows = []
     total = sum((base_dir / s).stat().st_size for s in shards)
     bar = tqdm(total=total, desc="checking weights", unit="B", unit_scale=True, disable=not progress)
@@ -269,73 +249,140 @@ def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None
             if shard not in m_shards:
                 bar.update((base_dir / shard).stat().st_size)
                 continue
-            bh, b_start = hf_checkpoint.read_shard_header(base_dir / shard)
-            mh, m_start = hf_checkpoint.read_shard_header(merged_dir / shard)
-            pending = []
-            with open(base_dir / shard, "rb") as fb, open(merged_dir / shard, "rb") as fm:
-                for name in sorted(shards[shard], key=lambda k: bh[k]["data_offsets"][0]):
-                    e, me = bh[name], mh.get(name)
-                    b0, b1 = e["data_offsets"]
-                    kind = "merged" if name in lora_names else "folded" if name in deltas else \
-                        "ones" if name in ones else "copied"
-                    row = {"tensor": name, "kind": kind, "dtype": e["dtype"], "shape": tuple(e["shape"]),
-                           "max_ulps": 0, "excess": 0.0, "error_there": 0.0, "delta_rms": 0.0, "changed": 0,
-                           "ok": True}
-                    rows.append(row)
-                    if me is None or me["dtype"] != e["dtype"] or me["shape"] != e["shape"]:
-                        row.update(ok=False, max_ulps=None)
-                        problems.append(f"{name} in {merged_dir / shard}: "
-                                        + ("missing" if me is None else f"{me['dtype']}{me['shape']}, the base has "
-                                                                        f"{e['dtype']}{e['shape']}"))
-                    elif kind == "ones":
-                        got = safetensors_io.read_tensor(merged_dir, m_index, name)
-                        if not np.all(got == 1):
-                            row.update(ok=False, max_ulps=None)
-                            problems.append(f"{name} in {merged_dir / shard} is {np.round(got[:4], 4).tolist()}..., "
-                                            f"not 1: {MERGE_INFO} records fold_expert_scale, but the scale was not "
-                                            f"folded into experts.down_proj (merge again with fold_expert_scale)")
-                            if "fold_expert_scale" not in params:
-                                params.append("fold_expert_scale")
-                    elif kind == "copied":
-                        if not _same_bytes(fb, fm, b_start + b0, m_start + me["data_offsets"][0], b1 - b0):
-                            row.update(ok=False, max_ulps=None)
-                            problems.append(f"{name} in {merged_dir / shard} differs from the base's, but the LoRA "
-                                            f"does not target it (it must be a byte-identical copy)")
-                    else:
-                        pending.append((row, pool.submit(check_tensor, base_dir / shard, merged_dir / shard,
-                                                         b_start + b0, m_start + me["data_offsets"][0], e,
-                                                         deltas[name], max_ulps)))
-                        continue
-                    bar.update(b1 - b0)
-            for row, future in pending:
-                row.update(future.result())
-                bar.update(int(np.prod(row["shape"])) * safetensors_io.np_dtype(row["dtype"]).itemsize)
-                if row["excess"] > 1 and not np.isfinite(row["error_there"]):  # NaN or inf against a number
-                    row["ok"] = False
-                    problems.append(f"{row['tensor']} in {merged_dir / shard}: a NaN or inf at {row['worst_at']} "
-                                    f"where base + ΔW of step {step} is a number (or the reverse)")
-                elif row["excess"] > 1:
-                    row["ok"] = False
-                    what = "per_expert_scale x (base + ΔW)" if deltas[row["tensor"]].fold is not None else "base + ΔW"
-                    problems.append(f"{row['tensor']} in {merged_dir / shard}: {row['max_ulps']:,} ulps from {what} "
-                                    f"of step {step}, |error| {row['error_there']:.3g} at {row['worst_at']}, "
-                                    f"{row['excess']:.3g}x what {max_ulps} ulp and the dot's rounding allow")
+            rows += _check_shard(found, (base_dir / shard, merged_dir / shard, m_index), shards[shard], kinds, deltas,
+                                 max_ulps, step, pool, bar)
     bar.close()
+    return _summary(found, rows, entries, ones, step, total, started)
+
+
+@dataclasses.dataclass
+class _Found:
+    """What :func:`verify_weights` found so far: problems, notes, and the parameter names the problems mention."""
+    problems: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    params: list = dataclasses.field(default_factory=list)
+
+    def problem(self, text: str, param: str | None = None) -> None:
+        self.problems.append(text)
+        if param is not None and param not in self.params:
+            self.params.append(param)
+
+
+def _check_merge_record(found: _Found, info: dict, step: int, arrays: dict, text: dict, base_dir, checkpoint_dir):
+    """What merge_info.json says was merged, against the checkpoint's step, its LoRA and the base's config."""
+    if info.get("step") != step:
+        found.problem(f"{MERGE_INFO} records step {info.get('step')}, not step {step} of {checkpoint_dir}: the "
+                      f"merge is of another step (check that one with step={info.get('step')}, or merge again)",
+                      "step")
+    if info.get("lora_sha256") not in (None, lora_checkpoint.lora_digest(arrays)):
+        found.problem(f"{MERGE_INFO} records another LoRA (sha256 {info['lora_sha256'][:12]}...) than step {step} "
+                      f"of {checkpoint_dir}: merged from another run or checkpoint")
+    if info.get("base_config_sha256") not in (None, config_hash(text)):
+        found.problem(f"{MERGE_INFO} records another base config ({info['base_config_sha256']}) than "
+                      f"{base_dir}/config.json ({config_hash(text)}): merged onto another base")
+    if info.get("checkpoint_dir") not in (None, path_id(checkpoint_dir)):
+        found.notes.append(f"merged from {info['checkpoint_dir']} (a copy of this checkpoint, by its LoRA digest)")
+
+
+def _check_files(found: _Found, base_dir: Path, merged_dir: Path, index: dict, shards: dict):
+    """The merged checkpoint's index and shards, and every other file of the base copied byte for byte; returns the
+    merged index and shards (None, {} when they cannot be read)."""
+    try:
+        m_index, m_shards, _ = hf_checkpoint.checkpoint_layout(merged_dir)
+    except hf_checkpoint.CheckpointError as e:
+        found.problem(str(e))
+        m_index, m_shards = None, {}
+    if m_index is not None and m_index["weight_map"] != index["weight_map"]:
+        moved = sorted(k for k in set(index["weight_map"]) | set(m_index["weight_map"])
+                       if index["weight_map"].get(k) != m_index["weight_map"].get(k))
+        found.problem(f"the merged index differs from the base's for {len(moved)} tensor(s), e.g. {moved[:3]}")
+    for p in sorted(base_dir.iterdir()):
+        if p.name in shards or p.name in (hf_checkpoint.INDEX, *IGNORED) or p.name.startswith(".") or p.is_dir():
+            continue
+        q = merged_dir / p.name
+        if not q.is_file():
+            found.problem(f"{q} is missing (the base has {p.name})")
+        elif not filecmp.cmp(p, q, shallow=False):
+            found.problem(f"{q} differs from the base's {p.name} (it must be a byte-identical copy)")
+    return m_index, m_shards
+
+
+def _check_shard(found: _Found, shard: tuple, names, kinds: dict, deltas: dict, max_ulps: int, step: int,
+                 pool, bar) -> list[dict]:
+    """A row per tensor of one shard (``(base file, merged file, merged index)``): copied ones compared byte for
+    byte here, the scales folded to ones read, the targeted ones checked on ``pool``."""
+    base, merged, merged_index = shard
+    bh, b_start = hf_checkpoint.read_shard_header(base)
+    mh, m_start = hf_checkpoint.read_shard_header(merged)
+    rows, pending = [], []
+    with open(base, "rb") as fb, open(merged, "rb") as fm:
+        for name in sorted(names, key=lambda k: bh[k]["data_offsets"][0]):
+            e, me = bh[name], mh.get(name)
+            b0, b1 = e["data_offsets"]
+            row = {"tensor": name, "kind": kinds[name], "dtype": e["dtype"], "shape": tuple(e["shape"]),
+                   "max_ulps": 0, "excess": 0.0, "error_there": 0.0, "delta_rms": 0.0, "changed": 0, "ok": True}
+            rows.append(row)
+            if me is None or me["dtype"] != e["dtype"] or me["shape"] != e["shape"]:
+                row.update(ok=False, max_ulps=None)
+                found.problem(f"{name} in {merged}: " + ("missing" if me is None else
+                                                              f"{me['dtype']}{me['shape']}, the base has "
+                                                              f"{e['dtype']}{e['shape']}"))
+            elif row["kind"] == "ones":
+                got = safetensors_io.read_tensor(merged.parent, merged_index, name)
+                if not np.all(got == 1):
+                    row.update(ok=False, max_ulps=None)
+                    found.problem(f"{name} in {merged} is {np.round(got[:4], 4).tolist()}..., not 1: "
+                                  f"{MERGE_INFO} records fold_expert_scale, but the scale was not folded into "
+                                  f"experts.down_proj (merge again with fold_expert_scale)", "fold_expert_scale")
+            elif row["kind"] == "copied":
+                if not _same_bytes(fb, fm, b_start + b0, m_start + me["data_offsets"][0], b1 - b0):
+                    row.update(ok=False, max_ulps=None)
+                    found.problem(f"{name} in {merged} differs from the base's, but the LoRA does not target "
+                                  f"it (it must be a byte-identical copy)")
+            else:
+                pending.append((row, pool.submit(check_tensor, base, merged, b_start + b0,
+                                                 m_start + me["data_offsets"][0], e, deltas[name], max_ulps)))
+                continue
+            bar.update(b1 - b0)
+    for row, future in pending:
+        row.update(future.result())
+        bar.update(int(np.prod(row["shape"])) * safetensors_io.np_dtype(row["dtype"]).itemsize)
+        _judge(found, row, merged, deltas[row["tensor"]], step, max_ulps)
+    return rows
+
+
+def _judge(found: _Found, row: dict, merged_shard: Path, delta, step: int, max_ulps: int) -> None:
+    """A checked tensor's verdict: fails on a NaN or inf against a number, or an error over what is allowed."""
+    if row["excess"] > 1 and not np.isfinite(row["error_there"]):  # NaN or inf against a number
+        row["ok"] = False
+        found.problem(f"{row['tensor']} in {merged_shard}: a NaN or inf at {row['worst_at']} where base + ΔW of "
+                      f"step {step} is a number (or the reverse)")
+    elif row["excess"] > 1:
+        row["ok"] = False
+        what = "per_expert_scale x (base + ΔW)" if delta.fold is not None else "base + ΔW"
+        found.problem(f"{row['tensor']} in {merged_shard}: {row['max_ulps']:,} ulps from {what} of step {step}, "
+                      f"|error| {row['error_there']:.3g} at {row['worst_at']}, {row['excess']:.3g}x what "
+                      f"{max_ulps} ulp and the dot's rounding allow")
+
+
+def _summary(found: _Found, rows: list[dict], entries: dict, ones: list, step: int, total: int,
+             started: float) -> dict:
+    """verify_weights' result: the rows, the verdict and what the stored dtype kept of ΔW."""
     merged_rows = [r for r in rows if r["kind"] == "merged"]
     checked = [r for r in rows if r["kind"] in ("merged", "folded")]
     unchanged = [r["tensor"] for r in merged_rows if r["ok"] and r["changed"] == 0]
     if unchanged:
-        notes.append(f"{len(unchanged)} targeted tensor(s) came out bit-equal to the base: their ΔW is below the "
-                     f"rounding of {entries[unchanged[0]]['dtype']} (e.g. {unchanged[0]})")
+        found.notes.append(f"{len(unchanged)} targeted tensor(s) came out bit-equal to the base: their ΔW is below "
+                           f"the rounding of {entries[unchanged[0]]['dtype']} (e.g. {unchanged[0]})")
     # how much of ΔW the stored dtype kept: an element whose ΔW is under half an ulp of W comes out as the base's
     elements = sum(int(np.prod(r["shape"])) for r in merged_rows if r["ok"])
     share = sum(r["changed"] for r in merged_rows if r["ok"]) / elements if elements else 1.0
     if share < KEPT_SHARE:
-        notes.append(f"the merge changed {share:.0%} of the targeted elements: for the rest ΔW is under the rounding "
-                     f"of {merged_rows[0]['dtype']}, so the merged model is partly the base (the unmerged LoRA, e.g. "
-                     f"the PEFT adapter, keeps all of it)")
-    return {"ok": not problems, "step": step, "problems": problems, "params": params, "notes": notes, "tensors": rows,
-            "changed_share": share, "fold_expert_scale": bool(ones),
+        found.notes.append(f"the merge changed {share:.0%} of the targeted elements: for the rest ΔW is under the "
+                           f"rounding of {merged_rows[0]['dtype']}, so the merged model is partly the base (the "
+                           f"unmerged LoRA, e.g. the PEFT adapter, keeps all of it)")
+    return {"ok": not found.problems, "step": step, "problems": found.problems, "params": found.params,
+            "notes": found.notes, "tensors": rows, "changed_share": share, "fold_expert_scale": bool(ones),
             "merged_tensors": len(merged_rows), "copied_tensors": sum(r["kind"] == "copied" for r in rows),
             "folded_tensors": sum(r["kind"] == "folded" for r in rows), "ones_tensors": len(ones),
             "max_ulps": max((r["max_ulps"] or 0 for r in checked), default=0),
