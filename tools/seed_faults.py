@@ -217,6 +217,13 @@ FAULTS += (
         "        root = root or os.environ.get(\"GEMMA_TPU_RUNS\") or paths.default_runs_root()\n",
         "a second module reads the runs root from the environment: two places to change when the setting moves",
     ),
+    Fault(
+        "base-checked-every-time",
+        "gemma_tpu_helpers/course/base_model.py",
+        "    if key not in _CHECKED:\n",
+        "    if True:\n",
+        "every step that needs the base reads all its shard headers again, three times in one learn",
+    ),
 )
 BY_NAME = {f.name: f for f in FAULTS}
 BASELINE = "none"

@@ -34,14 +34,27 @@ def ensure_base(profile, run_dir: str | Path | None = None, base: str | Path | N
     ``hub.HubError`` with a one-line fix, before any weights move (see ``hub.download``)."""
     base = absolute_path(base, "base directory") if base else None
     if base and hub.complete(base):  # a checkpoint the caller chose (--base DIR) is used as it is
-        gemma4.check_checkpoint(base)
-        return base
+        return _checked(base)
     base = base or profile.local_dir(run_dir) / "base"  # local, also for a gs:// run directory
     if profile.model.source == "tiny":
-        return tiny.ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
+        base = tiny.ensure_tiny_model(base, seed=profile.model.tiny_seed, layers=profile.model.tiny_layers,
                                       variant=profile.model.tiny_variant)
-    hub.ensure_checkpoint(profile.model.source, base)
-    gemma4.check_checkpoint(base)
+    else:
+        hub.ensure_checkpoint(profile.model.source, base)
+    return _checked(base)
+
+
+_CHECKED: set = set()  # (a base, its files' names, sizes and mtimes) checked in this process
+
+
+def _checked(base: Path) -> Path:
+    """``gemma4.check_checkpoint(base)``: the course's one check of a base's files, once per process while they stay
+    as they were (the loader in fixes/gemma4 checks again: a copied fix has no course around it)."""
+    key = (str(base), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(base.iterdir())
+                            if p.is_file()))
+    if key not in _CHECKED:
+        gemma4.check_checkpoint(base)
+        _CHECKED.add(key)
     return base
 
 

@@ -151,9 +151,8 @@ def merge_paths(args) -> tuple[Path, Path, Path]:
     if args.profile is None and None in (args.base, args.checkpoint, args.out):
         raise merge.MergeError("merge needs --base, --checkpoint and --out, or --profile NAME to take them "
                                "from runs/<profile>/ (base, checkpoints, merged).")
-    prof = profiles.get_profile(args.profile) if args.profile else None
-    run_dir, local = (prof.run_dir(), prof.local_dir()) if prof else (None, None)  # local: base, merged
-    return (args.base or local / "base", args.checkpoint or run_dir / "checkpoints", args.out or local / "merged")
+    run = profiles.resolve_run(profiles.get_profile(args.profile)) if args.profile else None  # local: base, merged
+    return (args.base or run.local / "base", args.checkpoint or run.checkpoints, args.out or run.local / "merged")
 
 
 def run_merge(args) -> int:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from ..fixes import vllm_command
 from ..fixes.errors import GemmaTpuError
-from ..fixes.file_io import is_remote, to_path, write_atomic
+from ..fixes.file_io import to_path, write_atomic
 from . import logbook, paths, plan, preflight, train
 from .cli import PROG
-from .profiles import Profile
+from .profiles import Profile, resolve_run
 
 REPORT = "hardware_report.md"  # in the run directory (the local one when the run directory is on gs://)
 EVAL_SCORE = "last_score.json"  # in <run>/eval/: the last `eval`'s score (record_eval)
@@ -142,8 +142,8 @@ def prediction(profile: Profile, run_dir) -> dict | None:
 def figures(profile: Profile, run_dir=None) -> list[Figure]:
     """Every figure of the report for ``profile``'s run directory (default: runs/<profile>), missing ones with the
     step that makes them."""
-    run_dir = run_dir or profile.run_dir()
-    local = profile.local_dir(run_dir)
+    run = resolve_run(profile, run_dir)
+    run_dir, local = run.dir, run.local
     name = profile.name
     train_cmd = f"{PROG} train --profile {name}"
     url = f"http://{vllm_command.HOST}:{vllm_command.DEFAULT_PORT}"
@@ -259,7 +259,6 @@ def format_report(profile: Profile, found: list[Figure], run_dir) -> str:
 def write_report(profile: Profile, run_dir=None) -> tuple[str, Path]:
     """The report's markdown, also written (atomically) to ``<run dir>/hardware_report.md``; the local run
     directory when the run directory is on gs://."""
-    run_dir = run_dir or profile.run_dir()
-    text = format_report(profile, figures(profile, run_dir), run_dir)
-    where = profile.local_dir(run_dir) if is_remote(run_dir) else to_path(run_dir)
-    return text, write_atomic(Path(where) / REPORT, text)
+    run = resolve_run(profile, run_dir)
+    text = format_report(profile, figures(profile, run), run.dir)
+    return text, write_atomic(run.local / REPORT, text)

@@ -22,7 +22,7 @@ from ..fixes import data as data_lib
 from ..fixes import eval_problems, eval_sample, eval_score, vllm_server
 from ..fixes.chat_format import GEMMA3_CHAT_TEMPLATE
 from ..fixes.errors import GemmaTpuError
-from ..fixes.file_io import absolute_path, write_atomic
+from ..fixes.file_io import write_atomic
 from ..fixes.merge import merge_lora
 from . import base_model, paths, profiles, train
 
@@ -226,9 +226,8 @@ def with_seed(profile, seed: int | None):
 
 
 def learn_dir(profile, run_dir=None, broken: str | None = None) -> Path:
-    """``runs/<profile>/learn`` (``learn-<broken>`` for a broken variant)."""
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory")
-    return run_dir / ("learn" if broken is None else f"learn-{broken}")
+    """``runs/<profile>/learn`` (``learn-<broken>`` for a broken variant), in the run's local directory."""
+    return profiles.resolve_run(profile, run_dir).local / ("learn" if broken is None else f"learn-{broken}")
 
 
 def score(problems, rows):
@@ -285,6 +284,7 @@ def train_check(profile, tasks=None, run_dir=None, broken: str | None = None, pr
     ``broken="lora-dropped"`` and ``"base-served"`` never read the trained LoRA, so they skip the training."""
     _check_args(profile, broken)
     trained, _ = _problems(profile, tasks, [])
+    run_dir = profiles.resolve_run(profile, run_dir)
     out = learn_dir(profile, run_dir, broken)
     wanted = settings(profile, [p.task_id for p in trained], broken)
     found = _cached(out / TRAINED, wanted)
@@ -336,6 +336,7 @@ def learn(profile, tasks=None, held_out=None, run_dir=None, broken: str | None =
     _check_args(profile, broken, generator)
     trained, kept_out = _problems(profile, tasks, held_out)
     problems = trained + kept_out
+    run_dir = profiles.resolve_run(profile, run_dir)  # once: train_check and the base take the Run
     out = learn_dir(profile, run_dir, broken)
     wanted = {**settings(profile, [p.task_id for p in trained], broken),
               "held_out": [p.task_id for p in kept_out], "generator": generator}

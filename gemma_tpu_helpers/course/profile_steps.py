@@ -11,7 +11,7 @@ from ..fixes.file_io import path_id
 from ..fixes.layout import lora_param_count
 from ..fixes.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex
 from ..fixes.merge import merge_lora, read_merge_info
-from . import base_model, model_views, train
+from . import base_model, model_views, profiles, train
 
 
 def lora_report(profile, regex: str | None = None, model=None):
@@ -60,10 +60,10 @@ def ensure_merged(profile, run_dir: str | Path | None = None, progress: bool = T
     Cached: rebuilt when the latest checkpoint step, the checkpoint directory, or the LoRA arrays' recorded source
     changed. How notebooks 08 (serving) and 09 (evaluation) stay standalone.
     """
-    run_dir = run_dir or profile.run_dir()
-    ckpt = train.ensure_trained(profile, run_dir, progress=progress)
-    base = base_model.ensure_base(profile, run_dir)
-    out = profile.local_dir(run_dir) / "merged"  # local, also for a gs:// run directory
+    run = profiles.resolve_run(profile, run_dir)
+    ckpt = train.ensure_trained(profile, run, progress=progress)
+    base = base_model.ensure_base(profile, run)
+    out = run.local / "merged"  # local, also for a gs:// run directory
     info = read_merge_info(out)
     step = train.latest_step(ckpt)
     if info and info.get("step") == step and info.get("checkpoint_dir") == path_id(ckpt) \

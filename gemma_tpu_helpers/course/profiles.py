@@ -159,10 +159,39 @@ class Profile:
     def local_dir(self, run_dir: str | os.PathLike | None = None) -> Path:
         """Where this profile's local files go (the base checkpoint, the merged model, logs): the run directory
         itself, or ``runs/<profile>/`` in the course checkout when the run directory is on ``gs://``."""
+        if isinstance(run_dir, Run):
+            return run_dir.local
         run_dir = run_dir or self.run_dir()
         if file_io.is_remote(run_dir):
             return self.run_dir(paths.default_runs_root())
         return file_io.absolute_path(run_dir, "run directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a profile, resolved once (:func:`resolve_run`) where a command or a notebook starts and passed
+    down: ``dir`` holds the checkpoints, metrics and ``done.json`` (absolute; a ``gs://`` one stays remote),
+    ``local`` the base, the merged model and the logs (``dir`` itself, or ``runs/<profile>/`` in the course checkout
+    when ``dir`` is on ``gs://``)."""
+
+    profile: Profile
+    dir: Path
+    local: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.dir / "checkpoints"
+
+
+def resolve_run(profile: Profile, run_dir: str | os.PathLike | Run | None = None) -> Run:
+    """``run_dir`` (default: the profile's, under the runs root) as a :class:`Run`; a Run is returned as it is."""
+    if isinstance(run_dir, Run):
+        return run_dir
+    run_dir = file_io.absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise file_io.PathArgumentError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics "
+                                        f"and the base go under it).")
+    return Run(profile, run_dir, profile.run_dir(paths.default_runs_root()) if file_io.is_remote(run_dir) else run_dir)
 
 
 _PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)

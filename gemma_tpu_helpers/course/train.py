@@ -20,11 +20,12 @@ from ..fixes import gemma4, lora, remat, sft, sharding
 from ..fixes import mesh as mesh_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
+from ..fixes.hf_checkpoint import read_text_config
 from ..fixes.lora_checkpoint import list_steps
 from ..fixes.multihost import is_main, main_first, process_rows
 from ..fixes.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
 from . import base_model
-from .profiles import Profile
+from .profiles import Profile, Run, resolve_run
 
 METADATA = "lora_config.json"
 # Cloud Storage takes about one write per second to one object name (more fail with 429): on gs:// metrics.jsonl is
@@ -302,7 +303,7 @@ def _apply_lora(model, profile: Profile, seed: int):
     return lora_model
 
 
-def train(profile: Profile, run_dir: str | Path | None = None, base_dir: str | Path | None = None,
+def train(profile: Profile, run_dir: str | Path | Run | None = None, base_dir: str | Path | None = None,
           max_steps: int | None = None, prepared=None, progress: bool = True,
           checkpoint_every: int | None = None, stop_after: int | None = None) -> TrainResult:
     """Train the profile's LoRA; resume from the latest checkpoint in ``run_dir/checkpoints`` if there is one.
@@ -339,15 +340,15 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     if overrides:
         profile = dataclasses.replace(profile, train=dataclasses.replace(profile.train, **overrides))
     t = profile.train
-    run_dir, base = _run_dir_and_base(profile, run_dir, base_dir)
+    run = resolve_run(profile, run_dir)
+    base = _base(profile, run, base_dir)
     mesh = profile.make_mesh()
     fsdp = dict(mesh.shape).get("fsdp", 1)
     if t.micro_batch % fsdp:
         raise TrainingError(f"micro_batch {t.micro_batch} does not divide the fsdp axis ({fsdp}); the batch is "
                             f"split over fsdp. Use a multiple of {fsdp}.")
-    text = gemma4.check_checkpoint(base)
-    ckpt_dir = run_dir / "checkpoints"
-    check_or_write_metadata(ckpt_dir, lora_metadata(profile, text))
+    ckpt_dir = run.checkpoints
+    check_or_write_metadata(ckpt_dir, lora_metadata(profile, read_text_config(base)))  # ensure_base checked it
     if prepared is None:
         from transformers import AutoTokenizer
 
@@ -357,14 +358,14 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     if steps <= 0:
         raise TrainingError(f"{len(prepared.train)} packed rows give no full optimizer step of "
                             f"{t.micro_batch} x {t.grad_accum} rows.")
-    if finished_steps(run_dir) == steps:  # the same command again: nothing to train, so no model to load
-        return TrainResult(read_metrics(run_dir), ckpt_dir, steps, steps, 0.0)
+    if finished_steps(run.dir) == steps:  # the same command again: nothing to train, so no model to load
+        return TrainResult(read_metrics(run.dir), ckpt_dir, steps, steps, 0.0)
     saved = latest_step(ckpt_dir) or 0
     if stop_after is not None and saved >= stop_after:  # a first run's command again
-        return TrainResult(read_metrics(run_dir), ckpt_dir, saved, steps, 0.0, stopped_at=saved)
+        return TrainResult(read_metrics(run.dir), ckpt_dir, saved, steps, 0.0, stopped_at=saved)
     train_ds, eval_ds, tokens_per_step = _feeds(prepared, mesh, t)
     model = _apply_lora(gemma4.load_model(base, mesh, dtype=profile.model.dtype), profile, t.seed)  # then remat
-    metrics_path = run_dir / "train" / "metrics.jsonl"
+    metrics_path = run.dir / "train" / "metrics.jsonl"
     if is_main() and not is_remote(metrics_path):
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -383,21 +384,15 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
                                         stop_at=stop_after if stop_after is not None and stop_after < steps else None)
             _run_trainer(trainer, recorder, train_ds, eval_ds)
     jax.effects_barrier()
-    return _finish(recorder, run_dir, ckpt_dir, start_step, steps, time.perf_counter() - started, watch)
+    return _finish(recorder, run.dir, ckpt_dir, start_step, steps, time.perf_counter() - started, watch)
 
 
-def _run_dir_and_base(profile: Profile, run_dir, base_dir) -> tuple[Path, Path]:
-    """The run directory (absolute: Orbax needs it) and the base checkpoint, fetched if needed: on a pod by process 0
-    while the others wait (one download)."""
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise TrainingError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics and the base "
-                            f"go under it).")
+def _base(profile: Profile, run: Run, base_dir) -> Path:
+    """The base checkpoint (``--base DIR``: used as it is, or downloaded there), fetched and checked if needed: on a
+    pod by process 0 while the others wait (one download)."""
     base_dir = absolute_path(base_dir, "base directory") if base_dir is not None else None
-    # --base DIR: used as it is, or downloaded there
-    base = main_first(lambda: base_model.ensure_base(profile, run_dir, base=base_dir), "fetch the base",
-                      directory=Path(base_dir).parent if base_dir else profile.local_dir(run_dir))
-    return run_dir, base
+    return main_first(lambda: base_model.ensure_base(profile, run, base=base_dir), "fetch the base",
+                      directory=Path(base_dir).parent if base_dir else run.local)
 
 
 def _feeds(prepared, mesh, t):
@@ -533,12 +528,12 @@ def plot_loss(metrics, path: str | Path | None = None):
     return fig
 
 
-def ensure_trained(profile: Profile, run_dir: str | Path | None = None, progress: bool = True) -> Path:
+def ensure_trained(profile: Profile, run_dir: str | Path | Run | None = None, progress: bool = True) -> Path:
     """The profile's LoRA checkpoints (``run_dir/checkpoints``), training first if the run has not finished.
 
     How later notebooks (merge, serve, evaluate) stay standalone: the first one to need a trained LoRA trains it.
     """
-    run_dir = absolute_path(run_dir or profile.run_dir(), "run directory", remote=True)
-    if finished_steps(run_dir) is None:
-        train(profile, run_dir=run_dir, progress=progress)
-    return run_dir / "checkpoints"
+    run = resolve_run(profile, run_dir)
+    if finished_steps(run.dir) is None:
+        train(profile, run_dir=run, progress=progress)
+    return run.checkpoints

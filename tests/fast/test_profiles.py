@@ -100,3 +100,38 @@ def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
     with pytest.raises(mesh_lib.MeshError, match="needs 4 TPU chips but this runtime has 1") as e:
         profiles.get_profile("v5p-8").make_mesh(devices=one_chip)
     assert "colab-v5e-1" in str(e.value) and "colab-v6e-1" in str(e.value)
+
+
+def test_a_run_is_resolved_once_and_passed_down(tmp_path, monkeypatch):
+    """resolve_run makes a run directory absolute once (relative to where the command runs); a Run handed on is
+    returned as it is; a file is refused. (A gs:// run: tests/e2e/test_gcs.py, against a GCS on 127.0.0.1.)"""
+    from gemma_tpu_helpers.fixes import file_io
+
+    smoke = profiles.get_profile("smoke")
+    monkeypatch.chdir(tmp_path)
+    run = profiles.resolve_run(smoke, "here")
+    assert run.dir == tmp_path / "here" and run.local == run.dir and run.checkpoints == run.dir / "checkpoints"
+    monkeypatch.chdir("/")
+    assert profiles.resolve_run(smoke, run) is run and smoke.local_dir(run) == tmp_path / "here"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(file_io.PathArgumentError, match="is a file; --run-dir takes a directory"):
+        profiles.resolve_run(smoke, tmp_path / "a-file")
+
+
+def test_the_course_checks_a_base_once_while_its_files_stay(tiny_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from gemma_tpu_helpers.course import base_model
+
+    base = shutil.copytree(tiny_dir, tmp_path / "base")
+    checks = []
+    real = gemma4.check_checkpoint
+    monkeypatch.setattr(gemma4, "check_checkpoint", lambda d: checks.append(d) or real(d))
+    smoke = profiles.get_profile("smoke")
+    assert base_model.ensure_base(smoke, base=base) == base == base_model.ensure_base(smoke, base=base)
+    assert len(checks) == 1
+    shard = sorted(base.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:5000])  # changed files: checked again, and found damaged
+    with pytest.raises(gemma4.CheckpointError, match="truncated"):
+        base_model.ensure_base(smoke, base=base)
+    assert len(checks) == 2
