@@ -159,7 +159,7 @@ def _judge_01_context(answer):
 # ---------------------------------------------------------------------------------------------- 02 LoRA names
 
 
-def _module_paths(text_config: dict) -> tuple[list[str], list[str]]:
+def module_paths(text_config: dict) -> tuple[list[str], list[str]]:
     """(every projection module path that should get LoRA, module paths that should not), as tunix names them."""
     k_eq_v = bool(text_config.get("attention_k_eq_v"))
     targets, others = [], ["embedder", "final_norm"]
@@ -183,7 +183,7 @@ def _judge_02_regex(answer):
         rx = re.compile(answer)
     except re.error as e:
         return f"Python cannot compile it as a regex: {e}"
-    targets, others = _module_paths(_cfg31b())
+    targets, others = module_paths(_cfg31b())
     missed = [p for p in targets if not rx.fullmatch(p)]  # qwix matches module_path with re.fullmatch
     extra = [p for p in others if rx.fullmatch(p)]
     if len(missed) == len(targets):

@@ -285,7 +285,7 @@ def total_steps(profile: Profile, train_rows: int) -> int:
     return min(steps, t.max_steps) if t.max_steps else steps
 
 
-def _apply_lora(model, profile: Profile, seed: int):
+def apply_profile_lora(model, profile: Profile, seed: int):
     """The profile's LoRA on ``model``, then its remat policy (``remat.lora_then_remat``: the only working order).
 
     Then every param is placed as annotated, in every process (qwix places QLoRA's nf4 weights its own way), so
@@ -364,7 +364,7 @@ def _train(profile: Profile, run_dir, base_dir, max_steps, prepared, progress: b
     if stop_after is not None and saved >= stop_after:  # a first run's command again
         return TrainResult(read_metrics(run.dir), ckpt_dir, saved, steps, 0.0, stopped_at=saved)
     train_ds, eval_ds, tokens_per_step = _feeds(prepared, mesh, t)
-    model = _apply_lora(gemma4.load_model(base, mesh, dtype=profile.model.dtype), profile, t.seed)  # then remat
+    model = apply_profile_lora(gemma4.load_model(base, mesh, dtype=profile.model.dtype), profile, t.seed)  # then remat
     metrics_path = run.dir / "train" / "metrics.jsonl"
     if is_main() and not is_remote(metrics_path):
         metrics_path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,8 +54,8 @@ class DataError(GemmaTpuError, ValueError):
     pass
 
 
-def _load_dataset_args(source: str, config: str | None = None, cache_dir: str | os.PathLike | None = None
-                       ) -> tuple[tuple, dict]:
+def load_dataset_args(source: str, config: str | None = None, cache_dir: str | os.PathLike | None = None
+                      ) -> tuple[tuple, dict]:
     """``datasets.load_dataset`` arguments for a source: ``(path[, config]), kwargs``."""
     if is_remote(source):  # datasets reads a repository's configs from local files only: a synced local copy
         source = str(local_copy(source, cache_dir or DEFAULT_GS_COPIES))
@@ -96,7 +96,7 @@ def load_rows(source: str, split: str = "train", columns: dict[str, str] | None 
 
     if max_rows is not None and max_rows < 1:
         raise DataError(f"max_rows must be a positive number of rows (or None for all), got {max_rows}.")
-    args, kwargs = _load_dataset_args(source, config, cache_dir)
+    args, kwargs = load_dataset_args(source, config, cache_dir)
     where = _where(source, args[1] if len(args) > 1 else None, split)
     try:
         ds = datasets.load_dataset(*args, split=split, **kwargs)
@@ -181,7 +181,7 @@ def spec_messages(row: dict, spec) -> list[dict]:
 
 def load_call(spec) -> str:
     """The ``datasets.load_dataset`` call a DataSpec makes, as text (and the row limit it applies)."""
-    args, kwargs = _load_dataset_args(spec.source, spec.config, spec.cache_dir)
+    args, kwargs = load_dataset_args(spec.source, spec.config, spec.cache_dir)
     parts = [repr(a) for a in args] + [f"split={spec.split!r}"] + [f"{k}={v!r}" for k, v in kwargs.items()]
     limit = f", then the first {spec.max_rows:,} rows" if spec.max_rows else ""
     return f"datasets.load_dataset({', '.join(parts)}){limit}"

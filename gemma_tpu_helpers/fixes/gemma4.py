@@ -232,7 +232,7 @@ def load_model(model_dir: str | Path, mesh, dtype: str = "float32", remat: str =
                                                                  dtype=cfg.param_dtype)
 
 
-class _TowerSkipFilter:
+class TowerSkipFilter:
     """Drops tunix's 'Skipped loading N keys ...' warning when every skipped key is a vision/audio tower's (the
     expected case for an -it checkpoint: the text model has no towers); any other skipped key still warns."""
 
@@ -248,7 +248,7 @@ class _towers_skipped_quietly:
     def __enter__(self):
         import logging
 
-        self._logger, self._filter = logging.getLogger("absl"), _TowerSkipFilter()
+        self._logger, self._filter = logging.getLogger("absl"), TowerSkipFilter()
         self._logger.addFilter(self._filter)
 
     def __exit__(self, *exc):

@@ -133,7 +133,8 @@ def flagged(audit_df):
     return audit_df[audit_df["flag"] != ""]
 
 
-def _get(model, path):
+def module_at(model, path):
+    """The submodule of ``model`` at ``path`` (attribute names and list indices, as nnx.iter_graph gives them)."""
     obj = model
     for p in path:
         obj = obj[p] if isinstance(p, int) else getattr(obj, p)
@@ -146,7 +147,7 @@ def _lora_spec_from_base(model, path, ndim) -> tuple | None:
     if not (name.endswith("_lora_a") or name.endswith("_lora_b")):
         return None
     base_name, which = name[: -len("_lora_a")], name[-1]
-    module = _get(model, path[:-1])
+    module = module_at(model, path[:-1])
     base = getattr(module, base_name, None)
     if base is None:
         return None

@@ -151,7 +151,7 @@ from gemma_tpu_helpers.fixes import gemma4, sft, sharding, step
 from gemma_tpu_helpers.fixes import mesh as mesh_lib
 smoke = profiles.get_profile("smoke")
 t, mesh = smoke.train, smoke.make_mesh()
-model = train._apply_lora(gemma4.load_model(sys.argv[3], mesh, dtype=smoke.model.dtype), smoke, t.seed)
+model = train.apply_profile_lora(gemma4.load_model(sys.argv[3], mesh, dtype=smoke.model.dtype), smoke, t.seed)
 table = sharding.audit(model, mesh)
 lora = table[table["kind"] == "LoRAParam"]
 # LoRA params, applied as annotated, sharded over some axis, bytes per device as placed and as annotated

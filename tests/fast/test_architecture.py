@@ -409,3 +409,31 @@ def test_no_function_over_60_lines():
 def test_the_length_check_sees_a_long_function():
     seeded = "def f():\n" + "    x = 1\n" * 60 + "\n\ndef g():\n    return 1\n"
     assert long_functions(seeded, "course.train") == {"course.train.f": 61}
+
+
+# ------------------------------------------------------------------------------------- tests use the public API
+
+def private_uses(source: str, where: str) -> list[str]:
+    """Calls ``module._name(...)`` in a test's ``source`` where ``module`` is one of the package's (imported by name
+    from ``gemma_tpu_helpers``): what a user of the package could not call either."""
+    tree = ast.parse(source)
+    ours = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gemma_tpu_helpers"):
+            ours |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            ours |= {a.asname or a.name for a in node.names if a.name.startswith("gemma_tpu_helpers")}
+    return [f"{where}:{call.lineno} {f.value.id}.{f.attr}" for call in ast.walk(tree) if isinstance(call, ast.Call)
+            for f in [call.func] if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+            and f.value.id in ours and f.attr.startswith("_") and not f.attr.startswith("__")]
+
+
+def test_no_test_calls_a_private_function():
+    found = [f for path in sorted((support.REPO / "tests").rglob("*.py"))
+             for f in private_uses(path.read_text(), str(path.relative_to(support.REPO)))]
+    assert not found, found
+
+
+def test_the_private_check_sees_one():
+    seeded = "from gemma_tpu_helpers.course import train as t\nt._apply_lora(1)\nt.train(2)\nt.__doc__\nt._X\n"
+    assert private_uses(seeded, "tests/x.py") == ["tests/x.py:2 t._apply_lora"]

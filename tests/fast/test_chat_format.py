@@ -223,7 +223,7 @@ def test_data_stats_shows_an_example_as_it_is_trained(tiny_dir):
 def test_skipped_tower_keys_do_not_flood_the_log_but_other_skips_warn():
     import logging
 
-    f = gemma4._TowerSkipFilter()
+    f = gemma4.TowerSkipFilter()
 
     def record(msg):
         return logging.LogRecord("absl", logging.WARNING, __file__, 1, msg, None, None)

@@ -29,7 +29,7 @@ def test_replica_loads_through_the_real_call():
                         columns=dict(real.columns) or None)
     assert ds["prompt"] == data.load_rows(**SHIPPED)["prompt"] and len(ds) == 270
     # the call load_rows makes is datasets' own, with the same positional config
-    assert data._load_dataset_args("zhuyaoyu/CodeV-R1-dataset", "sft") == (("zhuyaoyu/CodeV-R1-dataset", "sft"), {})
+    assert data.load_dataset_args("zhuyaoyu/CodeV-R1-dataset", "sft") == (("zhuyaoyu/CodeV-R1-dataset", "sft"), {})
     assert len(datasets.load_dataset(str(paths.SHIPPED_REPLICA), "sft", split="train")) == 270
     # the paper's form of the call, data_files= with no config, reads the same rows
     same = datasets.load_dataset(str(paths.SHIPPED_REPLICA), data_files="codev_r1_sft.jsonl", split="train")

@@ -83,7 +83,7 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
     cfg = tiny.tiny_text_config()
     model = sharding.model_from_config(cfg, abstract=True)
     real = {"/".join(map(str, p)) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Module)}
-    targets, others = exercises._module_paths(cfg)
+    targets, others = exercises.module_paths(cfg)
     assert set(targets) <= real and set(others) <= real
     assert "layers/5/attn/k_einsum" in targets
     report = lora.coverage_of_regex(model, exercises.solution("02.regex"), rank=smoke.lora.rank)

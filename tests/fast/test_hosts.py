@@ -1,6 +1,6 @@
 """The host a user brings: `make` finds a Python of 3.11 or later (a stock TPU VM's python3 is 3.10) or stops in one
 line that names the ways out, and a test run ends with a line that says what it skipped and why. Both run for real:
-make on a PATH of stand-in interpreters, pytest in a child process with this suite's conftest."""
+make on a PATH of stand-in interpreters, pytest in a child process with this suite's plugin."""
 
 import os
 import shutil
@@ -57,8 +57,8 @@ def test_make_refuses_a_python_given_that_is_too_old(tmp_path):
 
 
 def test_a_run_ends_with_what_it_skipped_and_why(tmp_path):
-    """This suite's conftest as a plugin of a pytest run on three skips and a pass: the last line counts the skips
-    per reason, most first."""
+    """This suite's plugin (tests/scheduling.py) in a pytest run on three skips and a pass: the last line counts the
+    skips per reason, most first."""
     (tmp_path / "test_demo.py").write_text(textwrap.dedent("""
         import pytest
         venv = pytest.mark.skipif(True, reason="no serving venv: run `make serve-venv`")
@@ -70,7 +70,7 @@ def test_a_run_ends_with_what_it_skipped_and_why(tmp_path):
         def test_d(): pass
     """))
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "scheduling", "-p", "no:cacheprovider",
                         "--rootdir", str(tmp_path), str(tmp_path / "test_demo.py")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -37,7 +37,7 @@ def test_copied_base_spec_on_lora_params_is_flagged_and_derived_back(lora_loaded
     originals, changed, wrong_rank = {}, set(), 0
     for path, v in nnx.iter_graph(model):
         if isinstance(v, nnx.LoRAParam):
-            module = sharding._get(model, path[:-1])
+            module = sharding.module_at(model, path[:-1])
             base_var = getattr(module, str(path[-1]).rsplit("_lora_", 1)[0])
             originals[path] = tuple(v.get_metadata()["out_sharding"])
             copied = tuple(base_var.get_metadata()["out_sharding"])

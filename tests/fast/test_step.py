@@ -19,7 +19,7 @@ def trainer_program(smoke, tiny_dir, mesh):
     from gemma_tpu_helpers.fixes import mesh as mesh_lib
 
     t = smoke.train
-    model = train._apply_lora(gemma4.load_model(tiny_dir, mesh, dtype=smoke.model.dtype), smoke, t.seed)
+    model = train.apply_profile_lora(gemma4.load_model(tiny_dir, mesh, dtype=smoke.model.dtype), smoke, t.seed)
     config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
     with mesh_lib.trainer_context(mesh):
         trainer = sft.make_trainer(model, t, 10, config)
