@@ -355,7 +355,7 @@ def apply_lora(model, targets=HF_TARGETS, rank: int = 8, alpha: float = 16.0, dr
     ``qlora="nf4"`` quantizes the frozen base: the targeted dense weights (qwix; with the compat shim tunix needs)
     and the routed experts of a MoE, targeted or not; ``tile_size`` must divide the contracted dims (default: the
     largest that does). ``abstract``: shapes only (``nnx.eval_shape``); otherwise qwix runs under ``nnx.jit`` and the
-    LoRA params come out replicated: ``sharding.apply_annotations(model, mesh)`` places them.
+    new LoRA params are placed as annotated, on the base weights' mesh (as eager qwix places them).
     :data:`EXPERT_TARGETS` give each routed expert of an MoE its own LoRA, of rank ``expert_rank`` (default ``rank``).
     Raises :class:`LoraConfigError` for bad arguments, :class:`LoraCoverageError` when a target got LoRA nowhere.
     """
