@@ -49,3 +49,23 @@ def test_make_test_runs_every_notebook_once_and_the_pipeline_in_order():
     assert len(runs) == 2
     assert sorted(sum(runs, [])) == [p.stem for p in NOTEBOOKS]
     assert runs[0] == sorted(runs[0]) and [n[:2] for n in runs[0]] == ["06", "07", "08", "09"]
+
+
+# #62's budgets: a lesson is its code, the words say why once. Markdown only (code cells and outputs do not count);
+# words as str.split counts them. The README is a front page; the reference lives in docs/.
+NOTEBOOK_WORDS, COURSE_WORDS, README_WORDS = 1_000, 9_000, 3_000
+
+
+def markdown_words(path) -> int:
+    cells = json.loads(path.read_text())["cells"]
+    return sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_the_lessons_keep_their_word_budgets():
+    words = {p.name: markdown_words(p) for p in NOTEBOOKS}
+    over = {name: n for name, n in words.items() if n > NOTEBOOK_WORDS}
+    assert not over, f"over {NOTEBOOK_WORDS:,} words of markdown: {over}; move history to docs/design-notes.md"
+    total = sum(words.values())
+    assert total <= COURSE_WORDS, f"the notebooks hold {total:,} words of markdown (budget {COURSE_WORDS:,})"
+    readme = len((REPO / "README.md").read_text().split())
+    assert readme <= README_WORDS, f"README.md holds {readme:,} words (budget {README_WORDS:,}): move a part to docs/"
