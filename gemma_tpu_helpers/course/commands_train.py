@@ -187,53 +187,51 @@ def run_verify(args) -> int:
     prof = profiles.configure_jax(args.profile or "smoke")
     res = verify.verify_merge(args.base, args.checkpoint, args.merged, step=args.step, mesh=prof.make_mesh(),
                               seq_len=args.seq_len)
-    w = res["weights"]
-    print(f"weights: {w['merged_tensors']} merged tensors within rounding of base + ΔW (at most {w['max_ulps']} ulp), "
-          f"{w['copied_tensors']} copied byte for byte" if w["ok"] else f"weights: {len(w['problems'])} problem(s)")
-    for problem in w["problems"][:SHOWN_PROBLEMS]:
+    w = res.weights
+    print(f"weights: {w.merged_tensors} merged tensors within rounding of base + ΔW (at most {w.max_ulps} ulp), "
+          f"{w.copied_tensors} copied byte for byte" if w.ok else f"weights: {len(w.problems)} problem(s)")
+    for problem in w.problems[:SHOWN_PROBLEMS]:
         print(f"FAILED: {problem}")
-    if w["params"]:
-        print(f"note:{flags_note(w['params'])}")
-    for r in res["rows"]:
-        b = f"(bound {r['bound']:.1e}: {res['bound_rule']})" if r["bound"] else ""
-        print(f"{r['comparison']:50s} max |dlogit| {r['max_abs']:.3e}  scale {r['scale']:.3f}  "
-              f"relative {r['rel']:.3e} {b}")
-    for note in res["notes"]:
+    if w.params:
+        print(f"note:{flags_note(w.params)}")
+    for r in res.rows:
+        b = f"(bound {r.bound:.1e}: {res.bound_rule})" if r.bound else ""
+        print(f"{r.comparison:50s} max |dlogit| {r.max_abs:.3e}  scale {r.scale:.3f}  relative {r.rel:.3e} {b}")
+    for note in res.notes:
         print(f"note: {note}")
-    print("verify: OK" if res["ok"] else "verify: FAILED")
-    return 0 if res["ok"] else 1
+    print("verify: OK" if res.ok else "verify: FAILED")
+    return 0 if res.ok else 1
 
 
-def _folded(res: dict) -> str:
+def _folded(res: weight_check.WeightCheck) -> str:
     """The MoE merge's fold, as the weight check saw it (nothing for a model without per_expert_scale)."""
-    if not res.get("ones_tensors"):
+    if not res.ones_tensors:
         return ""
-    alone = f" ({res['folded_tensors']} down_proj scaled without a LoRA)" if res.get("folded_tensors") else ""
-    return f", {res['ones_tensors']} per_expert_scale folded into down_proj and checked as ones{alone}"
+    alone = f" ({res.folded_tensors} down_proj scaled without a LoRA)" if res.folded_tensors else ""
+    return f", {res.ones_tensors} per_expert_scale folded into down_proj and checked as ones{alone}"
 
 
 def _verify_weights(args) -> int:
     profiles.configure_jax(args.profile or "smoke")  # Orbax imports JAX: the host CPU, no accelerator wanted
     res = weight_check.verify_weights(args.base, args.checkpoint, args.merged, step=args.step)
-    print(f"step {res['step']}: {res['merged_tensors']} merged tensors vs base + ΔW (at most {res['max_ulps']} ulp; "
-          f"{res['max_excess']:.2f} of the allowed rounding; {res['changed_share']:.0%} of their elements changed), "
-          f"{res['copied_tensors']} copied{_folded(res)}; "
-          f"{res['bytes'] / 1e9:.2f} GB checked in {res['seconds']:.1f} s")
+    print(f"step {res.step}: {res.merged_tensors} merged tensors vs base + ΔW (at most {res.max_ulps} ulp; "
+          f"{res.max_excess:.2f} of the allowed rounding; {res.changed_share:.0%} of their elements changed), "
+          f"{res.copied_tensors} copied{_folded(res)}; {res.bytes / 1e9:.2f} GB checked in {res.seconds:.1f} s")
     worst = weight_check.worst_tensors(res, 5)
     if worst:
         import pandas as pd
 
-        print(pd.DataFrame(worst).to_string(index=False))
-    for note in res["notes"]:
+        print(pd.DataFrame(worst).drop(columns="worst_at").to_string(index=False))
+    for note in res.notes:
         print(f"note: {note}")
-    for problem in res["problems"][:SHOWN_PROBLEMS]:
+    for problem in res.problems[:SHOWN_PROBLEMS]:
         print(f"FAILED: {problem}")
-    if len(res["problems"]) > SHOWN_PROBLEMS:
-        print(f"FAILED: ... and {len(res['problems']) - SHOWN_PROBLEMS} more")
-    if res["params"]:
-        print(f"note:{flags_note(res['params'])}")
-    print("verify --weights: OK" if res["ok"] else f"verify --weights: FAILED ({len(res['problems'])} problem(s))")
-    return 0 if res["ok"] else 1
+    if len(res.problems) > SHOWN_PROBLEMS:
+        print(f"FAILED: ... and {len(res.problems) - SHOWN_PROBLEMS} more")
+    if res.params:
+        print(f"note:{flags_note(res.params)}")
+    print("verify --weights: OK" if res.ok else f"verify --weights: FAILED ({len(res.problems)} problem(s))")
+    return 0 if res.ok else 1
 
 
 # ------------------------------------------------------------------------------------------------- export-adapter

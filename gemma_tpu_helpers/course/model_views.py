@@ -249,12 +249,12 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     targets = targets or lora.HF_TARGETS
     model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True, expert_rank=expert_rank)
     mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
-    before = sharding.audit(model, mesh)
-    changes = sharding.fix_shardings(model, mesh, apply=False)
-    after = sharding.audit(model, mesh)
+    before = pd.DataFrame(sharding.audit(model, mesh))
+    changes = pd.DataFrame(sharding.fix_shardings(model, mesh, apply=False))
+    after = pd.DataFrame(sharding.audit(model, mesh))
     weight = before["path"].str.startswith("layers/").map({True: periods, False: 1})
 
-    def total(df, kind, column="bytes/device"):
+    def total(df, kind, column="bytes_per_device"):
         return int((df[column] * weight)[df["kind"] == kind].sum())
 
     lora_full = int(((before["shape"].map(math.prod) * before["dtype"].map(lambda d: dtype_bits(d) // 8)) * weight)[
@@ -267,19 +267,22 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     ]
     summary = pd.DataFrame(rows).set_index("what")
     summary.loc["total"] = summary.sum()
-    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=len(sharding.flagged(before)), periods=periods,
-                         flags_after=len(sharding.flagged(after)))
+    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=int((before["flag"] != "").sum()),
+                         periods=periods, flags_after=int((after["flag"] != "").sum()))
     return summary, before, changes
 
 
-def totals(audit_df, column: str = "bytes/device"):
-    """Bytes per device summed by kind (Param = frozen base, LoRAParam = trainable), and overall."""
-    g = audit_df.groupby("kind")[column].sum()
-    return {**{k: int(v) for k, v in g.items()}, "total": int(audit_df[column].sum())}
+def totals(audit, column: str = "bytes_per_device") -> dict[str, int]:
+    """Bytes per device of ``sharding.audit``'s rows summed by kind (Param = frozen base, LoRAParam = trainable),
+    and overall."""
+    out: dict[str, int] = {}
+    for r in audit:
+        out[r.kind] = out.get(r.kind, 0) + getattr(r, column)
+    return {**out, "total": sum(out.values())}
 
 
-def bytes_table(before, after, column: str = "bytes/device placed"):
-    """Per-device bytes by kind, before and after a fix, in MiB."""
+def bytes_table(before, after, column: str = "bytes_per_device_placed"):
+    """Per-device bytes by kind of two audits (before and after a fix), in MiB."""
     import pandas as pd
 
     df = pd.DataFrame({"before": totals(before, column), "after": totals(after, column)}) / 2**20

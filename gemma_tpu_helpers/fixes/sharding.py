@@ -3,11 +3,13 @@
 :func:`audit` lists every parameter with its spec and bytes per device, and flags a spec the mesh cannot divide
 (fewer global KV heads than ``tp``), a LoRA spec whose rank differs from its array, and an annotation not applied
 (tunix creates variables unsharded; QLoRA places arrays its own way). :func:`fix_shardings` drops only the offending
-axes, reports each change and places the arrays. Abstract models and meshes work too, for plans of the 31B.
+axes, reports each change and places the arrays. Abstract models and meshes work too, for plans of the 31B. A
+table is ``pandas.DataFrame(audit(model, mesh))``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from . import gemma4
@@ -15,6 +17,42 @@ from .errors import GemmaTpuError
 from .partition_specs import bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
 
 _SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+@dataclasses.dataclass
+class ParamAudit:
+    """One parameter: its annotation (``spec``) and where the array lives (``placed``: ``-`` when abstract);
+    ``rank_ok``, ``divides`` (by the mesh), ``follows_base`` (a LoRA param's spec; None for others) and ``applied``
+    (None when abstract); bytes per device as annotated (indivisible dims rounded up) and as placed; ``flag``: what
+    is wrong, empty when nothing is."""
+    path: str
+    kind: str
+    shape: tuple
+    dtype: str
+    spec: str
+    placed: str
+    rank_ok: bool
+    divides: bool
+    follows_base: bool | None
+    applied: bool | None
+    bytes_per_device: int
+    bytes_per_device_placed: int
+    flag: str
+
+
+@dataclasses.dataclass
+class ShardingChange:
+    """One parameter :func:`fix_shardings` changed: its spec and placement before, its spec after, bytes per device
+    before (as placed) and after (as annotated), and why."""
+    path: str
+    kind: str
+    shape: tuple
+    spec_before: str
+    spec_after: str
+    placed_before: str
+    bytes_per_device_before: int
+    bytes_per_device_after: int
+    why: str
 
 
 class ShardingError(GemmaTpuError, ValueError):
@@ -70,14 +108,9 @@ def _placed(value, ndim):
     return spec + (None,) * (ndim - len(spec))
 
 
-def audit(model, mesh):
-    """Every parameter: path, shape, dtype, spec, checks, bytes per device and a ``flag`` (empty when fine; pandas).
-
-    ``placed``: the concrete array's spec (``-`` when abstract); ``bytes/device``: as annotated, indivisible dims
-    rounded up; ``bytes/device placed``: as the array lives now (the former when abstract).
-    """
+def audit(model, mesh) -> list[ParamAudit]:
+    """Every parameter of ``model`` on ``mesh``, in the model's order (see :class:`ParamAudit`)."""
     import jax
-    import pandas as pd
     from flax import nnx
 
     sizes = _mesh_sizes(mesh)
@@ -118,19 +151,15 @@ def audit(model, mesh):
             placed_bytes = math.prod(value.sharding.shard_shape(shape)) * dtype_bits(dtype) // 8
         else:
             placed_bytes = per_dev
-        rows.append({"path": "/".join(map(str, path)), "kind": type(v).__name__, "shape": shape, "dtype": str(dtype),
-                     "spec": _fmt(spec), "placed": _fmt(placed), "rank ok": rank_ok, "divides": not bad,
-                     "follows base": follows,
-                     "applied": applied, "bytes/device": per_dev, "bytes/device placed": placed_bytes,
-                     "flag": "; ".join(flags)})
-    df = pd.DataFrame(rows)
-    df.attrs["mesh"] = sizes
-    return df
+        rows.append(ParamAudit("/".join(map(str, path)), type(v).__name__, shape, str(dtype), _fmt(spec),
+                               _fmt(placed), rank_ok, not bad, follows, applied, per_dev, placed_bytes,
+                               "; ".join(flags)))
+    return rows
 
 
-def flagged(audit_df):
-    """The audit rows with a flag."""
-    return audit_df[audit_df["flag"] != ""]
+def flagged(rows: list[ParamAudit]) -> list[ParamAudit]:
+    """The audited parameters with a flag."""
+    return [r for r in rows if r.flag]
 
 
 def module_at(model, path):
@@ -182,35 +211,34 @@ def _expected_lora_spec(model, path, shape, sizes) -> tuple | None:
     return tuple(None if n == 1 else e for n, e in zip(shape, derived))
 
 
-def fix_shardings(model, mesh, apply: bool = True):
-    """Correct what :func:`audit` flags, in place; return a table of every change (pandas).
+def fix_shardings(model, mesh, apply: bool = True) -> list[ShardingChange]:
+    """Correct what :func:`audit` flags, in place; return every change.
 
     An indivisible spec loses only the offending axis; a LoRA spec that does not follow its base weight gets the
     base's axis on each non-rank dim. With ``apply`` (and a concrete mesh and arrays) every parameter is then
     placed as annotated, so a re-audit shows no flag.
     """
     import jax
-    import pandas as pd
     from flax import nnx
 
     sizes = _mesh_sizes(mesh)
     concrete = isinstance(mesh, jax.sharding.Mesh)
-    before = audit(model, mesh).set_index("path")
+    before = {r.path: r for r in audit(model, mesh)}
     changes = []
     for path, v in _params(model):
         key = "/".join(map(str, path))
-        row = before.loc[key]
+        row = before[key]
         value = v.value
         shape, ndim = tuple(value.shape), len(value.shape)
         spec, meta_key = _spec_of(v)
         new = spec
         reasons = []
         derived = _expected_lora_spec(model, path, shape, sizes) if isinstance(v, nnx.LoRAParam) else None
-        if not row["rank ok"]:
+        if not row.rank_ok:
             new = derived if derived is not None else tuple(spec[:ndim]) + (None,) * max(0, ndim - len(spec))
             reasons.append(f"spec rank {len(spec)} -> {ndim}, derived from the base weight"
                            if derived is not None else f"spec cut to rank {ndim}")
-        elif row["follows base"] is False and derived is not None:
+        elif row.follows_base is False and derived is not None:
             new = derived
             reasons.append("LoRA spec derived from the base weight's layout")
         if new is not None:
@@ -220,7 +248,7 @@ def fix_shardings(model, mesh, apply: bool = True):
                 reasons.append("dropped the axis that cannot divide: "
                                + ", ".join(indivisible_dims(shape, full, sizes)))
                 new = fitted
-        placed_wrong = row["applied"] is False
+        placed_wrong = row.applied is False
         if new != spec:
             if meta_key is None:
                 meta_key = "out_sharding"
@@ -235,12 +263,10 @@ def fix_shardings(model, mesh, apply: bool = True):
                     reasons.append("placed the array as annotated")
         if new != spec or moved:
             after_bytes = bytes_per_device(shape, value.dtype, new, sizes)
-            changes.append({"path": key, "kind": type(v).__name__, "shape": shape, "spec before": _fmt(spec),
-                            "spec after": _fmt(new), "placed before": row["placed"],
-                            "bytes/device before": int(row["bytes/device placed"]), "bytes/device after": after_bytes,
-                            "why": "; ".join(reasons) or "placed the array as annotated"})
-    return pd.DataFrame(changes, columns=["path", "kind", "shape", "spec before", "spec after", "placed before",
-                                          "bytes/device before", "bytes/device after", "why"])
+            changes.append(ShardingChange(key, type(v).__name__, shape, _fmt(spec), _fmt(new), row.placed,
+                                          row.bytes_per_device_placed, after_bytes,
+                                          "; ".join(reasons) or "placed the array as annotated"))
+    return changes
 
 
 def apply_annotations(model, mesh) -> None:

@@ -1,9 +1,11 @@
 """Check a merged checkpoint: transformers and tunix on the merged files against tunix base + the checkpoint's LoRA
-(:func:`verify_merge`). :func:`perturbed_lora` gives a LoRA strong enough for the check to see a wrong layout.
+(:func:`verify_merge`, a :class:`MergeCheck`; a table is ``pandas.DataFrame(check.rows)``). :func:`perturbed_lora`
+gives a LoRA strong enough for the check to see a wrong layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +18,43 @@ from .errors import GemmaTpuError
 from .file_io import absolute_path
 from .lora_checkpoint import lora_digest, read_lora_config, restore_lora
 from .merge import merge_lora, read_merge_info
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Two models' logits on the same tokens: max |Δlogit|, the reference's largest |logit| and their ratio
+    ``rel``; ``bound``: what ``rel`` must stay within (None: a row for scale, not checked)."""
+    comparison: str
+    max_abs: float
+    scale: float
+    rel: float
+    bound: float | None
+
+
+@dataclasses.dataclass
+class MergeCheck:
+    """What :func:`verify_merge` found: ``ok`` when every bounded row is within ``bound`` and ``weights`` is ok;
+    ``stored_dtype`` the merge's (a narrow one is checked through its fp32 twin, ``storage_rel`` what it moves);
+    ``same_lora_as_merge``: merge_info.json names this LoRA (None: no record)."""
+    ok: bool
+    step: int
+    bound: float
+    bound_rule: str
+    port_rel: float
+    seq_len: int
+    stored_dtype: str
+    storage_rel: float
+    rows: list[Comparison]
+    weights: weight_check.WeightCheck
+    notes: list[str]
+    merge_step: int | None
+    same_lora_as_merge: bool | None
+    max_rel: float
+    lora_effect_rel: float
+
+    @property
+    def problems(self) -> list[str]:
+        return self.weights.problems
 
 
 class VerifyError(GemmaTpuError, ValueError):
@@ -78,10 +117,10 @@ def fp32_merge(base_dir, checkpoint_dir, step: int, out_dir, fold_expert_scale: 
                       fold_expert_scale=fold_expert_scale).out_dir
 
 
-def _stats(ours: np.ndarray, ref: np.ndarray) -> dict:
+def _compare(what: str, ours: np.ndarray, ref: np.ndarray, bound: float | None) -> Comparison:
     diff = float(np.abs(ours - ref).max())
     scale = float(np.abs(ref).max())
-    return {"max_abs": diff, "scale": scale, "rel": diff / max(scale, 1e-30)}
+    return Comparison(what, diff, scale, diff / max(scale, 1e-30), bound)
 
 
 # The logits bound is PORT_FACTOR x the port's own fp32 residual (transformers vs tunix on the base, same tokens): a
@@ -107,29 +146,24 @@ def _merged_logits(base_dir, checkpoint_dir, merged_dir, step: int, fold: bool, 
     return out
 
 
-def _rows(logits: dict, ref, base_logits, port: dict, narrow: str | None, bound: float) -> list[dict]:
+def _rows(logits: dict, ref, base_logits, port: Comparison, narrow: str | None, bound: float) -> list[Comparison]:
     """verify_merge's comparisons: (a), (b) and for a bf16 merge (c) within ``bound``; the LoRA's effect, the port's
     residual and what bf16 storage moves, for scale."""
     what = "merged in fp32" if narrow else "merged"
-    rows = [
-        {"comparison": f"(a) transformers({what}) vs tunix(base + LoRA)", **_stats(logits["hf"], ref), "bound": bound},
-        {"comparison": f"(b) tunix({what}) vs tunix(base + LoRA)", **_stats(logits["tunix"], ref), "bound": bound},
-    ]
+    rows = [_compare(f"(a) transformers({what}) vs tunix(base + LoRA)", logits["hf"], ref, bound),
+            _compare(f"(b) tunix({what}) vs tunix(base + LoRA)", logits["tunix"], ref, bound)]
     if narrow:
-        rows.append({"comparison": f"(c) transformers(merged {narrow}) vs tunix(merged {narrow})",
-                     **_stats(logits["stored hf"], logits["stored tunix"]), "bound": bound})
-    rows += [
-        {"comparison": "LoRA effect: tunix(base) vs tunix(base + LoRA)", **_stats(base_logits, ref), "bound": None},
-        {"comparison": "port: transformers(base) vs tunix(base)", **port, "bound": None},
-    ]
+        rows.append(_compare(f"(c) transformers(merged {narrow}) vs tunix(merged {narrow})", logits["stored hf"],
+                             logits["stored tunix"], bound))
+    rows += [_compare("LoRA effect: tunix(base) vs tunix(base + LoRA)", base_logits, ref, None), port]
     if narrow:
-        rows.append({"comparison": f"{narrow} storage: tunix(merged {narrow}) vs tunix(merged in fp32)",
-                     **_stats(logits["stored tunix"], logits["tunix"]), "bound": None})
+        rows.append(_compare(f"{narrow} storage: tunix(merged {narrow}) vs tunix(merged in fp32)",
+                             logits["stored tunix"], logits["tunix"], None))
     return rows
 
 
 def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, mesh=None, seq_len: int = 40,
-           seed: int = 0, bound: float | None = None) -> dict:
+           seed: int = 0, bound: float | None = None) -> MergeCheck:
     """Check a merged checkpoint in fp32 (small models; the 31B gets the weight check alone); return ``ok``, a row
     per comparison and the weight check's problems.
 
@@ -159,35 +193,26 @@ def verify_merge(base_dir, checkpoint_dir, merged_dir, step: int | None = None, 
     del ref_model
     base_logits = parity.tunix_logits(gemma4.load_model(base_dir, mesh, dtype="float32"), tokens, mesh)
     hf_base, _ = parity.hf_logits_and_hidden(parity.load_hf(base_dir), tokens)
-    port = _stats(hf_base, base_logits)
+    port = _compare("port: transformers(base) vs tunix(base)", hf_base, base_logits, None)
     if bound is None:
-        bound, rule = max(PORT_FACTOR * port["rel"], BOUND_FLOOR), f"{PORT_FACTOR:g} x the port's residual"
+        bound, rule = max(PORT_FACTOR * port.rel, BOUND_FLOOR), f"{PORT_FACTOR:g} x the port's residual"
     else:
         rule = "fixed"
-    narrow = sorted({r["dtype"] for r in weights["tensors"] if r["kind"] == "merged" and r["dtype"] in NARROW})
+    narrow = sorted({r.dtype for r in weights.tensors if r.kind == "merged" and r.dtype in NARROW})
     fold = bool(info and info.get("fold_expert_scale"))  # merged as the files were: folded or not
     logits = _merged_logits(base_dir, checkpoint_dir, merged_dir, step, fold, narrow, tokens, mesh)
     rows = _rows(logits, ref, base_logits, port, narrow[0] if narrow else None, bound)
     notes = []
-    effect = next(r["rel"] for r in rows if r["comparison"].startswith("LoRA effect"))
-    if narrow and rows[-1]["rel"] > LOST_SHARE * effect:
-        notes.append(f"{narrow[0]} storage moves the logits by {rows[-1]['rel']:.1e}, {rows[-1]['rel'] / effect:.0%} "
+    effect = next(r.rel for r in rows if r.comparison.startswith("LoRA effect"))
+    if narrow and rows[-1].rel > LOST_SHARE * effect:
+        notes.append(f"{narrow[0]} storage moves the logits by {rows[-1].rel:.1e}, {rows[-1].rel / effect:.0%} "
                      f"of the LoRA's own effect ({effect:.1e}): much of ΔW is below {narrow[0]}'s rounding, so the "
                      f"merged model is partly the base. Serve the LoRA unmerged (the PEFT adapter) to keep all of it.")
-    checked = [r for r in rows if r["bound"] is not None]
-    ok = all(r["rel"] <= bound for r in checked) and weights["ok"]
-    return {"ok": ok, "step": step, "bound": bound, "bound_rule": rule, "port_rel": port["rel"], "seq_len": seq_len,
-            "stored_dtype": narrow[0] if narrow else "F32",
-            "storage_rel": rows[-1]["rel"] if narrow else 0.0,
-            "rows": rows, "weights": weights, "problems": weights["problems"], "notes": notes,
-            "merge_step": info.get("step") if info else None,
-            # does merge_info.json say this very LoRA was merged (None: not merged by merge_lora)?
-            "same_lora_as_merge": (info.get("lora_sha256") == lora_digest(arrays)) if info else None,
-            "max_rel": max(r["rel"] for r in checked), "lora_effect_rel": effect}
-
-
-def verify_table(result: dict):
-    import pandas as pd
-
-    return pd.DataFrame(result["rows"]).rename(columns={"max_abs": "max |Δlogit|", "scale": "logit scale",
-                                                        "rel": "relative"})
+    checked = [r for r in rows if r.bound is not None]
+    return MergeCheck(
+        ok=all(r.rel <= bound for r in checked) and weights.ok, step=step, bound=bound, bound_rule=rule,
+        port_rel=port.rel, seq_len=seq_len, stored_dtype=narrow[0] if narrow else "F32",
+        storage_rel=rows[-1].rel if narrow else 0.0, rows=rows, weights=weights, notes=notes,
+        merge_step=info.get("step") if info else None,
+        same_lora_as_merge=(info.get("lora_sha256") == lora_digest(arrays)) if info else None,
+        max_rel=max(r.rel for r in checked), lora_effect_rel=effect)

@@ -4,7 +4,8 @@
 byte-identical to the base's, targeted tensors ``round(base + scale·ΔW)`` within :func:`allowed_error`, and
 ``merge_info.json`` must name this step, LoRA and base config. Where it records ``fold_expert_scale``, each MoE
 ``experts.down_proj`` must be ``round(s_e·(base + ΔW))`` and ``per_expert_scale`` exactly 1. Each problem is a row
-of ``problems``, naming the tensor or file; ``ok`` is True when there is none.
+of ``problems``, naming the tensor or file; ``ok`` is True when there is none. The result is a :class:`WeightCheck`
+with a :class:`TensorCheck` per tensor; a table is ``pandas.DataFrame(result.tensors)``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,48 @@ MAX_ULPS = 1  # the merge's XLA kernel and numpy may sum the rank-r dot in anoth
 # A folded per_expert_scale s: both sides compute fl(s·fl(W + ΔW)). |s|·ulp(W + ΔW) ≤ 2 fp32 ulps of the product,
 # plus its own rounding on each side (1): 3 fp32 ulps of the value beyond what allowed_error gives for W + ΔW.
 FOLD_ULPS = 3
+
+
+@dataclasses.dataclass
+class TensorCheck:
+    """One tensor of the merge: ``kind`` merged (base + ΔW), folded (a MoE down_proj scaled without a LoRA), ones (a
+    folded per_expert_scale) or copied (byte for byte); ``max_ulps`` from the allowed value (None: not comparable),
+    ``excess`` the worst error over what rounding allows (> 1 fails) at ``worst_at``, ``changed`` elements not the
+    base's bits, ``delta_rms`` ΔW's size."""
+    tensor: str
+    kind: str
+    dtype: str
+    shape: tuple
+    max_ulps: int | None
+    excess: float
+    error_there: float
+    delta_rms: float
+    changed: int
+    ok: bool
+    worst_at: tuple | None = None
+
+
+@dataclasses.dataclass
+class WeightCheck:
+    """What :func:`verify_weights` found: ``ok`` when ``problems`` is empty; ``params``: the arguments the problems
+    name; the counts by kind, the worst ``max_ulps`` and ``max_excess`` of the checked tensors, the share of their
+    elements the merge changed, and the bytes read in ``seconds``."""
+    ok: bool
+    step: int
+    problems: list[str]
+    params: list[str]
+    notes: list[str]
+    tensors: list[TensorCheck]
+    changed_share: float
+    fold_expert_scale: bool
+    merged_tensors: int
+    copied_tensors: int
+    folded_tensors: int
+    ones_tensors: int
+    max_ulps: int
+    max_excess: float
+    bytes: int
+    seconds: float
 
 
 class WeightCheckError(GemmaTpuError, ValueError):
@@ -209,10 +252,10 @@ def _check_experts(fb, fm, b_off: int, m_off: int, entry: dict, d: merge_plan.De
 
 
 def verify_weights(base_dir, checkpoint_dir, merged_dir, step: int | None = None, max_ulps: int = MAX_ULPS,
-                   progress: bool = True, arrays: dict | None = None) -> dict:
+                   progress: bool = True, arrays: dict | None = None) -> WeightCheck:
     """Check ``merged_dir`` against ``base_dir`` + the LoRA of ``checkpoint_dir`` (``step``, default its latest),
-    streamed; return ``{"ok", "step", "problems", "notes", "tensors": [a row per tensor], ...}``. ``arrays``: that
-    LoRA if already restored. Raises WeightCheckError or CheckpointError when the check cannot start."""
+    streamed, a :class:`TensorCheck` per tensor. ``arrays``: that LoRA if already restored. Raises WeightCheckError
+    or CheckpointError when the check cannot start."""
     started = time.perf_counter()
     base_dir = absolute_path(base_dir, "base directory")
     checkpoint_dir = absolute_path(checkpoint_dir, "checkpoint directory", remote=True)
@@ -366,7 +409,7 @@ def _judge(found: _Found, row: dict, merged_shard: Path, delta, step: int, max_u
 
 
 def _summary(found: _Found, rows: list[dict], entries: dict, ones: list, step: int, total: int,
-             started: float) -> dict:
+             started: float) -> WeightCheck:
     """verify_weights' result: the rows, the verdict and what the stored dtype kept of ΔW."""
     merged_rows = [r for r in rows if r["kind"] == "merged"]
     checked = [r for r in rows if r["kind"] in ("merged", "folded")]
@@ -381,18 +424,17 @@ def _summary(found: _Found, rows: list[dict], entries: dict, ones: list, step: i
         found.notes.append(f"the merge changed {share:.0%} of the targeted elements: for the rest ΔW is under the "
                            f"rounding of {merged_rows[0]['dtype']}, so the merged model is partly the base (the "
                            f"unmerged LoRA, e.g. the PEFT adapter, keeps all of it)")
-    return {"ok": not found.problems, "step": step, "problems": found.problems, "params": found.params,
-            "notes": found.notes, "tensors": rows, "changed_share": share, "fold_expert_scale": bool(ones),
-            "merged_tensors": len(merged_rows), "copied_tensors": sum(r["kind"] == "copied" for r in rows),
-            "folded_tensors": sum(r["kind"] == "folded" for r in rows), "ones_tensors": len(ones),
-            "max_ulps": max((r["max_ulps"] or 0 for r in checked), default=0),
-            "max_excess": max((r["excess"] for r in checked), default=0.0), "bytes": total,
-            "seconds": time.perf_counter() - started}
+    return WeightCheck(
+        ok=not found.problems, step=step, problems=found.problems, params=found.params, notes=found.notes,
+        tensors=[TensorCheck(**r) for r in rows], changed_share=share, fold_expert_scale=bool(ones),
+        merged_tensors=len(merged_rows), copied_tensors=sum(r["kind"] == "copied" for r in rows),
+        folded_tensors=sum(r["kind"] == "folded" for r in rows), ones_tensors=len(ones),
+        max_ulps=max((r["max_ulps"] or 0 for r in checked), default=0),
+        max_excess=max((r["excess"] for r in checked), default=0.0), bytes=total,
+        seconds=time.perf_counter() - started)
 
 
-def worst_tensors(result: dict, n: int = 8) -> list[dict]:
-    """The rows of :func:`verify_weights`' ``tensors`` farthest from base + ΔW, worst first, then any tensor that
-    failed (at most ``n``, without ``worst_at``)."""
-    rows = sorted(result["tensors"], key=lambda r: (r["ok"], -r["excess"], -(r["max_ulps"] or 0)))
-    return [{k: v for k, v in r.items() if k != "worst_at"} for r in rows
-            if r["kind"] in ("merged", "folded") or not r["ok"]][:n]
+def worst_tensors(result: WeightCheck, n: int = 8) -> list[TensorCheck]:
+    """The tensors of ``result`` farthest from base + ΔW, worst first, then any tensor that failed (at most ``n``)."""
+    rows = sorted(result.tensors, key=lambda r: (r.ok, -r.excess, -(r.max_ulps or 0)))
+    return [r for r in rows if r.kind in ("merged", "folded") or not r.ok][:n]

@@ -95,7 +95,8 @@ SCRIPT = textwrap.dedent(r'''
     tp8 = jax.sharding.AbstractMesh((1, 8), ("fsdp", "tp"))
     before = sharding.audit(m, tp8)
     changes = sharding.fix_shardings(m, tp8, apply=False)
-    out["03"] = {"flags": table(sharding.flagged(before)), "changes": table(changes),
+    out["03"] = {"flags": [dataclasses.asdict(r) for r in sharding.flagged(before)],
+                 "changes": [dataclasses.asdict(c) for c in changes],
                  "flags_after": len(sharding.flagged(sharding.audit(m, tp8)))}
     done("03")
 

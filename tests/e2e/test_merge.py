@@ -8,12 +8,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gemma_tpu_helpers.course import commands_train, profile_steps
 from gemma_tpu_helpers.course.cli import run_cli
 from gemma_tpu_helpers.fixes import (
     gemma4,
+    hf_checkpoint,
     lora_checkpoint,
     merge,
     merge_plan,
@@ -108,8 +110,8 @@ def test_merge_applies_lora_and_copies_the_rest_bit_for_bit(tiny_dir, strong, me
     _, arrays = lora_checkpoint.restore_lora(strong)
     meta = lora_checkpoint.read_lora_config(strong)
     scale = meta["alpha"] / meta["rank"]
-    base_index = json.loads((tiny_dir / safetensors_io.INDEX).read_text())
-    out_index = json.loads((merged / safetensors_io.INDEX).read_text())
+    base_index = json.loads((tiny_dir / hf_checkpoint.INDEX).read_text())
+    out_index = json.loads((merged / hf_checkpoint.INDEX).read_text())
     assert out_index["weight_map"] == base_index["weight_map"]
     shards = sorted(set(base_index["weight_map"].values()))
     assert sorted(p.name for p in merged.glob("*.safetensors")) == shards and len(shards) > 1
@@ -162,7 +164,7 @@ def test_merge_kernels_agree_on_the_tiny_model(tiny_dir, strong, merged, tmp_pat
     print(f"tiny model: {differ} of {total} elements differ between the XLA and numpy kernels")
     for out in (merged, ref):
         res = weight_check.verify_weights(tiny_dir, strong, out, progress=False)
-        assert res["ok"], res["problems"][:5]
+        assert res.ok, res.problems[:5]
     with pytest.raises(merge.MergeError, match="kernel must be one of"):
         merge.merge_lora(tiny_dir, strong, tmp_path / "bad", kernel="torch")
 
@@ -171,13 +173,12 @@ def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh
     from gemma_tpu_helpers.fixes import parity
 
     res = verify.verify_merge(tiny_dir, strong, merged, mesh=mesh)
-    table = verify.verify_table(res)
-    print(table.to_string())
-    a, b, effect, port = res["rows"]
-    assert res["same_lora_as_merge"] is True and res["weights"]["ok"] and not res["problems"]
-    assert res["ok"] and a["rel"] <= res["bound"] and b["rel"] <= res["bound"]
-    assert res["bound"] == verify.PORT_FACTOR * port["rel"] < parity.DEFAULT_REL_BOUND  # 6 layers: tighter than 1e-4
-    assert effect["rel"] > 100 * parity.DEFAULT_REL_BOUND  # the LoRA moves logits by far more than the bound
+    print(pd.DataFrame(res.rows).to_string())
+    a, b, effect, port = res.rows
+    assert res.same_lora_as_merge is True and res.weights.ok and not res.problems
+    assert res.ok and a.rel <= res.bound and b.rel <= res.bound
+    assert res.bound == verify.PORT_FACTOR * port.rel < parity.DEFAULT_REL_BOUND  # 6 layers: tighter than 1e-4
+    assert effect.rel > 100 * parity.DEFAULT_REL_BOUND  # the LoRA moves logits by far more than the bound
 
 
 def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch):
@@ -195,8 +196,8 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
     out = merge.merge_lora(tiny_dir, strong, tmp_path / "bad", progress=False).out_dir
     monkeypatch.setattr(merge_plan, "plan_merge", real_plan)
     res = verify.verify_merge(tiny_dir, strong, out, mesh=mesh)
-    assert not res["ok"] and res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2
-    assert any("k_proj" in p and "ulps from base" in p for p in res["problems"])  # and the weights name the tensors
+    assert not res.ok and res.rows[0].rel > 1e-2 and res.rows[1].rel > 1e-2
+    assert any("k_proj" in p and "ulps from base" in p for p in res.problems)  # and the weights name the tensors
 
 
 def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
@@ -278,7 +279,7 @@ def test_wrong_base_model(trained, tmp_path, monkeypatch):
 def test_base_without_config_or_index(tiny_dir, trained, tmp_path):
     base = tmp_path / "base"
     shutil.copytree(tiny_dir, base)
-    (base / safetensors_io.INDEX).unlink()
+    (base / hf_checkpoint.INDEX).unlink()
     with pytest.raises(safetensors_io.SafetensorsError, match="no model.safetensors.index.json"):
         merge.merge_lora(base, trained, tmp_path / "out")
     (base / "config.json").unlink()

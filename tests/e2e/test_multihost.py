@@ -152,11 +152,10 @@ from gemma_tpu_helpers.fixes import mesh as mesh_lib
 smoke = profiles.get_profile("smoke")
 t, mesh = smoke.train, smoke.make_mesh()
 model = train.apply_profile_lora(gemma4.load_model(sys.argv[3], mesh, dtype=smoke.model.dtype), smoke, t.seed)
-table = sharding.audit(model, mesh)
-lora = table[table["kind"] == "LoRAParam"]
+lora = [r for r in sharding.audit(model, mesh) if r.kind == "LoRAParam"]
 # LoRA params, applied as annotated, sharded over some axis, bytes per device as placed and as annotated
-print("lora", len(lora), int(lora["applied"].sum()), int(lora["placed"].str.contains("'").sum()),
-      int(lora["bytes/device placed"].sum()), int(lora["bytes/device"].sum()), flush=True)
+print("lora", len(lora), sum(bool(r.applied) for r in lora), sum("'" in r.placed for r in lora),
+      sum(r.bytes_per_device_placed for r in lora), sum(r.bytes_per_device for r in lora), flush=True)
 config = peft_trainer.TrainingConfig(eval_every_n_steps=10, max_steps=10, gradient_accumulation_steps=t.grad_accum)
 with mesh_lib.trainer_context(mesh):
     trainer = sft.make_trainer(model, t, 10, config)

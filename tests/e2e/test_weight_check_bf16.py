@@ -1,6 +1,8 @@
 """The weight check on a bf16 run, as the real files are stored: train, merge and verify --weights (about 40 s).
 The check's rules on synthetic LoRAs: tests/fast/test_weight_check.py."""
 
+import pandas as pd
+
 from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, weight_check
 from support import bf16_copy, lora_ckpt, short_rows
 
@@ -24,19 +26,19 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     ckpt = tmp_path / "run" / "checkpoints"
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
     res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
-    print(verify.verify_table(res).to_string())
-    rows = {r["comparison"][:3]: r for r in res["rows"]}
-    assert res["ok"] and res["stored_dtype"] == "BF16" and res["weights"]["ok"], verify.verify_table(res).to_string()
-    assert res["bound"] == verify.PORT_FACTOR * res["port_rel"] and rows["(c)"]["rel"] <= res["bound"]
-    assert res["lora_effect_rel"] > 10 * res["bound"] and res["storage_rel"] > res["bound"]  # bf16 rounding shows
-    print(f"changed {res['weights']['changed_share']:.1%} of the targeted elements")
-    assert not res["notes"]  # bf16 keeps most of this LoRA's effect (2 steps at smoke's rate: 0.42 of the logits)
+    print(pd.DataFrame(res.rows).to_string())
+    rows = {r.comparison[:3]: r for r in res.rows}
+    assert res.ok and res.stored_dtype == "BF16" and res.weights.ok, res.rows
+    assert res.bound == verify.PORT_FACTOR * res.port_rel and rows["(c)"].rel <= res.bound
+    assert res.lora_effect_rel > 10 * res.bound and res.storage_rel > res.bound  # bf16 rounding shows
+    print(f"changed {res.weights.changed_share:.1%} of the targeted elements")
+    assert not res.notes  # bf16 keeps most of this LoRA's effect (2 steps at smoke's rate: 0.42 of the logits)
     weak = lora_ckpt(base, tmp_path / "weak", std=1e-3)  # a ΔW mostly under bf16's rounding: the merge loses it
     res = verify.verify_merge(base, weak,
                         merge.merge_lora(base, weak, tmp_path / "weak_merged", progress=False).out_dir, mesh=mesh)
-    assert res["ok"] and any("of the LoRA's own effect" in n for n in res["notes"]), res["notes"]
-    assert res["weights"]["changed_share"] < weight_check.KEPT_SHARE  # and the weight check, which runs on the 31B
-    assert any("of the targeted elements" in n for n in res["weights"]["notes"]), res["weights"]["notes"]
+    assert res.ok and any("of the LoRA's own effect" in n for n in res.notes), res.notes
+    assert res.weights.changed_share < weight_check.KEPT_SHARE  # and the weight check, which runs on the 31B
+    assert any("of the targeted elements" in n for n in res.weights.notes), res.weights.notes
 
     _, arrays = lora_checkpoint.restore_lora(ckpt)
     strong = tmp_path / "strong"
@@ -54,5 +56,5 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     monkeypatch.setattr(merge_plan, "plan_merge", swapped)  # merge and weight check share the plan: only logits tell
     bad = merge.merge_lora(base, strong, tmp_path / "bad", progress=False).out_dir
     res = verify.verify_merge(base, strong, bad, mesh=mesh)
-    assert res["weights"]["ok"] and not res["ok"], verify.verify_table(res).to_string()
-    assert res["rows"][0]["rel"] > 1e-2 and res["rows"][1]["rel"] > 1e-2
+    assert res.weights.ok and not res.ok, res.rows
+    assert res.rows[0].rel > 1e-2 and res.rows[1].rel > 1e-2

@@ -108,26 +108,26 @@ def test_verify_weights_knows_the_fold(moe, tmp_path, capsys, dtype):
     ckpt = _ckpt(base, True)
     folded = merge.merge_lora(base, ckpt, tmp_path / "folded", progress=False).out_dir
     res = weight_check.verify_weights(base, ckpt, folded, progress=False)
-    assert res["ok"] and res["fold_expert_scale"], res["problems"][:3]
-    assert res["ones_tensors"] == 6 and res["max_excess"] <= 1.0
-    print(f"\n{dtype} folded: {res['max_ulps']} ulp at most, {res['max_excess']:.3f} of the allowed rounding")
+    assert res.ok and res.fold_expert_scale, res.problems[:3]
+    assert res.ones_tensors == 6 and res.max_excess <= 1.0
+    print(f"\n{dtype} folded: {res.max_ulps} ulp at most, {res.max_excess:.3f} of the allowed rounding")
     plain = merge.merge_lora(base, ckpt, tmp_path / "plain", progress=False, fold_expert_scale=False).out_dir
     res = weight_check.verify_weights(base, ckpt, plain, progress=False)
-    assert res["ok"] and not res["fold_expert_scale"] and res["ones_tensors"] == 0, res["problems"][:3]
-    assert sum(".per_expert_scale" in r["tensor"] and r["kind"] == "copied" for r in res["tensors"]) == 6
+    assert res.ok and not res.fold_expert_scale and res.ones_tensors == 0, res.problems[:3]
+    assert sum(".per_expert_scale" in r.tensor and r.kind == "copied" for r in res.tensors) == 6
     lie = tmp_path / "lie"  # the fold skipped, merge_info.json saying it was done
     shutil.copytree(plain, lie)
     info = json.loads((lie / "merge_info.json").read_text())
     (lie / "merge_info.json").write_text(json.dumps({**info, "fold_expert_scale": True}))
     res = weight_check.verify_weights(base, ckpt, lie, progress=False)
-    assert not res["ok"] and res["params"] == ["fold_expert_scale"]
+    assert not res.ok and res.params == ["fold_expert_scale"]
     for i in range(6):
         assert any(p.startswith(f"{PRE}layers.{i}.router.per_expert_scale in ") and "is [" in p
                    and "not 1: merge_info.json records fold_expert_scale, but the scale was not folded" in p
-                   for p in res["problems"]), res["problems"]
+                   for p in res.problems), res.problems
         assert any(p.startswith(f"{PRE}layers.{i}.experts.down_proj in ")
-                   and "ulps from per_expert_scale x (base + ΔW) of step 1" in p for p in res["problems"])
-    assert len(res["problems"]) == 12
+                   and "ulps from per_expert_scale x (base + ΔW) of step 1" in p for p in res.problems)
+    assert len(res.problems) == 12
     rc = cli.main(["verify", "--weights", "--base", str(base), "--checkpoint", str(ckpt), "--merged", str(lie)])
     out = capsys.readouterr().out
     assert rc == 1 and out.rstrip().endswith("verify --weights: FAILED (12 problem(s))"), out[-3000:]

@@ -154,7 +154,7 @@ def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
     assert not [k for k in expected if int(k.split(".")[3]) in gemma4.kv_shared_layers(text) and "_proj" in k
                 and k.split(".")[-2] in ("k_proj", "v_proj")]
     res = verify.verify_merge(base, ckpt, result.out_dir, mesh=mesh)
-    assert res["ok"] and res["lora_effect_rel"] > 100 * parity.DEFAULT_REL_BOUND, verify.verify_table(res)
+    assert res.ok and res.lora_effect_rel > 100 * parity.DEFAULT_REL_BOUND, res.rows
     adapter = peft_export.export_peft_adapter(ckpt, tmp_path / "adapter", base)
     tokens = parity.sample_tokens(text["vocab_size"], 24)
     merged_logits, _ = parity.hf_logits_and_hidden(parity.load_hf(result.out_dir), tokens)

@@ -15,15 +15,15 @@ def lora_loaded(tunix_model):
 
 
 def test_loaded_lora_model_is_clean_and_fully_sharded(lora_loaded, mesh):
-    df = sharding.audit(lora_loaded, mesh)
-    assert len(df) and sharding.flagged(df).empty
-    assert set(df["kind"]) == {"Param", "LoRAParam"}
+    rows = sharding.audit(lora_loaded, mesh)
+    assert len(rows) and not sharding.flagged(rows)
+    assert {r.kind for r in rows} == {"Param", "LoRAParam"}
     # Bytes per device from the specs agree with what the arrays really hold, parameter by parameter.
-    assert (df["bytes/device"] == df["bytes/device placed"]).all()
+    assert all(r.bytes_per_device == r.bytes_per_device_placed for r in rows)
     # A weight sharded on both axes holds 1/8 of its bytes per device.
-    q = df.set_index("path").loc["layers/0/attn/q_einsum/w"]
-    assert q["spec"] == "('tp', 'fsdp', None)"
-    assert q["bytes/device"] * 8 == math.prod(q["shape"]) * 4
+    q = next(r for r in rows if r.path == "layers/0/attn/q_einsum/w")
+    assert q.spec == "('tp', 'fsdp', None)"
+    assert q.bytes_per_device * 8 == math.prod(q.shape) * 4
 
 
 def test_copied_base_spec_on_lora_params_is_flagged_and_derived_back(lora_loaded, mesh):
@@ -45,13 +45,12 @@ def test_copied_base_spec_on_lora_params_is_flagged_and_derived_back(lora_loaded
             wrong_rank += v.value.ndim != len(copied)
             if copied != originals[path]:
                 changed.add("/".join(map(str, path)))
-    df = sharding.audit(model, mesh)
-    flagged = sharding.flagged(df)
-    assert wrong_rank and (~flagged["rank ok"]).sum() == wrong_rank
-    assert set(flagged["path"]) == changed
+    flagged = sharding.flagged(sharding.audit(model, mesh))
+    assert wrong_rank and sum(not r.rank_ok for r in flagged) == wrong_rank
+    assert {r.path for r in flagged} == changed
     changes = sharding.fix_shardings(model, mesh)
-    assert set(changes["path"]) >= changed
-    assert sharding.flagged(sharding.audit(model, mesh)).empty
+    assert {c.path for c in changes} >= changed
+    assert not sharding.flagged(sharding.audit(model, mesh))
     for path, v in nnx.iter_graph(model):
         if isinstance(v, nnx.LoRAParam):
             assert tuple(v.get_metadata()["out_sharding"]) == originals[path], path
@@ -74,19 +73,19 @@ def test_heads_tp_cannot_divide_flagged_then_fixed_and_compiled(one_global_kv_he
     text, model = one_global_kv_head
     assert gemma4.head_divisibility_problems(text, {"tp": 2})  # the loader would refuse this mesh up front
     before = sharding.audit(model, mesh)
-    bad = before[~before["divides"]]
-    assert list(bad["path"]) == ["layers/1/attn/k_einsum/w"]
-    assert "dim 0 (1) by tp=2" in bad["flag"].iloc[0]
-    assert (before["applied"] == False).all()  # noqa: E712  tunix created every variable unsharded
+    bad = [r for r in before if not r.divides]
+    assert [r.path for r in bad] == ["layers/1/attn/k_einsum/w"]
+    assert "dim 0 (1) by tp=2" in bad[0].flag
+    assert all(r.applied is False for r in before)  # tunix created every variable unsharded
     with pytest.raises(sharding.ShardingError, match="sharding.fix_shardings"):
         sharding.apply_annotations(model, mesh)
 
     changes = sharding.fix_shardings(model, mesh)
-    k = changes.set_index("path").loc["layers/1/attn/k_einsum/w"]
-    assert k["spec after"] == "(None, 'fsdp', None)"  # only tp dropped: still sharded 4 ways on fsdp
+    k = next(c for c in changes if c.path == "layers/1/attn/k_einsum/w")
+    assert k.spec_after == "(None, 'fsdp', None)"  # only tp dropped: still sharded 4 ways on fsdp
     after = sharding.audit(model, mesh)
-    assert sharding.flagged(after).empty
-    placed = "bytes/device placed"
+    assert not sharding.flagged(after)
+    placed = "bytes_per_device_placed"
     assert model_views.totals(after, placed)["total"] < model_views.totals(before, placed)["total"] / 4
 
     b, t = 4, 8

@@ -29,13 +29,13 @@ def case(tiny_dir, tmp_path_factory):
 def test_a_correct_merge_passes_and_every_tensor_is_counted(case):
     base, ckpt, merged, _ = case
     res = weight_check.verify_weights(base, ckpt, merged, progress=False)
-    assert res["ok"] and res["step"] == 2 and not res["problems"], res["problems"]
+    assert res.ok and res.step == 2 and not res.problems, res.problems
     _, _, entries = gemma4.checkpoint_layout(base)
     info = merge.read_merge_info(merged)
-    assert res["merged_tensors"] == info["merged_tensors"] and res["copied_tensors"] == info["copied_tensors"]
-    assert res["merged_tensors"] + res["copied_tensors"] == len(entries)
-    assert res["max_ulps"] <= weight_check.MAX_ULPS
-    assert all(r["changed"] > 0 for r in res["tensors"] if r["kind"] == "merged")  # fp32: every ΔW shows
+    assert res.merged_tensors == info["merged_tensors"] and res.copied_tensors == info["copied_tensors"]
+    assert res.merged_tensors + res.copied_tensors == len(entries)
+    assert res.max_ulps <= weight_check.MAX_ULPS
+    assert all(r.changed > 0 for r in res.tensors if r.kind == "merged")  # fp32: every ΔW shows
     assert len(weight_check.worst_tensors(res, 3)) == 3
 
 
@@ -84,13 +84,13 @@ def test_each_damage_fails_naming_the_tensor_or_file(case, tmp_path):
     }
     for what, (how, needles) in cases.items():
         res = weight_check.verify_weights(base, ckpt, damaged(what.replace(" ", "_"), how), progress=False)
-        text = "\n".join(res["problems"])
-        assert not res["ok"], what
+        text = "\n".join(res.problems)
+        assert not res.ok, what
         assert all(n in text for n in needles), (what, needles, text)
     # the merge of step 1, checked against the latest step (2): merge_info says so first
     res = weight_check.verify_weights(base, ckpt, step1, progress=False)
-    assert not res["ok"] and "records step 1, not step 2" in res["problems"][0], res["problems"][:2]
-    assert weight_check.verify_weights(base, ckpt, step1, step=1, progress=False)["ok"]  # and it is step 1's merge
+    assert not res.ok and "records step 1, not step 2" in res.problems[0], res.problems[:2]
+    assert weight_check.verify_weights(base, ckpt, step1, step=1, progress=False).ok  # and it is step 1's merge
 
 
 def test_the_cli_exit_codes_and_lines(case, tmp_path, capsys, monkeypatch):
@@ -117,8 +117,8 @@ def test_a_correct_merge_passes_on_deeper_replicas(layers, tmp_path):
     ckpt = lora_ckpt(base, tmp_path / "ckpt")
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
     res = weight_check.verify_weights(base, ckpt, merged, progress=False)
-    assert res["ok"] and res["max_ulps"] <= weight_check.MAX_ULPS, res["problems"][:3]
-    assert res["merged_tensors"] == merge.read_merge_info(merged)["merged_tensors"] > layers * 6
+    assert res.ok and res.max_ulps <= weight_check.MAX_ULPS, res.problems[:3]
+    assert res.merged_tensors == merge.read_merge_info(merged)["merged_tensors"] > layers * 6
 
 
 def test_bf16_as_the_real_files_are(tiny_dir, tmp_path):
@@ -128,7 +128,7 @@ def test_bf16_as_the_real_files_are(tiny_dir, tmp_path):
     ckpt = lora_ckpt(base, tmp_path / "ckpt")
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
     res = weight_check.verify_weights(base, ckpt, merged, progress=False)
-    assert res["ok"] and all(r["dtype"] == "BF16" for r in res["tensors"] if r["kind"] == "merged"), res["problems"]
+    assert res.ok and all(r.dtype == "BF16" for r in res.tensors if r.kind == "merged"), res.problems
     name = gemma4.KEY_PREFIX + "layers.0.mlp.down_proj.weight"
     header, start = hf_checkpoint.read_shard_header(_shard_of(merged, name))
     with open(_shard_of(merged, name), "r+b") as f:  # one element 2 ulps off: more than the merge's rounding
@@ -137,11 +137,11 @@ def test_bf16_as_the_real_files_are(tiny_dir, tmp_path):
         f.seek(-2, 1)
         f.write(struct.pack("<H", bits + 2))
     res = weight_check.verify_weights(base, ckpt, merged, progress=False)
-    assert not res["ok"] and any(name in p and "2 ulps" in p for p in res["problems"]), res["problems"]
+    assert not res.ok and any(name in p and "2 ulps" in p for p in res.problems), res.problems
     tiny_ckpt = lora_ckpt(base, tmp_path / "tiny_ckpt", std=1e-6)  # ΔW ~1e-11: under bf16's rounding
     quiet = merge.merge_lora(base, tiny_ckpt, tmp_path / "quiet", progress=False).out_dir
     res = weight_check.verify_weights(base, tiny_ckpt, quiet, progress=False)
-    assert res["ok"] and any("bit-equal to the base" in n for n in res["notes"]), res["notes"]
+    assert res.ok and any("bit-equal to the base" in n for n in res.notes), res.notes
 
 
 def test_the_logits_bound_is_calibrated_by_the_port(tmp_path, mesh):
@@ -154,13 +154,13 @@ def test_the_logits_bound_is_calibrated_by_the_port(tmp_path, mesh):
     ckpt = lora_ckpt(base, tmp_path / "ckpt", std=1e-3)  # a trained-size LoRA
     merged = merge.merge_lora(base, ckpt, tmp_path / "merged", progress=False).out_dir
     res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
-    port = res["rows"][3]["rel"]
-    assert res["ok"], verify.verify_table(res).to_string()
-    assert port > parity.DEFAULT_REL_BOUND / 4 and res["bound"] == verify.PORT_FACTOR * port
-    assert res["lora_effect_rel"] > 10 * res["bound"]  # the LoRA's effect is far above the bound: a dropped one shows
+    port = res.rows[3].rel
+    assert res.ok, res.rows
+    assert port > parity.DEFAULT_REL_BOUND / 4 and res.bound == verify.PORT_FACTOR * port
+    assert res.lora_effect_rel > 10 * res.bound  # the LoRA's effect is far above the bound: a dropped one shows
     name = gemma4.KEY_PREFIX + "layers.7.self_attn.o_proj.weight"
     _corrupt_element(_shard_of(merged, name), name, 0.5)
     res = verify.verify_merge(base, ckpt, merged, mesh=mesh)
-    assert not res["ok"] and name in res["problems"][0], res["problems"]
+    assert not res.ok and name in res.problems[0], res.problems
 
 
