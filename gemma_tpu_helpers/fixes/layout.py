@@ -206,7 +206,6 @@ def delta_factors(row: Row, a, b, rank: int):
     return a.reshape(-1, rank), part.reshape(rank, -1)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # The MoE's routed experts (26B-A4B): 3-D tensors, one LoRA A and B per expert (expert_lora.py). Not in ROWS yet:
 # the merge, the PEFT export and the plan read ROWS only, so check_targets refuses these names there.
 

@@ -35,8 +35,7 @@ class OutputExistsError(MergeError, FileExistsError):
 
 def _return_freed_memory() -> None:
     """Hand freed heap pages back to the OS (glibc's malloc_trim; a no-op elsewhere): freed buffers leave the RSS."""
-    import ctypes
-    import ctypes.util
+    import ctypes.util  # binds ctypes too
 
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
@@ -48,7 +47,7 @@ def _copy_extras(base_dir: Path, dst: Path, shard_names) -> list[str]:
     """Copy everything that is not a weight (config, generation config, tokenizer, chat template ...)."""
     copied = []
     for p in sorted(base_dir.iterdir()):
-        if p.name in shard_names or p.name in (safetensors_io.INDEX, MERGE_INFO) or p.name.endswith(".safetensors") \
+        if p.name in shard_names or p.name in (hf_checkpoint.INDEX, MERGE_INFO) or p.name.endswith(".safetensors") \
                 or p.name.startswith(".") or p.name in SKIP_FILES:
             continue
         (shutil.copytree if p.is_dir() else shutil.copy2)(p, dst / p.name)
@@ -81,12 +80,48 @@ class MergeResult:
                 "GB written": round(self.bytes / 1e9, 4), "seconds": round(self.seconds, 2)}
 
 
+def _by_tensor(deltas: list, entries: dict) -> dict[str, merge_plan.Delta]:
+    """The LoRA's updates by the base tensor each changes; one that the base lacks, or two on one tensor, stop it."""
+    by_name: dict[str, merge_plan.Delta] = {}
+    for d in deltas:
+        if d.hf in by_name:
+            raise MergeError(f"{d.hf} would get two LoRA updates ({by_name[d.hf].module} and {d.module}).")
+        if d.hf not in entries:
+            raise MergeError(f"{d.hf} (LoRA of {d.module}) is not in the base checkpoint: wrong base model.")
+        if tuple(entries[d.hf]["shape"]) != d.shape:
+            raise MergeError(f"{d.hf}: base shape {tuple(entries[d.hf]['shape'])}, LoRA gives {d.shape}: the base is "
+                             f"another model (other heads/widths) than the one trained on.")
+        by_name[d.hf] = d
+    return by_name
+
+
+def _write_shards(base_dir: Path, tmp: Path, shards: dict, by_name: dict, kernel: str, ones: list,
+                  progress: bool) -> tuple[dict[str, float], int]:
+    """Every merged shard written into ``tmp``, each update applied once: ({tensor: max |ΔW|}, bytes written)."""
+    applied, total = {}, 0
+    bar = tqdm(sorted(shards), desc="merging shards", unit="shard", disable=not progress)
+    for shard in bar:
+        bar.set_postfix_str(shard)
+        todo = {n: by_name[n] for n in shards[shard] if n in by_name}
+        got = safetensors_io.write_merged_shard(base_dir / shard, tmp / shard, todo, kernel, set(ones))
+        twice = set(got) & set(applied)
+        if twice or set(got) != set(todo):
+            raise MergeError(f"{shard}: applied {sorted(got)} but expected {sorted(todo)}"
+                             + (f"; {sorted(twice)} twice" if twice else ""))
+        applied.update(got)
+        _return_freed_memory()
+        header, _ = safetensors_io.read_header(tmp / shard)
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    if set(applied) != set(by_name):
+        raise MergeError(f"LoRA updates never applied: {sorted(set(by_name) - set(applied))[:5]}")
+    return applied, total
+
+
 def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None,
                overwrite: bool = False, progress: bool = True, kernel: str = "xla",
                fold_expert_scale: bool = True) -> MergeResult:
     """Merge the LoRA of ``checkpoint_dir`` (latest step, or ``step``) into ``base_dir``; write ``out_dir``.
     ``kernel``: "xla" (XLA on the host CPU) or "numpy"; ``fold_expert_scale``: merge_plan.fold_expert_scales (MoE).
-
     Raises before writing anything: ``LoraCheckpointError``, ``SafetensorsError``, ``LoraMismatchError``,
     :class:`MergeError`, :class:`OutputExistsError` (a non-empty ``out_dir`` without ``overwrite``). A failure while
     writing (e.g. a full disk) removes the temp dir and leaves ``out_dir`` as it was.
@@ -104,17 +139,7 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
     meta = lora_checkpoint.read_lora_config(checkpoint_dir)
     step, arrays = lora_checkpoint.restore_lora(checkpoint_dir, step)
     _return_freed_memory()  # TensorStore's read buffers: the peak RSS is then the LoRA + a few blocks
-    deltas = merge_plan.plan_merge(arrays, meta, text)
-    by_name: dict[str, merge_plan.Delta] = {}
-    for d in deltas:
-        if d.hf in by_name:
-            raise MergeError(f"{d.hf} would get two LoRA updates ({by_name[d.hf].module} and {d.module}).")
-        if d.hf not in entries:
-            raise MergeError(f"{d.hf} (LoRA of {d.module}) is not in the base checkpoint: wrong base model.")
-        if tuple(entries[d.hf]["shape"]) != d.shape:
-            raise MergeError(f"{d.hf}: base shape {tuple(entries[d.hf]['shape'])}, LoRA gives {d.shape}: the base is "
-                             f"another model (other heads/widths) than the one trained on.")
-        by_name[d.hf] = d
+    by_name = _by_tensor(merge_plan.plan_merge(arrays, meta, text), entries)
     lora_names, read = set(by_name), lambda n: safetensors_io.read_tensor(base_dir, index, n)
     by_name, ones = merge_plan.fold_expert_scales(by_name, entries, read) if fold_expert_scale else (by_name, [])
     cfg_hash = config_hash(text)
@@ -123,27 +148,11 @@ def merge_lora(base_dir: str | Path, checkpoint_dir: str | Path, out_dir: str | 
                       f"{cfg_hash} vs {meta['base_config_sha256']}); every shape fits, so merging anyway.")
 
     tmp = temp_dir_beside(out_dir)
-    applied: dict[str, float] = {}
-    total = 0
     try:
-        bar = tqdm(sorted(shards), desc="merging shards", unit="shard", disable=not progress)
-        for shard in bar:
-            bar.set_postfix_str(shard)
-            todo = {n: by_name[n] for n in shards[shard] if n in by_name}
-            got = safetensors_io.write_merged_shard(base_dir / shard, tmp / shard, todo, kernel, set(ones))
-            twice = set(got) & set(applied)
-            if twice or set(got) != set(todo):
-                raise MergeError(f"{shard}: applied {sorted(got)} but expected {sorted(todo)}"
-                                 + (f"; {sorted(twice)} twice" if twice else ""))
-            applied.update(got)
-            _return_freed_memory()
-            header, _ = safetensors_io.read_header(tmp / shard)
-            total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
-        if set(applied) != set(by_name):
-            raise MergeError(f"LoRA updates never applied: {sorted(set(by_name) - set(applied))[:5]}")
+        applied, total = _write_shards(base_dir, tmp, shards, by_name, kernel, ones, progress)
         out_index = {"metadata": {**index.get("metadata", {}), "total_size": total}, "weight_map": index["weight_map"]}
-        if (base_dir / safetensors_io.INDEX).is_file():
-            (tmp / safetensors_io.INDEX).write_text(json.dumps(out_index, indent=2) + "\n")
+        if (base_dir / hf_checkpoint.INDEX).is_file():
+            (tmp / hf_checkpoint.INDEX).write_text(json.dumps(out_index, indent=2) + "\n")
         copied = _copy_extras(base_dir, tmp, set(shards))
         info = {"base_dir": path_id(base_dir), "checkpoint_dir": path_id(checkpoint_dir), "step": step,
                 "lora": {k: meta.get(k) for k in ("targets", "rank", "alpha", "base_model", "base_config_sha256")},

@@ -3,8 +3,7 @@
 Read from :mod:`layout`'s table (tunix module -> HF tensor(s), shapes, the ΔW reshape): a module's LoRA is checked
 against the table's shapes for this base, and each row on it gives one :class:`Delta` (a ``kv_einsum`` gives two:
 k is ``B[:, 0]``, v is ``B[:, 1]``, with one shared A). The MoE's routed experts (``layout.EXPERT_ROWS``) give one
-3-D :class:`Delta` per tensor: one A and B per expert (:func:`fold_expert_scales`: their per_expert_scale). Used by the
-merge, the PEFT export and the exercises.
+3-D :class:`Delta` per tensor: one A and B per expert (:func:`fold_expert_scales`: their per_expert_scale).
 """
 
 from __future__ import annotations

@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GemmaTpuError
-
-# INDEX is read by merge from here (noqa: re-exported)
-from .hf_checkpoint import INDEX, CheckpointError, checkpoint_layout, read_shard_header, read_text_config  # noqa: F401
+from .hf_checkpoint import CheckpointError, checkpoint_layout, read_shard_header, read_text_config
 
 COPY_CHUNK = 64 << 20
 # Elements per row block of a merged tensor (~4 MB of fp32 ΔW): big enough to amortise one XLA call, small enough
