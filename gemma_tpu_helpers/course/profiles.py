@@ -49,6 +49,7 @@ CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
 # What XLA may allocate per chip, GiB (the "available HBM" of libtpu's compile-time OOM, below the nominal HBM): a plan
 # fits only under it. tests/fast/test_plan.py asks libtpu for it again.
 CHIP_HBM_USABLE_GIB = {"v5p": 95.73, "v6e": 31.24, "v5e": 15.75}
+CHIP_HBM_GIB = {"v5p": 95.0, "v6e": 32.0, "v5e": 16.0}  # nominal, per chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,22 @@ class Hardware:
     def hbm_usable_gib_per_chip(self) -> float | None:
         """What XLA may allocate of a chip's HBM (CHIP_HBM_USABLE_GIB), else the chip's nominal HBM."""
         return CHIP_HBM_USABLE_GIB.get(self.chip, self.hbm_gib_per_chip)
+
+
+def tpu_slice(chip: str, fsdp: int, tp: int, topology: str, price: str | None = None, hosts: int = 1,
+              accelerator_type: str | None = None) -> Hardware:
+    """A TPU slice of ``fsdp`` x ``tp`` chips on ``hosts`` hosts; the chip's HBM, peak and bandwidth from the
+    tables above; ``price``: its key in PRICES_USD_PER_HOUR (None: not sold by the hour, e.g. Colab)."""
+    return Hardware(platform="tpu", num_devices=fsdp * tp, mesh=(("fsdp", fsdp), ("tp", tp)), tpu_topology=topology,
+                    chip=chip, hbm_gib_per_chip=CHIP_HBM_GIB[chip], hosts=hosts,
+                    price_usd_per_hour=PRICES_USD_PER_HOUR[price] if price else None,
+                    peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS[chip],
+                    hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S[chip], accelerator_type=accelerator_type)
+
+
+def virtual_cpu(fsdp: int, tp: int) -> Hardware:
+    """``fsdp`` x ``tp`` virtual CPU devices (XLA_FLAGS, set by configure_jax): the smoke profiles."""
+    return Hardware(platform="cpu", num_devices=fsdp * tp, mesh=(("fsdp", fsdp), ("tp", tp)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +257,11 @@ _COLAB_SERVE = ServeSpec(tensor_parallel=1, max_model_len=4096, max_num_batched_
                          gpu_memory_utilization=0.85, disable_chunked_mm_input=True, docker=False, max_num_seqs=64)
 
 
-def _colab(chip: str, hbm_gib: float, model: str, max_seq_len: int, description: str,
-           remat: str = "block") -> "Profile":
+def _colab(chip: str, model: str, max_seq_len: int, description: str, remat: str = "block") -> "Profile":
     return Profile(
         name=f"colab-{chip}-1",
         description=description,
-        hardware=Hardware(platform="tpu", num_devices=1, mesh=(("fsdp", 1), ("tp", 1)), tpu_topology=f"{chip}:1x1",
-                          chip=chip, hbm_gib_per_chip=hbm_gib, peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS[chip],
-                          hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S[chip],
-                          accelerator_type={"v5e": "v5litepod-1"}.get(chip, f"{chip}-1")),
+        hardware=tpu_slice(chip, 1, 1, f"{chip}:1x1", accelerator_type={"v5e": "v5litepod-1"}.get(chip, f"{chip}-1")),
         model=ModelSpec(source=model, dtype="bfloat16"),
         lora=_PAPER_LORA,
         train=dataclasses.replace(_PAPER_TRAIN, max_seq_len=max_seq_len, remat=remat),
@@ -287,7 +300,7 @@ _SMOKE_SERVE = ServeSpec(tensor_parallel=1, max_model_len=1024, max_num_batched_
 _MOE_LORA = dataclasses.replace(_PAPER_LORA, targets=LoraSpec.targets + EXPERT_TARGETS, expert_rank=8)
 
 
-def _moe(name: str, chip: str, chips: int, topology: str, hbm: float, serve_spec: ServeSpec,
+def _moe(name: str, chip: str, chips: int, topology: str, serve_spec: ServeSpec,
          description: str, remat: str = _PAPER_TRAIN.remat) -> Profile:
     """A 26B-A4B training profile on ``chips`` chips of one host: fsdp x tp=2, the paper's recipe (8 rows/update),
     LoRA on attention and the dense MLP (rank 64) and, by default, on each routed expert (rank 8: ``--no-experts``
@@ -295,12 +308,8 @@ def _moe(name: str, chip: str, chips: int, topology: str, hbm: float, serve_spec
     return Profile(
         name=name,
         description=description,
-        hardware=Hardware(
-            platform="tpu", num_devices=chips, mesh=(("fsdp", chips // 2), ("tp", 2)), tpu_topology=topology,
-            chip=chip, hbm_gib_per_chip=hbm, price_usd_per_hour=PRICES_USD_PER_HOUR[name.removesuffix("-moe")],
-            peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS[chip], hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S[chip],
-            accelerator_type=name.removesuffix("-moe"),
-        ),
+        hardware=tpu_slice(chip, chips // 2, 2, topology, price=name.removesuffix("-moe"),
+                           accelerator_type=name.removesuffix("-moe")),
         model=ModelSpec(source="google/gemma-4-26B-A4B-it", dtype="bfloat16"),
         lora=_MOE_LORA,
         train=dataclasses.replace(_PAPER_TRAIN, micro_batch=chips // 2, grad_accum=8 // (chips // 2), remat=remat),
@@ -316,7 +325,7 @@ PROFILES: dict[str, Profile] = {
             name="smoke",
             description="Tiny random Gemma 4 with the 31B's structure, 8 virtual CPU devices; "
                         "runs anywhere in minutes.",
-            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
+            hardware=virtual_cpu(4, 2),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
             train=_SMOKE_TRAIN,
@@ -329,7 +338,7 @@ PROFILES: dict[str, Profile] = {
             description="Tiny random Gemma 4 with E2B's structure (per-layer embeddings, KV-shared layers, doubled "
                         "MLP, audio tower), 8 virtual CPU devices; the CPU rehearsal of the Colab profiles.",
             # E2B has one KV head, so tp=1 (as on the real one); fsdp=8 shards hidden_size 256.
-            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 8), ("tp", 1))),
+            hardware=virtual_cpu(8, 1),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=10, tiny_seed=0, tiny_variant="e2b"),
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0),
             train=dataclasses.replace(_SMOKE_TRAIN, micro_batch=8, grad_accum=1),  # one row per fsdp shard
@@ -342,7 +351,7 @@ PROFILES: dict[str, Profile] = {
             description="Tiny random Gemma 4 with the 26B-A4B's structure (router and 8 experts beside the dense MLP, "
                         "2 global KV heads), 8 virtual CPU devices; the CPU rehearsal of the MoE.",
             # 2 global KV heads allow tp <= 2, as on the real 26B; fsdp=4 divides the 8 experts
-            hardware=Hardware(platform="cpu", num_devices=8, mesh=(("fsdp", 4), ("tp", 2))),
+            hardware=virtual_cpu(4, 2),
             model=ModelSpec(source="tiny", dtype="float32", tiny_layers=6, tiny_seed=0, tiny_variant="26b-a4b"),
             # the routed experts too (fixes/expert_lora.py): the point of fine-tuning a mixture of experts
             lora=LoraSpec(rank=8, alpha=16, dropout=0.0, targets=LoraSpec.targets + EXPERT_TARGETS),
@@ -354,17 +363,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="v5p-8",
             description="Gemma 4 31B LoRA training on a TPU v5p-8 (4 chips), the paper's hyperparameters.",
-            hardware=Hardware(
-                platform="tpu",
-                num_devices=4,
-                mesh=(("fsdp", 1), ("tp", 4)),  # tp=8 cannot divide the 31B's 4 global KV heads
-                tpu_topology="v5p:2x2x1",
-                chip="v5p",
-                hbm_gib_per_chip=95.0,
-                price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-8"],
-                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v5p"],
-                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v5p"],
-            ),
+            # tp=8 cannot divide the 31B's 4 global KV heads
+            hardware=tpu_slice("v5p", 1, 4, "v5p:2x2x1", price="v5p-8"),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
             train=_PAPER_TRAIN,
@@ -375,18 +375,8 @@ PROFILES: dict[str, Profile] = {
             name="v5p-16",
             description="The v5p-8 recipe on a v5p-16 (8 chips on 2 hosts, one process each): the smallest multi-host "
                         "slice. Start it on every worker with `python -m gemma_tpu_helpers launch`.",
-            hardware=Hardware(
-                platform="tpu",
-                num_devices=8,  # all hosts' chips: the mesh spans the processes after jax.distributed
-                mesh=(("fsdp", 2), ("tp", 4)),  # fsdp across the two hosts, tp within each
-                tpu_topology="v5p:2x2x2",
-                hosts=2,
-                chip="v5p",
-                hbm_gib_per_chip=95.0,
-                price_usd_per_hour=PRICES_USD_PER_HOUR["v5p-16"],
-                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v5p"],
-                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v5p"],
-            ),
+            # fsdp across the two hosts, tp within each; num_devices counts all hosts' chips (after jax.distributed)
+            hardware=tpu_slice("v5p", 2, 4, "v5p:2x2x2", price="v5p-16", hosts=2),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
             # the same 8 rows per optimizer update as v5p-8: 2 rows per micro-step (one per fsdp shard) x 4
@@ -395,19 +385,19 @@ PROFILES: dict[str, Profile] = {
             serve=_V5P_SERVE,
         ),
         # seq 3072 does not fit a v5e chip; at 2048 DECODER remat leaves the most HBM spare (notebook 04's AOT table).
-        _colab("v5e", 16.0, "google/gemma-4-E2B-it", 2048,
+        _colab("v5e", "google/gemma-4-E2B-it", 2048,
                "Gemma 4 E2B LoRA training on a Colab TPU v5e-1 (one chip, 16 GiB), the paper's recipe at seq 2048 "
                "with DECODER remat.", remat="decoder"),
-        _colab("v6e", 32.0, "google/gemma-4-E4B-it", 3072,
+        _colab("v6e", "google/gemma-4-E4B-it", 3072,
                "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
         # Gemma 4 26B-A4B (MoE): its 2 global KV heads allow tp <= 2. A v6e-4 is the smallest one-host v6e slice that
         # holds its bf16 weights; qwix's QLoRA alone leaves the experts bf16 (plan.one_chip_moe), see colab-v6e-1-moe.
-        _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", 95.0, _V5P_SERVE,
+        _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe, LoRA "
              "on the routed experts too."),
         # BLOCK remat does not fit a v6e chip here (AOT plan); DECODER does, the experts' LoRA included (rank 8):
         # 18.40 GiB a chip compiled (docs/moe-experts.md: 32.29 before expert_lora's backward and grouped matmul)
-        _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", 32.0, _V6E4_MOE_SERVE,
+        _moe("v6e-4-moe", "v6e", 4, "v6e:2x2", _V6E4_MOE_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training and serving on a TPU v6e-4 (4 chips, fsdp=2 x tp=2), the paper's "
              "recipe under DECODER remat, LoRA on the routed experts too: the smallest v6e slice that holds the "
              "model.", remat="decoder"),
@@ -415,7 +405,7 @@ PROFILES: dict[str, Profile] = {
         # the dense MLP and each routed expert (rank 8 per expert), seq 3072: its compiled step fits (AOT plan,
         # docs/moe-experts.md). Serving the merged bf16 model needs a v6e-4.
         dataclasses.replace(
-            _colab("v6e", 32.0, "google/gemma-4-26B-A4B-it", 3072,
+            _colab("v6e", "google/gemma-4-26B-A4B-it", 3072,
                    "Gemma 4 26B-A4B (MoE) QLoRA on a Colab TPU v6e-1 (one chip, 32 GiB): nf4 weights, the experts "
                    "included, LoRA on attention, the dense MLP and each routed expert, DECODER remat; serve on a "
                    "v6e-4.", remat="decoder"),
@@ -426,17 +416,7 @@ PROFILES: dict[str, Profile] = {
             name="v6e-8",
             description="Serving the merged 31B with vLLM-TPU on a v6e-8 (8 chips, TP8, bf16, "
                         "as the Gemma 4 TPU recipe).",
-            hardware=Hardware(
-                platform="tpu",
-                num_devices=8,
-                mesh=(("fsdp", 2), ("tp", 4)),
-                tpu_topology="v6e:2x4",
-                chip="v6e",
-                hbm_gib_per_chip=32.0,
-                price_usd_per_hour=PRICES_USD_PER_HOUR["v6e-8"],
-                peak_bf16_flops_per_chip=CHIP_PEAK_BF16_FLOPS["v6e"],
-                hbm_bytes_per_s_per_chip=CHIP_HBM_BYTES_PER_S["v6e"],
-            ),
+            hardware=tpu_slice("v6e", 2, 4, "v6e:2x4", price="v6e-8"),
             model=ModelSpec(source="google/gemma-4-31B-it", dtype="bfloat16"),
             lora=_PAPER_LORA,
             train=_PAPER_TRAIN,
