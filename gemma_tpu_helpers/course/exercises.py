@@ -4,6 +4,9 @@ A learner writes an answer in a marked cell and calls ``exercises.check("02.rege
 with why and a hint (never the solution), judged with the course's own helpers where it can. ``answer = None`` (the
 cell as shipped) is *not attempted*, so an unanswered notebook still runs. Teachers: :func:`format_solutions`
 (``python -m gemma_tpu_helpers solutions 02``). Nothing heavy is imported at import time.
+
+Each exercise's texts (title, task, hints) are data, in ``data/exercises.toml`` under its key; this module holds its
+code (judge, solution, typical wrong answers, the figures its task shows) and builds the :class:`Exercise` from both.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import inspect
 import math
 import numbers
 import re
+import string
+import tomllib
 from typing import Any, Callable
 
 from ..fixes.data import codev_like_lengths, token_use_for_lengths
@@ -26,6 +31,7 @@ from ..fixes.merge_plan import plan_merge
 from ..fixes.partition_specs import bytes_per_device, divisible_spec, indivisible_dims
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
 from ..fixes.vllm_command import ServeError
+from . import paths
 from .cost import cost_per_million_output_tokens, price, training_comparison
 from .profile_steps import hbm_per_chip
 from .profiles import GPU_RECIPE, get_profile
@@ -632,148 +638,108 @@ def _judge_10_per_million(answer):
 
 # ---------------------------------------------------------------------------------------------- the catalogue
 
-EXERCISES: dict[str, Exercise] = {e.key: e for e in [
-    Exercise(
-        "01.tp", "The largest tp for training the 31B",
-        "On a slice of 8 chips, what is the **largest tp** (the mesh's tensor-parallel axis) on which tunix can "
-        "shard Gemma 4 31B for training? (`gemma4.GEMMA4_31B_TEXT_CONFIG` holds its head counts.)",
-        "an int", "tp must divide every head count it splits, the smallest one included.",
-        4, _judge_01_tp, wrong=(8, 2), right_note="the 31B's 4 global KV heads rule out tp=8."),
-    Exercise(
-        "01.context", "The mesh context for tunix's trainer",
-        "Which context do you put around tunix 0.1.7's `PeftTrainer` construction and `train()` so that batches and "
-        "optimizer state are sharded? "
-        + "; ".join(f"**{k}**) `{v}`" if k != "c" else f"**{k}**) {v}" for k, v in _CONTEXT_CHOICES.items()),
-        "'a', 'b' or 'c'", "Look at the batch spec the probe printed inside the step under each context.",
-        "a", _judge_01_context, wrong=("b", "c")),
-    Exercise(
-        "02.regex", "A qwix regex that covers every Gemma 4 projection",
-        "Write the qwix `module_path` regex that puts LoRA on **every** attention and MLP projection of every layer "
-        "of Gemma 4 31B, and on nothing else. qwix full-matches it against tunix module paths such as "
-        "`layers/0/attn/q_einsum`.",
-        "a regex string", "List the module names of a local layer *and* of a global layer (model_views.target_table).",
-        _solution_02_regex(), _judge_02_regex,
-        wrong=(".*q_proj|.*v_proj",
-               ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj", ".*")),
-    Exercise(
-        "02.module", "Where k_proj and v_proj live",
-        "In the 31B, layer 0 is sliding (local) and layer 5 is global with `attention_k_eq_v`. For each, name the "
-        "tunix module (e.g. `'attn/q_einsum'`) that holds `k_proj` and `v_proj`, or `None` where there is none: "
-        "`{0: {'k_proj': ..., 'v_proj': ...}, 5: {'k_proj': ..., 'v_proj': ...}}`.",
-        "a dict of dicts", "On a k=v layer, V *is* K.",
+TEXTS_FILE = paths.DATA_DIR / "exercises.toml"  # each exercise's texts (title, task, hints ...), keyed by its key
+REQUIRED_TEXTS = ("title", "task", "answer_hint", "hint")
+OPTIONAL_TEXTS = ("right_note",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Code:
+    """An exercise's code: its solution, judge and typical wrong answers, and the values its texts show as $name."""
+    solution: Any
+    judge: Callable[[Any], str | None]
+    wrong: tuple
+    fill: dict = dataclasses.field(default_factory=dict)
+
+
+_CODE: dict[str, _Code] = {
+    "01.tp": _Code(4, _judge_01_tp, (8, 2)),
+    "01.context": _Code("a", _judge_01_context, ("b", "c"), fill={"choices": "; ".join(
+        f"**{k}**) `{v}`" if k != "c" else f"**{k}**) {v}" for k, v in _CONTEXT_CHOICES.items())}),
+    "02.regex": _Code(_solution_02_regex(), _judge_02_regex, (
+        ".*q_proj|.*v_proj", ".*q_einsum|.*kv_einsum|.*attn_vec_einsum|.*gate_proj|.*down_proj|.*up_proj", ".*")),
+    "02.module": _Code(
         {0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"}, 5: {"k_proj": "attn/k_einsum", "v_proj": None}},
         _judge_02_module,
-        wrong=({0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
-                5: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"}},
-               {0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
-                5: {"k_proj": "attn/k_einsum", "v_proj": "attn/v_einsum"}})),
-    Exercise(
-        "03.spec", "Fix a sharding annotation",
-        f"The 31B's global-layer `k_einsum` weight has shape `{_SPEC_SHAPE}` (global KV heads, hidden, head dim) and "
-        f"tunix annotates it `{_SPEC_GIVEN}`. On a mesh `{_SPEC_MESH}` that cannot work. Give the annotation "
-        "`sharding.fix_shardings` would choose: the least replication that divides.",
-        "a tuple of 3 axis names or None", "Change only the entry the mesh cannot divide.",
-        (None, "fsdp", None), _judge_03_spec, wrong=(_SPEC_GIVEN, (None, None, None), ("fsdp", "tp", None))),
-    Exercise(
-        "04.order", "Remat and LoRA: in which order?",
-        "Put these steps in the order that gives a trainable, rematerialised LoRA model: "
-        f"{', '.join(map(repr, _STEPS))}.",
-        "a list of the 4 step names", "qwix creates the LoRA params while it runs the model once.",
-        list(("load_model", "apply_lora", "set_remat", "train")), _judge_04_order,
-        wrong=(["load_model", "set_remat", "apply_lora", "train"], ["apply_lora", "load_model", "set_remat", "train"])),
-    Exercise(
-        "04.policy", "The remat policy that keeps the least",
-        "Which policy in `remat.POLICIES` keeps only each decoder layer's input and recomputes the rest of the layer "
-        "in the backward pass?",
-        "a policy name", "Read the descriptions in remat.POLICIES.", "decoder", _judge_04_policy,
-        wrong=("block", "dots", "full")),
-    Exercise(
-        "05.mask", "The loss mask of a Gemma 4 chat",
-        "Write `mask(pieces)` for a chat in Gemma 4's format, given as pieces such as `['<bos>', '<|turn>', 'user', "
-        "'\\n', 'Write', ..., '<turn|>', '\\n', '<|turn>', 'model', '\\n', 'module', ..., '<turn|>', '\\n']` "
-        "(`exercises.gemma4_pieces(messages)` renders one). Return 1 for each piece the loss trains on (the model's "
-        "last answer, as `data.tokenize_example` does) and 0 elsewhere. The checker tries chats with a system turn, "
-        "with the words *model* and *user* inside the text, with two model turns, and with the empty thought channel "
-        "(`<|channel>thought\\n<channel|>`) that the 31B's generation prompt puts before the answer.",
-        "a function mask(pieces) -> list of 0/1", "Where does the model's answer start, and which piece ends it?",
-        solution_05_mask, _judge_05_mask, wrong=(_wrong_05_all, _wrong_05_no_eot, _wrong_05_first_turn)),
-    Exercise(
-        "05.use", "What padding wastes",
-        f"Five examples of {', '.join(map(str, _USE_LENGTHS))} tokens, each padded to max_seq_len {_USE_MAX_LEN}: "
-        "what fraction of the computed tokens are real (the *token use* of pad-to-max)?",
-        "a float in [0, 1]", "Real tokens over rows x max_seq_len.", 0.3288, _judge_05_use,
-        wrong=(0.822, 32.88, 0.6712)),
-    Exercise(
-        "06.accum", "The GPU recipe's batch on a v5p-8",
-        "The paper's GPU recipe updates on `profiles.GPU_RECIPE`'s batch (2 GPUs x 1 example x grad accum 4). Without "
-        "packing (one example per row), which `grad_accum` gives the v5p-8 (micro_batch 1 global row) the same "
-        "examples per update?",
-        "an int", "Examples per update = devices x per-device batch x accumulation.", 8, _judge_06_accum,
-        wrong=(4, 2)),
-    Exercise(
-        "06.steps", "Optimizer steps per epoch, packed",
-        f"{_STEPS_EXAMPLES:,} CodeV-R1-like examples packed at max_seq_len {_STEPS_MAX_LEN} give "
-        f"`data.token_use_for_lengths(data.codev_like_lengths({_STEPS_EXAMPLES}), {_STEPS_MAX_LEN})['packed_rows']` "
-        "rows. The v5p-8 profile updates on micro_batch x grad_accum rows. How many optimizer steps make one epoch?",
-        "an int", "Count rows, not examples.", 369, _judge_06_steps, wrong=(1250, 27)),
-    Exercise(
-        "07.delta_q", "A q_proj LoRA as a Hugging Face weight update",
-        "Write `delta(a, b, scale)` for a `q_einsum` LoRA: `a` is (D, r), `b` is (r, N, H) and `scale` is "
-        "alpha / rank. Return the update of HF's `q_proj.weight`, a 2-D array.",
-        "a function delta(a, b, scale) -> 2-D array", "HF stores a linear weight as [out, in].",
-        solution_07_q, _judge_07_q, wrong=(_wrong_07_q_layout, _wrong_07_q_unscaled)),
-    Exercise(
-        "07.delta_v", "A v_proj update from the shared kv_einsum",
-        "On a local layer k and v share one `kv_einsum`: `a` is (D, r) and `b` is (r, 2, K, H). Write "
-        "`delta(a, b, scale)` returning the update of HF's `v_proj.weight`.",
-        "a function delta(a, b, scale) -> 2-D array", "The kv_einsum weight is (2, K, D, H): index 0 is k.",
-        solution_07_v, _judge_07_v, wrong=(_wrong_07_v_is_k,)),
-    Exercise(
-        "08.flags", "vLLM flags that fit a v6e-8",
-        "Serve the merged 31B (bf16 weights) on a v6e-8 (8 chips of 32 GiB HBM) with a 16384-token context. Give the "
-        "flags as a dict: `{'tensor_parallel_size': ..., 'max_model_len': ..., 'kv_cache_dtype': 'auto' | 'fp8', "
-        "'gpu_memory_utilization': ...}`. The checker runs `vllm_command.hbm_per_chip` on them: each chip's share "
-        "of the weights plus the KV cache of one full-length sequence must fit in its budget.",
-        "a dict of flags", "Weights shrink with tensor parallelism; the budget is HBM x gpu_memory_utilization.",
+        ({0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
+          5: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"}},
+         {0: {"k_proj": "attn/kv_einsum", "v_proj": "attn/kv_einsum"},
+          5: {"k_proj": "attn/k_einsum", "v_proj": "attn/v_einsum"}})),
+    "03.spec": _Code((None, "fsdp", None), _judge_03_spec, (_SPEC_GIVEN, (None, None, None), ("fsdp", "tp", None)),
+                     fill={"shape": str(_SPEC_SHAPE), "given": str(_SPEC_GIVEN), "mesh": str(_SPEC_MESH)}),
+    "04.order": _Code(["load_model", "apply_lora", "set_remat", "train"], _judge_04_order,
+                      (["load_model", "set_remat", "apply_lora", "train"],
+                       ["apply_lora", "load_model", "set_remat", "train"]),
+                      fill={"steps": ", ".join(map(repr, _STEPS))}),
+    "04.policy": _Code("decoder", _judge_04_policy, ("block", "dots", "full")),
+    "05.mask": _Code(solution_05_mask, _judge_05_mask, (_wrong_05_all, _wrong_05_no_eot, _wrong_05_first_turn)),
+    "05.use": _Code(0.3288, _judge_05_use, (0.822, 32.88, 0.6712),
+                    fill={"lengths": ", ".join(map(str, _USE_LENGTHS)), "max_len": str(_USE_MAX_LEN)}),
+    "06.accum": _Code(8, _judge_06_accum, (4, 2)),
+    "06.steps": _Code(369, _judge_06_steps, (1250, 27), fill={
+        "examples": f"{_STEPS_EXAMPLES:,}", "examples_arg": str(_STEPS_EXAMPLES), "max_len": str(_STEPS_MAX_LEN)}),
+    "07.delta_q": _Code(solution_07_q, _judge_07_q, (_wrong_07_q_layout, _wrong_07_q_unscaled)),
+    "07.delta_v": _Code(solution_07_v, _judge_07_v, (_wrong_07_v_is_k,)),
+    "08.flags": _Code(
         {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto", "gpu_memory_utilization": 0.90},
         _judge_08_flags,
-        wrong=({"tensor_parallel_size": 2, "max_model_len": 16384, "kv_cache_dtype": "auto",
-                "gpu_memory_utilization": 0.90},
-               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
-                "gpu_memory_utilization": 0.25},
-               {"tensor_parallel_size": 6, "max_model_len": 16384, "kv_cache_dtype": "auto",
-                "gpu_memory_utilization": 0.90},
-               {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
-                "gpu_memory_utilization": 0.90,
-                "disable_log_requests": True}),
-        right_note="the profile serves at TP8, bf16, 0.90 (vLLM replicates the 4 global KV heads over 8 chips)."),
-    Exercise(
-        "09.pass", "pass@k from counts",
-        f"A problem got n={_PASS_N} samples and c={_PASS_C} of them pass. What is its pass@{_PASS_K}?",
-        "a float", "pass@k = the chance that k samples drawn without replacement from the n include a passing one.",
-        1 - math.comb(_PASS_N - _PASS_C, _PASS_K) / math.comb(_PASS_N, _PASS_K), _judge_09_pass,
-        wrong=(0.3, 1 - 0.7 ** 5)),
-    Exercise(
-        "09.mean", "pass@k over a benchmark",
-        f"Four problems, (n, c) = {list(_PASS_COUNTS)}. Give the benchmark's pass@1 and pass@5 as "
-        "`{1: ..., 5: ...}`.",
-        "a dict {1: float, 5: float}", "Score each problem, then average.",
-        {1: 0.35, 5: (0 + (1 - 21 / 252) + 1 + 0.5) / 4}, _judge_09_mean,
-        wrong=({1: 14 / 40, 5: 1 - math.comb(26, 5) / math.comb(40, 5)},)),
-    Exercise(
-        "10.ratio", "Read a cost ratio",
-        "The paper's LoRA run took `serving_bench.PAPER_TRAINING_HOURS` (3.34 h on a v5p-8, 5.39 h on 2xH100). At "
-        "the course's list prices (`profiles.PRICES_USD_PER_HOUR`), how many times the TPU run's cost does the GPU "
-        "run cost?",
-        "a float", "cost = hours x price per hour, on each side.", 5.39 * 22.12 / (3.34 * 16.80), _judge_10_ratio,
-        wrong=(5.39 / 3.34, 3.34 * 16.80 / (5.39 * 22.12))),
-    Exercise(
-        "10.per_million", "Dollars per million output tokens",
-        f"A v6e-8 sustains {_SERVE_TOK_S:g} output tokens/s. At its list price, what do a million output tokens cost "
-        "(USD)?",
-        "a float (USD)", "Tokens per hour = tokens per second x 3600.", 21.52 / (1400 * 3600) * 1e6,
-        _judge_10_per_million, wrong=(21.52 / 1400 * 1e6,)),
-]}
+        ({"tensor_parallel_size": 2, "max_model_len": 16384, "kv_cache_dtype": "auto",
+          "gpu_memory_utilization": 0.90},
+         {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
+          "gpu_memory_utilization": 0.25},
+         {"tensor_parallel_size": 6, "max_model_len": 16384, "kv_cache_dtype": "auto",
+          "gpu_memory_utilization": 0.90},
+         {"tensor_parallel_size": 8, "max_model_len": 16384, "kv_cache_dtype": "auto",
+          "gpu_memory_utilization": 0.90, "disable_log_requests": True})),
+    "09.pass": _Code(1 - math.comb(_PASS_N - _PASS_C, _PASS_K) / math.comb(_PASS_N, _PASS_K), _judge_09_pass,
+                     (0.3, 1 - 0.7 ** 5), fill={"n": str(_PASS_N), "c": str(_PASS_C), "k": str(_PASS_K)}),
+    "09.mean": _Code({1: 0.35, 5: (0 + (1 - 21 / 252) + 1 + 0.5) / 4}, _judge_09_mean,
+                     ({1: 14 / 40, 5: 1 - math.comb(26, 5) / math.comb(40, 5)},),
+                     fill={"counts": str(list(_PASS_COUNTS))}),
+    "10.ratio": _Code(5.39 * 22.12 / (3.34 * 16.80), _judge_10_ratio,
+                      (5.39 / 3.34, 3.34 * 16.80 / (5.39 * 22.12))),
+    "10.per_million": _Code(21.52 / (1400 * 3600) * 1e6, _judge_10_per_million, (21.52 / 1400 * 1e6,),
+                            fill={"tok_s": f"{_SERVE_TOK_S:g}"}),
+}
+
+
+def _entry_problems(key: str, entry: dict, code: _Code) -> list[str]:
+    """How one entry of the data file disagrees with its exercise's code."""
+    problems = [f"{key} has no {f}" for f in REQUIRED_TEXTS if f not in entry]
+    problems += [f"{key}.{f} is not a text field ({', '.join(REQUIRED_TEXTS + OPTIONAL_TEXTS)})"
+                 for f in entry if f not in REQUIRED_TEXTS + OPTIONAL_TEXTS]
+    texts = {f: v for f, v in entry.items() if isinstance(v, str)}
+    problems += [f"{key}.{f} is not a string" for f in entry if f not in texts]
+    problems += [f"{key}.{f} has a $ that is neither $name nor $$" for f, v in texts.items()
+                 if not string.Template(v).is_valid()]
+    used = {n for v in texts.values() for n in string.Template(v).get_identifiers()}
+    problems += [f"{key} shows ${n}, which its code does not fill" for n in sorted(used - set(code.fill))]
+    problems += [f"{key}'s code fills ${n}, which none of its texts shows" for n in sorted(set(code.fill) - used)]
+    return problems
+
+
+def text_problems(texts: dict) -> list[str]:
+    """How the data file's ``texts`` (its parsed TOML) and the exercises' code disagree; empty when they agree."""
+    problems = [f"{k} has texts but no exercise in exercises.py" for k in texts if k not in _CODE]
+    for key, code in _CODE.items():
+        if key in texts:
+            problems += _entry_problems(key, texts[key], code)
+        else:
+            problems.append(f"{key} is an exercise in exercises.py with no texts")
+    return problems
+
+
+def build_exercises(texts: dict) -> dict[str, Exercise]:
+    """Each exercise from its texts (the $names filled in) and its code, in the code's order."""
+    problems = text_problems(texts)
+    if problems:
+        raise ExerciseError(f"{TEXTS_FILE} disagrees with exercises.py: {'; '.join(problems)}.")
+    return {key: Exercise(key, solution=code.solution, judge=code.judge, wrong=code.wrong,
+                          **{f: string.Template(v).substitute(code.fill) for f, v in texts[key].items()})
+            for key, code in _CODE.items()}
+
+
+EXERCISES: dict[str, Exercise] = build_exercises(tomllib.loads(TEXTS_FILE.read_text(encoding="utf-8")))
 
 
 # ---------------------------------------------------------------------------------------------- the API

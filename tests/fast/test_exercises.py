@@ -1,8 +1,12 @@
 """Every exercise accepts its solution, rejects its typical wrong answers (without showing the solution), and
-says "not attempted" to an empty answer; the notebooks carry one cell per exercise."""
+says "not attempted" to an empty answer; the notebooks carry one cell per exercise; the texts in
+gemma_tpu_helpers/data/exercises.toml and the code in exercises.py name the same exercises."""
 
+import copy
+import fnmatch
 import inspect
 import json
+import tomllib
 from collections import Counter
 
 import numpy as np
@@ -19,6 +23,51 @@ def test_one_to_three_exercises_in_each_notebook_01_to_10():
     counts = Counter(exercises.EXERCISES[k].notebook for k in KEYS)
     assert sorted(counts) == [f"{i:02d}" for i in range(1, 11)]
     assert all(1 <= n <= 3 for n in counts.values()), counts
+
+
+def _texts() -> dict:
+    return tomllib.loads(exercises.TEXTS_FILE.read_text(encoding="utf-8"))
+
+
+def test_the_texts_file_and_the_code_agree():
+    """Each exercise in the code has its texts in the data file and each entry there has its exercise: no text
+    without code, no code without text, no required text missing, every $name filled."""
+    texts = _texts()
+    assert exercises.text_problems(texts) == []
+    assert list(texts) == KEYS, "the data file lists the exercises in the course's order"
+
+
+SEEDED = {  # a disagreement seeded into a copy of the data file -> what text_problems must say
+    "an entry with no exercise": (lambda t: t.update({"99.extra": dict(t["01.tp"])}), "99.extra has texts but no"),
+    "an exercise with no entry": (lambda t: t.pop("05.use"), "05.use is an exercise in exercises.py with no texts"),
+    "a missing title": (lambda t: t["02.regex"].pop("title"), "02.regex has no title"),
+    "a missing hint": (lambda t: t["10.ratio"].pop("hint"), "10.ratio has no hint"),
+    "a misspelt field": (lambda t: t["08.flags"].update(rigth_note="x"), "08.flags.rigth_note is not a text field"),
+    "a text that is not a string": (lambda t: t["01.tp"].update(answer_hint=4), "01.tp.answer_hint is not a string"),
+    "a $name the code does not fill": (lambda t: t["01.tp"].update(hint="$tp"), "01.tp shows $tp, which its code"),
+    "a fill no text shows": (lambda t: t["09.pass"].update(task="pass@k?"), "09.pass's code fills $c, which none"),
+    "a stray $": (lambda t: t["10.per_million"].update(hint="in $ per hour"), "10.per_million.hint has a $ that"),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDED)
+def test_a_disagreement_between_the_texts_and_the_code_is_named(seed):
+    change, says = SEEDED[seed]
+    texts = copy.deepcopy(_texts())
+    change(texts)
+    problems = exercises.text_problems(texts)
+    assert [p for p in problems if p.startswith(says)], problems
+    with pytest.raises(exercises.ExerciseError, match="disagrees with exercises.py"):
+        exercises.build_exercises(texts)
+
+
+def test_the_texts_file_ships_with_the_package():
+    """pyproject's package data installs data/exercises.toml, the file exercises.py reads."""
+    package = REPO / "gemma_tpu_helpers"
+    shipped = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    name = exercises.TEXTS_FILE.relative_to(package).as_posix()
+    assert name == "data/exercises.toml"
+    assert [p for p in shipped["gemma_tpu_helpers"] if fnmatch.fnmatch(name, p)], shipped
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -120,8 +169,12 @@ def test_solutions_command_prints_tasks_and_solutions():
 
 @pytest.mark.parametrize("key", KEYS)
 def test_each_exercise_has_its_cell_in_its_notebook(key):
-    nb = json.loads(NOTEBOOKS[exercises.EXERCISES[key].notebook].read_text())
-    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    mine = [c for c in cells if f'exercises.check("{key}", answer)' in c]
+    """One check cell per exercise, after a markdown cell that shows the exercise's title and task as the data file
+    has them (a notebook reads without running, so it carries a copy: this keeps the copy equal)."""
+    ex = exercises.EXERCISES[key]
+    cells = json.loads(NOTEBOOKS[ex.notebook].read_text())["cells"]
+    mine = [i for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and f'exercises.check("{key}", answer)' in "".join(c["source"])]
     assert len(mine) == 1, f"{key}: expected one `exercises.check(\"{key}\", answer)` cell"
-    assert "answer = None  # your answer" in mine[0]
+    assert f"answer = None  # your answer: {ex.answer_hint}" in "".join(cells[mine[0]]["source"])
+    assert "".join(cells[mine[0] - 1]["source"]) == f"### Your turn: {ex.title}\n{ex.task}"
