@@ -14,8 +14,10 @@ from . import (
     data_views,
     logbook,
     model_views,
+    param_memory,
     paths,
     plan,
+    predictions,
     preflight,
     profile_steps,
     profiles,
@@ -61,9 +63,9 @@ def run_setup(args) -> int:
         print(f"  {k:18s} {v}")
     if not {"tpu", "hbm"} & set(failed):  # JAX would fail (or print libtpu's noise) looking for the TPU
         print("devices:", json.dumps(logbook.devices()))
-    est = plan.memory_estimate(prof, base_model.profile_text_config(prof))
+    est = param_memory.memory_estimate(prof, base_model.profile_text_config(prof))
     print(f"params: {est['params']:,}  LoRA: {est['lora_params']:,} ({est['trainable_pct']:.2f}% trainable)")
-    print(plan.memory_table(est).to_string(index=False))
+    print(param_memory.memory_table(est).to_string(index=False))
     print(logbook.course_map().drop(columns=["helpers"]).to_string(index=False))
     if failed:
         raise preflight.PreflightError(f"pre-flight failed ({', '.join(failed)}): each FAIL line above says what "
@@ -201,10 +203,10 @@ def run_plan(args) -> int:
     profile = profiles.get_profile(args.profile)
     if args.remat is not None:
         remat_lib.check_policy(args.remat)
-    est = plan.memory_estimate(profile, base_model.profile_text_config(profile))
+    est = param_memory.memory_estimate(profile, base_model.profile_text_config(profile))
     print(f"profile {profile.name}: {est['params']:,} params, {est['lora_params']:,} LoRA "
           f"({est['trainable_pct']:.2f}% trainable)")
-    print(plan.memory_table(est).to_string(index=False))
+    print(param_memory.memory_table(est).to_string(index=False))
     if not args.aot:
         known = plan.course_plans(profile.run_dir(), settings=((profile.name, args.remat or profile.train.remat,
                                                                  args.qlora or profile.lora.qlora),),
@@ -219,7 +221,7 @@ def run_plan(args) -> int:
     print(plan.format_plan(result))
     if (result["layers"] >= result.get("model_layers", result["layers"])
             and profile.hardware.peak_bf16_flops_per_chip and not result.get("hbm_oom")):
-        print(plan.format_prediction(plan.predict_run(result, profile)))
+        print(predictions.format_prediction(predictions.predict_run(result, profile)))
     return 0 if result["fits"] else 1
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from ..fixes import vllm_command
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import to_path, write_atomic
-from . import logbook, paths, plan, preflight, train
+from . import logbook, paths, plan, predictions, preflight, train
 from .cli import PROG
 from .profiles import Profile, resolve_run
 
@@ -125,7 +125,7 @@ def _gib(n: float) -> str:
 
 def prediction(profile: Profile, run_dir) -> dict | None:
     """The plan's prediction for a TPU profile: its AOT plan (cached in the run directory, else the one shipped)
-    and the run :func:`plan.predict_run` derives from it. None for a CPU profile or without a plan."""
+    and the run :func:`predictions.predict_run` derives from it. None for a CPU profile or without a plan."""
     if profile.hardware.platform != "tpu":
         return None
     setting = (profile.name, profile.train.remat, profile.lora.qlora)
@@ -135,7 +135,7 @@ def prediction(profile: Profile, run_dir) -> dict | None:
     p = found[0]
     out = {"peak_bytes": p.get("peak_bytes"), "source": p["source"]}
     if "flops" in p and p["layers"] >= p.get("model_layers", p["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
-        out["run"] = plan.predict_run(p, profile)
+        out["run"] = predictions.predict_run(p, profile)
     return out
 
 

@@ -43,7 +43,7 @@ PRICES_USD_PER_HOUR = {"v5p-8": 16.80, "v6e-8": 21.52, "2xH100": 22.12,
                        "v6e-4": 10.76}  # v6e-4: 4 chips at the v6e-8's per-chip rate
 
 
-# Per-chip peaks for the roofline (plan.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
+# Per-chip peaks for the roofline (predictions.predict_run): dense bf16 FLOP/s and HBM bytes/s (Google's TPU specs).
 CHIP_PEAK_BF16_FLOPS = {"v5p": 459e12, "v6e": 918e12, "v5e": 197e12}
 CHIP_HBM_BYTES_PER_S = {"v5p": 2765e9, "v6e": 1640e9, "v5e": 819e9}
 # What XLA may allocate per chip, GiB (the "available HBM" of libtpu's compile-time OOM, below the nominal HBM): a plan
@@ -391,7 +391,8 @@ PROFILES: dict[str, Profile] = {
         _colab("v6e", "google/gemma-4-E4B-it", 3072,
                "Gemma 4 E4B LoRA training on a Colab TPU v6e-1 (one chip, 32 GiB), the paper's recipe."),
         # Gemma 4 26B-A4B (MoE): its 2 global KV heads allow tp <= 2. A v6e-4 is the smallest one-host v6e slice that
-        # holds its bf16 weights; qwix's QLoRA alone leaves the experts bf16 (plan.one_chip_moe), see colab-v6e-1-moe.
+        # holds its bf16 weights; qwix's QLoRA alone leaves the experts bf16 (param_memory.one_chip_moe): see
+        # colab-v6e-1-moe.
         _moe("v5p-8-moe", "v5p", 4, "v5p:2x2x1", _V5P_SERVE,
              "Gemma 4 26B-A4B (MoE) LoRA training on a TPU v5p-8 (4 chips, fsdp=2 x tp=2), the paper's recipe, LoRA "
              "on the routed experts too."),

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import plan, profiles, tiny
+from gemma_tpu_helpers.course import plan, predictions, profiles, tiny
 from gemma_tpu_helpers.fixes import layout, model_size
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
@@ -60,7 +60,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     # work), and DECODER remat shows as one more forward of the layers
     targets = profiles.get_profile("smoke").lora.targets
     for point, policy in ((none, "none"), (dec, "decoder")):
-        analytic = plan.analytic_step_flops(two, 1, 1024, 8, targets, policy)
+        analytic = predictions.analytic_step_flops(two, 1, 1024, 8, targets, policy)
         ratio = point["flops"] * 4 / analytic["total"]
         print(f"tiny {policy}: XLA {point['flops'] * 4 / 1e9:.2f} GFLOP vs analytic {analytic['total'] / 1e9:.2f}")
         assert 1.0 <= ratio < 1.10 and point["bytes_accessed"] > base * 2 / 4
@@ -72,7 +72,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     assert q["qlora"] == "nf4" and none["qlora"] is None
     assert none["argument_bytes"] - q["argument_bytes"] > 0.5 * targeted
     compiled_plan = {**plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), "lora_rank": 8}  # compiled at rank 8
-    pred = plan.predict_run(compiled_plan, v5p, text_config=TINY)
-    assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / plan.analytic_step_flops(
+    pred = predictions.predict_run(compiled_plan, v5p, text_config=TINY)
+    assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / predictions.analytic_step_flops(
         two, 1, 1024, 8, v5p.lora.targets, "decoder")["total"])
     assert pred["micro_step_s"] == max(dec["flops"] / 459e12, dec["bytes_accessed"] / 2765e9)

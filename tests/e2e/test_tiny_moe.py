@@ -430,21 +430,21 @@ def test_tpu_profiles_train_the_26b_on_fsdp2_tp2_with_the_papers_batch(name, chi
 
 
 def test_analytic_flops_count_the_active_experts_only():
-    from gemma_tpu_helpers.course import plan
+    from gemma_tpu_helpers.course import predictions
 
     c = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
     dense = dict(c, enable_moe_block=False)
     args = (1, 1024, 64, lora.HF_TARGETS, "none")
-    moe = plan.analytic_step_flops(c, *args)["model"] - plan.analytic_step_flops(dense, *args)["model"]
+    moe = predictions.analytic_step_flops(c, *args)["model"] - predictions.analytic_step_flops(dense, *args)["model"]
     d, layers = c["hidden_size"], c["num_hidden_layers"]
     per_token = layers * (d * c["num_experts"] + 8 * 3 * d * c["moe_intermediate_size"])  # router + 8 of 128 experts
     assert moe == 2 * 2 * 1024 * per_token  # forward and backward through the activations, 2 FLOPs a multiply-add
 
 
 def test_one_v6e_chip_holds_the_26b_only_with_nf4_experts():
-    from gemma_tpu_helpers.course import plan
+    from gemma_tpu_helpers.course import param_memory
 
-    table = plan.one_chip_moe(gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, profiles.CHIP_HBM_USABLE_GIB["v6e"])
+    table = param_memory.one_chip_moe(gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, profiles.CHIP_HBM_USABLE_GIB["v6e"])
     assert table["fits before activations"].tolist() == [False, False, True]
     assert table["weights GiB"].tolist() == [47.0, 44.7, 13.5]  # nf4 with QLoRA's tile (64): one scale per 64
 

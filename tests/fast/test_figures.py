@@ -143,7 +143,15 @@ def test_a_total_covers_its_parts():
 def derive_namespace(tmp_dir) -> dict:
     """What a ``derive`` expression may use: the values (``v``), the shipped AOT points through the course's own plan
     code (``gib``, ``pred``, ``point``), the profiles and the serving and sharding arithmetic."""
-    from gemma_tpu_helpers.course import base_model, plan, profile_steps, profiles, serving_bench
+    from gemma_tpu_helpers.course import (
+        base_model,
+        param_memory,
+        plan,
+        predictions,
+        profile_steps,
+        profiles,
+        serving_bench,
+    )
     from gemma_tpu_helpers.fixes import gemma4, model_size
 
     GIB = 2**30
@@ -160,7 +168,7 @@ def derive_namespace(tmp_dir) -> dict:
         return [round(p[k] / GIB, 2) for k in ("argument_bytes", "temp_bytes", "peak_bytes")]
 
     def pred(name, remat, qlora=None):
-        return plan.predict_run(compiled(name, remat, qlora), profiles.get_profile(name))
+        return predictions.predict_run(compiled(name, remat, qlora), profiles.get_profile(name))
 
     def text(name):
         return base_model.profile_text_config(profiles.get_profile(name))
@@ -186,7 +194,8 @@ def derive_namespace(tmp_dir) -> dict:
     beside = {"colab-v5e-1_decoder_seq2048_Lfit", "colab-v6e-1_decoder_seq3072_Lfit"}
     return {"v": {k: f["value"] for k, f in FIGURES.items()}, "GIB": GIB, "gib": gib, "pred": pred, "point": point,
             "text": text, "ple": ple, "lora_bytes": lora_bytes, "XLA_31B": xla_31b, "plan": plan,
-            "profiles": profiles, "gemma4": gemma4, "model_size": model_size, "serving_bench": serving_bench,
+            "param_memory": param_memory, "predictions": predictions, "profiles": profiles, "gemma4": gemma4,
+            "model_size": model_size, "serving_bench": serving_bench,
             "hbm": profiles.CHIP_HBM_USABLE_GIB,
             "serving": lambda name: profile_steps.hbm_per_chip(profiles.get_profile(name)),
             "IDLE_E": [point(k)["compile_s"] for k in e_keys if k not in beside],

@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from gemma_tpu_helpers.course import model_views, plan, tiny
+from gemma_tpu_helpers.course import model_views, param_memory, tiny
 from gemma_tpu_helpers.fixes import gemma4, lora, model_size
 from support import lora_train_steps
 
@@ -105,7 +105,7 @@ def test_full_coverage_and_the_analytic_count(lora_smoke, tiny_dir):
 
     counted = sum(v.value.size for _, v in nnx.iter_graph(model) if isinstance(v, nnx.LoRAParam))
     assert counted == report.attrs["lora_params"] == report["LoRA params"].sum()
-    assert counted == plan.lora_param_count(text, 8, lora.HF_TARGETS)
+    assert counted == param_memory.lora_param_count(text, 8, lora.HF_TARGETS)
     assert report.attrs["base_params"] == model_size.param_count(text)
     assert report["trainable %"].sum() == pytest.approx(100 * counted / model_size.param_count(text))
 
@@ -114,7 +114,7 @@ def test_subset_of_targets_counts_like_the_plan(tunix_model, tiny_dir):
     text = gemma4.read_text_config(tiny_dir)
     targets = ["v_proj", "o_proj", "down_proj"]
     _, report = lora.apply_lora(tunix_model, targets=targets, rank=4, abstract=True)
-    assert report.attrs["lora_params"] == plan.lora_param_count(text, 4, targets)
+    assert report.attrs["lora_params"] == param_memory.lora_param_count(text, 4, targets)
     assert set(report["target"]) == set(targets)
 
 

@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import base_model, plan, profiles, tiny
+from gemma_tpu_helpers.course import base_model, param_memory, plan, predictions, profiles, tiny
 from gemma_tpu_helpers.fixes import gemma4, model_size
 from support import run_cli
 
@@ -15,9 +15,9 @@ TINY = tiny.tiny_text_config(6)
 
 
 def test_memory_estimate_unchanged():
-    est = plan.memory_estimate(profiles.get_profile("v5p-8"), gemma4.GEMMA4_31B_TEXT_CONFIG)
+    est = param_memory.memory_estimate(profiles.get_profile("v5p-8"), gemma4.GEMMA4_31B_TEXT_CONFIG)
     assert 30e9 < est["params"] < 34e9 and est["devices"] == 4
-    assert list(plan.memory_table(est)["what"])[-1] == "total (before activations)"
+    assert list(param_memory.memory_table(est)["what"])[-1] == "total (before activations)"
 
 
 def test_with_layers_keeps_the_pattern():
@@ -54,8 +54,9 @@ def test_plan_without_aot_prints_the_estimate(capsys):
 def _fake_plan(profile_name: str, layers: int = 60, seq: int = 3072, policy: str = "block") -> dict:
     """A 31B plan whose cost figures are the analytic count itself (no compile): per chip, 1 TB accessed."""
     prof = profiles.get_profile(profile_name)
-    flops = plan.analytic_step_flops(plan.with_layers(gemma4.GEMMA4_31B_TEXT_CONFIG, layers), prof.train.micro_batch,
-                                     seq, prof.lora.rank, prof.lora.targets, policy)["total"]
+    text = plan.with_layers(gemma4.GEMMA4_31B_TEXT_CONFIG, layers)
+    flops = predictions.analytic_step_flops(text, prof.train.micro_batch, seq, prof.lora.rank, prof.lora.targets,
+                                            policy)["total"]
     return {"profile": profile_name, "layers": layers, "batch": prof.train.micro_batch, "seq_len": seq,
             "lora_rank": prof.lora.rank, "remat": policy, "flops": flops / prof.hardware.num_devices,
             "bytes_accessed": 1e12, "optimal_seconds": 0.0}
@@ -65,8 +66,8 @@ def test_analytic_flops_of_the_31b():
     """Forward about 2 FLOPs per parameter per token plus dense attention; the frozen backward goes through the
     activations only, so a LoRA step is ~2.1x its forward (not 3x), and BLOCK remat adds one more forward."""
     c, targets = gemma4.GEMMA4_31B_TEXT_CONFIG, profiles.get_profile("v5p-8").lora.targets
-    none = plan.analytic_step_flops(c, 1, 3072, 64, targets, "none")
-    block = plan.analytic_step_flops(c, 1, 3072, 64, targets, "block")
+    none = predictions.analytic_step_flops(c, 1, 3072, 64, targets, "none")
+    block = predictions.analytic_step_flops(c, 1, 3072, 64, targets, "block")
     params = model_size.param_count(c)
     assert 2 * params * 3072 < none["forward"] < 1.2 * 2 * params * 3072
     assert 2.0 < none["model"] / none["forward"] < 2.3 and none["recompute"] == 0
@@ -77,7 +78,7 @@ def test_analytic_flops_of_the_31b():
 @pytest.mark.parametrize("name", ["v5p-8", "v5p-16", "v6e-8"])
 def test_predict_run_arithmetic(name):
     prof = profiles.get_profile(name)
-    pred = plan.predict_run(_fake_plan(name), prof)
+    pred = predictions.predict_run(_fake_plan(name), prof)
     hw = prof.hardware
     assert pred["xla_over_analytic"] == pytest.approx(1.0)
     assert pred["micro_step_s"] == max(pred["flops_per_chip"] / hw.peak_bf16_flops_per_chip,
@@ -90,12 +91,13 @@ def test_predict_run_arithmetic(name):
         assert pred["roofline_hours"][k] == pytest.approx(pred["steps"][k] * pred["step_s"] / 3600)
         assert pred["roofline_usd"][k] == pytest.approx(pred["roofline_hours"][k] * hw.price_usd_per_hour)
     # MFU: the paper's model FLOPs over its 3.34 h of 4 v5p chips; on the v5p-8 that MFU gives back 3.34 h
-    model = plan.analytic_step_flops(gemma4.GEMMA4_31B_TEXT_CONFIG, 1, 3072, 64, prof.lora.targets, "block")["model"]
+    model = predictions.analytic_step_flops(gemma4.GEMMA4_31B_TEXT_CONFIG, 1, 3072, 64, prof.lora.targets,
+                                            "block")["model"]
     assert pred["paper_mfu"] == pytest.approx(1249 * 8 * model / (3.34 * 3600 * 4 * 459e12))
     assert 0.05 < pred["paper_mfu"] < 1 and 0 < pred["roofline_mfu"] < 1
     if name == "v5p-8":
         assert pred["paper_mfu_step_s"] * 1249 / 3600 == pytest.approx(3.34)
-    text = plan.format_prediction(pred)
+    text = predictions.format_prediction(pred)
     assert "implies MFU" in text and "what packing saves" in text and f"${hw.price_usd_per_hour:.2f}/h" in text
 
 
@@ -113,22 +115,22 @@ def test_course_predictions_from_a_cached_plan(tmp_path):
     key = plan.plan_key("v5p-8", "block", 3072, None)
     (tmp_path / "plan").mkdir()
     (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(cached))
-    preds = plan.course_predictions(tmp_path, settings=(("v5p-8", "block"),))
+    preds = predictions.course_predictions(tmp_path, settings=(("v5p-8", "block"),))
     assert [p["profile"] for p in preds] == ["v5p-8"] and preds[0]["source"].startswith("cached")
-    table = plan.prediction_table(preds)
+    table = predictions.prediction_table(preds)
     assert table.loc[0, "steps padded"] > 3 * table.loc[0, "steps packed"]
     assert table.loc[0, "h padded @ paper MFU"] == pytest.approx(3.34, abs=0.05)  # ~1,249 steps at the paper's pace
-    line = plan.packing_savings(preds[0])
+    line = predictions.packing_savings(preds[0])
     assert "packing saves" in line and "$" in line
     old = {k: v for k, v in cached.items() if k not in ("flops", "bytes_accessed")}
     (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(old))
-    assert plan.course_predictions(tmp_path, settings=(("v5p-8", "block"),)) == []
+    assert predictions.course_predictions(tmp_path, settings=(("v5p-8", "block"),)) == []
 
 
 def test_predict_run_needs_the_cost_analysis():
     old = {k: v for k, v in _fake_plan("v5p-8").items() if k not in ("flops", "bytes_accessed")}
     with pytest.raises(plan.PlanError, match="no cost analysis"):
-        plan.predict_run(old, profiles.get_profile("v5p-8"))
+        predictions.predict_run(old, profiles.get_profile("v5p-8"))
 
 
 def test_extrapolation_fits_the_costs_too():
@@ -159,7 +161,7 @@ def test_v5p16_profile_mesh_spans_two_hosts_with_tp_inside_each():
     for row in mesh.devices:  # one fsdp shard: its tp group
         assert len({d.process_index for d in row}) == 1
     assert p.train.micro_batch * p.train.grad_accum == 8 and p.train.micro_batch % 2 == 0
-    est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
+    est = param_memory.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
     assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip
 
 
@@ -169,19 +171,19 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     Colab (no hourly price) gets hours, no dollars."""
     p = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block"),))[0]
     assert p["layers"] == p["model_layers"] == 35 and p["method"] == "compiled" and p["seq_len"] == 2048
-    pred = plan.predict_run(p, profiles.get_profile("colab-v5e-1"))
+    pred = predictions.predict_run(p, profiles.get_profile("colab-v5e-1"))
     print(f"E2B on v5e-1: XLA / analytic FLOPs {pred['xla_over_analytic']:.3f}, {pred['step_s']:.2f} s per step")
     assert 0.9 <= pred["xla_over_analytic"] <= 1.1
     assert pred["paper_mfu"] == pytest.approx(
-        plan.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
+        predictions.predict_run(_fake_plan("v5p-8"), profiles.get_profile("v5p-8"))["paper_mfu"])
     assert pred["roofline_usd"]["packed"] is None and pred["roofline_hours"]["packed"] > 0
-    assert "no hourly price" in plan.format_prediction(pred) and "no price" in plan.packing_savings(pred)
-    assert "colab-v5e-1 (1 chip)," in plan.format_prediction(pred)
+    assert "no hourly price" in predictions.format_prediction(pred) and "no price" in predictions.packing_savings(pred)
+    assert "colab-v5e-1 (1 chip)," in predictions.format_prediction(pred)
     # QLoRA on the same chip: the nf4 weights take less HBM, their dequantisation more bytes per step
     q = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block", "nf4"),))[0]
     assert q["qlora"] == "nf4" and q["argument_bytes"] < 0.8 * p["argument_bytes"] and q["peak_bytes"] < p["peak_bytes"]
     assert (plan.plan_row(q)["LoRA"] == "QLoRA nf4"
-            and plan.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"])
+            and predictions.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"])
 
 
 def test_shipped_reference_points_sit_under_their_own_setting():
@@ -190,7 +192,7 @@ def test_shipped_reference_points_sit_under_their_own_setting():
     arguments under every policy; a full-depth plain-LoRA point's are within 5% of its profile's analytic estimate
     (E2B's and E4B's differ by 60%: a point pasted under the other Colab profile fails here)."""
     shown = {}
-    for name, policy, *quant in plan.COURSE_PLANS + plan.COLAB_PLANS + plan.PREDICTION_SETTINGS + plan.MOE_PLANS:
+    for name, policy, *quant in plan.COURSE_PLANS + plan.COLAB_PLANS + predictions.PREDICTION_SETTINGS + plan.MOE_PLANS:
         prof = profiles.get_profile(name)
         q = quant[0] if quant else prof.lora.qlora
         shown[plan.plan_key(name, policy, prof.train.max_seq_len, None, q)] = (prof, q)
@@ -209,7 +211,7 @@ def test_shipped_reference_points_sit_under_their_own_setting():
             else:
                 arguments.setdefault((prof.name, q, p["layers"]), set()).add(p["argument_bytes"])
             if p["layers"] == depth and q is None:
-                est = plan.memory_estimate(prof, text)["total_per_device_gib"] * plan.GIB
+                est = param_memory.memory_estimate(prof, text)["total_per_device_gib"] * plan.GIB
                 assert p["argument_bytes"] == pytest.approx(est, rel=0.05), key
     assert all(len(v) == 1 for v in arguments.values()), arguments
     for setting, counted, key in oom:
@@ -333,7 +335,7 @@ def test_the_moe_roofline_comes_from_xla_counting_the_routed_work(setting):
     0.0.52's ragged_dot multiplied every row by all 128 experts (54.5x at 6 layers, 76.3x at 30) until the experts'
     matmuls ran as megablox's grouped matmul on TPU targets (docs/moe-experts.md)."""
     name, policy = setting[:2]
-    pred = plan.course_predictions("/nonexistent", settings=(setting,))[0]
+    pred = predictions.course_predictions("/nonexistent", settings=(setting,))[0]
     print(f"{name} {policy}: XLA / analytic {pred['xla_over_analytic']:.3f}, roofline {pred['step_s']:.2f} s a step")
     assert 1 / 1.3 <= pred["xla_over_analytic"] <= 1.3  # issue 60's target: within 1.3x either way
     assert pred["step_s"] == pytest.approx(max(pred["compute_s"], pred["memory_s"]) * pred["rows_per_step"] /

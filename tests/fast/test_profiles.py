@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import plan, profiles, tiny
+from gemma_tpu_helpers.course import param_memory, plan, profiles, tiny
 from gemma_tpu_helpers.fixes import gemma4, model_size
 
 
@@ -66,7 +66,7 @@ def test_param_count_matches_the_real_models(tiny_dir):
 
 def test_memory_estimate_scales_with_devices():
     p = profiles.get_profile("v5p-8")
-    est = plan.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
+    est = param_memory.memory_estimate(p, gemma4.GEMMA4_31B_TEXT_CONFIG)
     base = est["per_device_bytes"]["base params (sharded)"]
     assert base == pytest.approx(model_size.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG) * 2 / 4)
     assert est["total_per_device_gib"] < p.hardware.hbm_gib_per_chip

@@ -36,11 +36,11 @@ def test_the_trap_remat_before_lora_gives_no_lora_params(tiny_dir, mesh):
 
 def test_right_order_keeps_lora_and_sets_remat(lora_model):
     n = remat.count_lora_params(lora_model)
-    # rank 8 over q, kv/k, o, gate, up, down on 6 layers of the tiny config (plan.lora_param_count agrees)
-    from gemma_tpu_helpers.course import plan, tiny
+    # rank 8 over q, kv/k, o, gate, up, down on 6 layers of the tiny config (param_memory.lora_param_count agrees)
+    from gemma_tpu_helpers.course import param_memory, tiny
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    assert n == plan.lora_param_count(tiny.tiny_text_config(6), RANK, targets) > 0
+    assert n == param_memory.lora_param_count(tiny.tiny_text_config(6), RANK, targets) > 0
     remat.set_remat(lora_model, "decoder")
     assert remat.remat_config_of(lora_model) == "decoder"
     assert all(layer.config.remat_config.name == "DECODER" for layer in lora_model.layers)  # every module sees it

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import model_views, plan, tiny
+from gemma_tpu_helpers.course import model_views, param_memory, tiny
 from gemma_tpu_helpers.fixes import gemma4, lora, model_size, sharding
 
 
@@ -103,7 +103,7 @@ def test_31b_plan_on_v5p8_and_tp8():
     summary, before, changes = model_views.plan_lora_sharding(c, (1, 4), rank=64, alpha=64)
     assert summary.attrs["flags"] == 0 and changes.empty
     total_params = model_size.param_count(c)
-    lora_params = plan.lora_param_count(c, 64, lora.HF_TARGETS)
+    lora_params = param_memory.lora_param_count(c, 64, lora.HF_TARGETS)
     # Every weight divides tp=4; only norms (sharded too) and the layer scalars are replicated.
     assert summary.loc["base params", "after fix"] == pytest.approx(total_params * 2 / 4, rel=1e-3)
     assert summary.loc["LoRA params", "paper: LoRA replicated"] == lora_params * 2
