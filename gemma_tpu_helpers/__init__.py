@@ -19,7 +19,7 @@ TIERS = (
     ("fixes", (
         ("core", ("errors", "file_io", "process_groups", "http_client", "compat", "chat_format", "forward_inputs",
                   "partition_specs", "hf_checkpoint", "model_size")),
-        ("models", ("gemma4", "layout", "data", "mesh", "multihost", "preemption")),
+        ("models", ("gemma4", "layout", "chat_tokens", "packing", "data", "mesh", "multihost", "preemption")),
         ("step", ("expert_lora", "lora", "sharding", "parity", "remat", "sft", "step")),
         ("workflows", ("lora_checkpoint", "merge_plan", "safetensors_io", "merge", "weight_check", "verify",
                        "peft_export", "vllm_command", "vllm_client", "vllm_server", "greedy", "adapters",

@@ -59,7 +59,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "loss-mask-covers-prompt",
-        "gemma_tpu_helpers/fixes/data.py",
+        "gemma_tpu_helpers/fixes/chat_tokens.py",
         "    mask[len(p_ids):] = 1\n",
         "    mask[:] = 1\n",
         "the assistant-only loss mask is 1 on every token, so the prompt is trained on too",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, hf_checkpoint, parity
+from ..fixes import chat_tokens, data, gemma4, hf_checkpoint, packing, parity
 from ..fixes import remat as remat_lib
 from . import (
     base_model,
@@ -248,11 +248,11 @@ def run_data_stats(args) -> int:
         view = data_views.show_row(spec, tokenizer, args.show_example)
         print(view["text"])
         print(f"\n{view['tokens']} tokens: {view['prompt_tokens']} of prompt (no loss), "
-              f"{view['trained_tokens']} trained (inside {''.join(data.TRAINED_MARKS)})")
+              f"{view['trained_tokens']} trained (inside {''.join(chat_tokens.TRAINED_MARKS)})")
         return 0
     max_len = prof.train.max_seq_len
     prepared = data.prepare(spec, tokenizer, max_len, prof.train.seed, progress=False)
-    padded = data.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
+    padded = packing.pad_to_max([(np.zeros(n, np.int32), np.zeros(n, np.int8)) for n in prepared.lengths],
                              max_len, prof.data.overlong)
     s = prepared.train.stats
     print(f"examples: {s['examples']} (kept {s['kept']}, dropped {s['dropped']}, trimmed {s['trimmed']}; "

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from ..fixes import data
+from ..fixes import chat_tokens, data, packing
 from ..fixes.chat_format import GEMMA3_CHAT_TEMPLATE, GEMMA4_31B_CHAT_TEMPLATE, GEMMA4_E_CHAT_TEMPLATE
 
 
@@ -31,7 +31,7 @@ def compare_chat_formats(tokenizer, messages: list[dict]):
                                    ("Gemma 3 (the paper's training format)", GEMMA3_CHAT_TEMPLATE, "<start_of_turn>")):
         pieces = tokenizer.convert_ids_to_tokens(tokenizer(marker, add_special_tokens=False)["input_ids"])
         try:
-            ids, mask = data.tokenize_example(tokenizer, messages, template)
+            ids, mask = chat_tokens.tokenize_example(tokenizer, messages, template)
             result = f"{int(mask.sum())} of {len(ids)} tokens trained"
         except data.DataError as e:
             result = f"DataError: {e}"
@@ -42,19 +42,19 @@ def compare_chat_formats(tokenizer, messages: list[dict]):
 
 def show_target(row: dict, spec) -> str:
     """A row's response and what a DataSpec trains on from it, one above the other (the tags that are left, if any)."""
-    target = data.training_target(row["response"], spec.target)
+    target = chat_tokens.training_target(row["response"], spec.target)
     left = sorted(set(re.findall(r"</?(?:think|answer)>", target)))
     return (f"--- response ({len(row['response'])} chars)\n{row['response']}\n\n"
             f"--- trained on (target={spec.target!r}, {len(target)} chars; tags left: {left or 'none'})\n{target}")
 
 
 def show_row(spec, tokenizer, index: int) -> dict:
-    """Row ``index`` of the data ``spec`` names (in source order) as ``data.show_example`` shows it: what is
+    """Row ``index`` of the data ``spec`` names (in source order) as ``chat_tokens.show_example`` shows it: what is
     trained (``data-stats --show-example``)."""
     rows = data.load_profile_rows(spec)
     if not 0 <= index < len(rows):
         raise data.DataError(f"--show-example {index}: the data has rows 0 to {len(rows) - 1}.")
-    return data.show_example(tokenizer, data.spec_messages(rows[index], spec))
+    return chat_tokens.show_example(tokenizer, chat_tokens.spec_messages(rows[index], spec))
 
 
 def length_histogram(lengths, max_seq_len: int):
@@ -75,8 +75,8 @@ def token_use_table(prepared, max_seq_len: int, codev_max_seq_len: int = 3072):
     """Packed vs pad-to-max token use: on this profile's data, and on a CodeV-R1-like length distribution."""
     import pandas as pd
 
-    ours = data.token_use_for_lengths(prepared.lengths, max_seq_len)
-    codev = data.token_use_for_lengths(data.codev_like_lengths(), codev_max_seq_len)
+    ours = packing.token_use_for_lengths(prepared.lengths, max_seq_len)
+    codev = packing.token_use_for_lengths(packing.codev_like_lengths(), codev_max_seq_len)
     return pd.DataFrame([
         {"data": "this profile's data", "max_seq_len": max_seq_len, "packed token use": ours["packed"],
          "pad-to-max token use": ours["pad_to_max"], "rows packed": ours["packed_rows"],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, layout, parity, peft_export, remat, sft
+from ..fixes import chat_tokens, data, gemma4, layout, packing, parity, peft_export, remat, sft
 from . import paths
 from .profiles import GPU_RECIPE, Profile
 
@@ -24,7 +24,7 @@ def settings_table(profile: Profile, lengths, gpu: dict = GPU_RECIPE):
     """Per optimizer update: examples, real tokens and loss tokens for the GPU recipe (TRL + PEFT, padded, loss
     on the full sequence) and for ours (packed, assistant-only loss), with the shared hyperparameters.
 
-    ``lengths`` are the token counts of the training examples (e.g. ``data.codev_like_lengths()`` for CodeV-R1).
+    ``lengths`` are the token counts of the training examples (e.g. ``packing.codev_like_lengths()`` for CodeV-R1).
     """
     import pandas as pd
 
@@ -32,7 +32,7 @@ def settings_table(profile: Profile, lengths, gpu: dict = GPU_RECIPE):
     t, lo = profile.train, profile.lora
     gpu_examples = gpu["per_device_batch"] * gpu["grad_accum"] * gpu["world_size"]
     gpu_kept = lengths[lengths <= gpu["max_seq_len"]]
-    use = data.token_use_for_lengths(lengths, t.max_seq_len)
+    use = packing.token_use_for_lengths(lengths, t.max_seq_len)
     ours_kept = lengths[lengths <= t.max_seq_len]
     rows_per_update = t.micro_batch * t.grad_accum
     examples_per_row = len(ours_kept) / use["packed_rows"] if profile.data.pack else 1.0
@@ -73,12 +73,12 @@ def _batches(base_dir, n_steps: int, batch: int, seq_len: int):
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     rows = data.load_rows(str(paths.SHIPPED_REPLICA), config=paths.SHIPPED_CONFIG)
-    examples = [e for e in data.tokenize_rows(rows, tokenizer, progress=False)
+    examples = [e for e in chat_tokens.tokenize_rows(rows, tokenizer, progress=False)
                 if len(e[0]) <= seq_len]
     if len(examples) < batch:
         raise ValueError(f"Only {len(examples)} shipped examples fit in {seq_len} tokens; raise seq_len.")
     examples = [examples[i % len(examples)] for i in range(n_steps * batch)]
-    padded = data.pad_to_max(examples, seq_len, "drop", tokenizer.pad_token_id or 0)
+    padded = packing.pad_to_max(examples, seq_len, "drop", tokenizer.pad_token_id or 0)
     return [{k: getattr(padded, k)[s * batch:(s + 1) * batch]
              for k in ("tokens", "loss_mask", "segment_ids", "positions")}
             for s in range(n_steps)]

@@ -20,7 +20,6 @@ import string
 import tomllib
 from typing import Any, Callable
 
-from ..fixes.data import codev_like_lengths, token_use_for_lengths
 from ..fixes.errors import GemmaTpuError
 from ..fixes.eval_score import pass_at_k
 from ..fixes.gemma4 import GEMMA4_31B_TEXT_CONFIG, head_divisibility_problems, valid_tp_sizes
@@ -28,6 +27,7 @@ from ..fixes.hf_checkpoint import layer_kinds
 from ..fixes.layout import synthetic_lora
 from ..fixes.lora import HF_TARGETS, regex_for, tunix_module
 from ..fixes.merge_plan import plan_merge
+from ..fixes.packing import codev_like_lengths, token_use_for_lengths
 from ..fixes.partition_specs import bytes_per_device, divisible_spec, indivisible_dims
 from ..fixes.remat import POLICIES, UnknownPolicyError, check_policy
 from ..fixes.vllm_command import ServeError
@@ -335,7 +335,7 @@ _MASK_CHATS = (
 
 
 def _mask_reference(pieces: list[str]) -> list[int]:
-    """1 on the last model turn's content and its ``<turn|>``; 0 elsewhere (what data.tokenize_example does)."""
+    """1 on the last model turn's content and its ``<turn|>``; 0 elsewhere (what chat_tokens.tokenize_example does)."""
     start = max(i for i in range(len(pieces) - 2) if pieces[i:i + 3] == [SOT, "model", "\n"]) + 3
     if pieces[start:start + len(THOUGHT)] == THOUGHT:
         start += len(THOUGHT)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fixes import data, gemma4, hf_checkpoint, lora, sft
+from ..fixes import data, gemma4, hf_checkpoint, lora, packing, sft
 from ..fixes import mesh as mesh_lib
 from . import train
 from .profiles import Profile
@@ -56,7 +56,7 @@ def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:
         trainer = peft_trainer.PeftTrainer(model, sft.build_optimizer(t, total), config)
         trainer.with_training_hooks(Clock())
         trainer.with_loss_fn(sft.loss_fn).with_gen_model_input_fn(sft.model_inputs)
-        trainer.train(data.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs))
+        trainer.train(packing.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs))
     return {"loss": losses, "step_s": list(np.diff(ends))}
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fixes import chat_tokens, eval_problems, eval_sample, eval_score, packing, vllm_server
 from ..fixes import data as data_lib
-from ..fixes import eval_problems, eval_sample, eval_score, vllm_server
 from ..fixes.chat_format import GEMMA3_CHAT_TEMPLATE
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import write_atomic
@@ -78,7 +78,7 @@ def example(tokenizer, problem, broken: str | None = None) -> tuple[np.ndarray, 
     """(ids, loss mask) of one problem: the eval's messages and the answer, under the checkpoint's chat template.
 
     ``broken="prompt-mask"`` flips the mask onto the prompt. ``broken="gemma3-template"`` renders the conversation
-    with Gemma 3's template instead, built by hand: ``data.split_answer`` refuses that template on a Gemma 4
+    with Gemma 3's template instead, built by hand: ``chat_tokens.split_answer`` refuses that template on a Gemma 4
     tokenizer (its end-of-turn token is not Gemma 4's), which is the check that catches the paper's trap.
     """
     messages = eval_problems.prompt_messages(problem) + [{"role": "assistant", "content": answer(problem)}]
@@ -88,7 +88,7 @@ def example(tokenizer, problem, broken: str | None = None) -> tuple[np.ndarray, 
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         a_ids = tokenizer(answer(problem) + "<end_of_turn>\n", add_special_tokens=False)["input_ids"]
         return np.array(p_ids + a_ids, np.int32), np.array([0] * len(p_ids) + [1] * len(a_ids), np.int8)
-    ids, mask = data_lib.tokenize_example(tokenizer, messages)
+    ids, mask = chat_tokens.tokenize_example(tokenizer, messages)
     return (ids, 1 - mask) if broken == "prompt-mask" else (ids, mask)
 
 
@@ -100,7 +100,7 @@ def training_rows(tokenizer, problems, fsdp: int, broken: str | None = None):
     rows = math.ceil(len(examples) / fsdp) * fsdp
     examples = [examples[i % len(examples)] for i in range(rows)]
     seq = math.ceil(max(len(ids) for ids, _ in examples) / 64) * 64
-    packed = data_lib.pad_to_max(examples, seq, pad_id=tokenizer.pad_token_id or 0)
+    packed = packing.pad_to_max(examples, seq, pad_id=tokenizer.pad_token_id or 0)
     return data_lib.Prepared(packed, None, np.array([len(ids) for ids, _ in examples])), rows, seq
 
 
@@ -137,7 +137,7 @@ def transformers_answers(model_dir, problems, max_tokens: int) -> list[dict]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    stops = set(data_lib.stop_token_ids(tokenizer))
+    stops = set(chat_tokens.stop_token_ids(tokenizer))
     rows = []
     with torch.no_grad():
         for p in problems:

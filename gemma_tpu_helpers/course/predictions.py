@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 
-from ..fixes import data
+from ..fixes import packing
 from ..fixes.hf_checkpoint import kv_shared_layers, layer_kinds
 from ..fixes.model_size import attn_dims
 from . import base_model, profiles, serving_bench
@@ -61,11 +61,11 @@ def analytic_step_flops(text_config: dict, batch: int, seq_len: int, rank: int, 
 
 def epoch_rows(profile: Profile, seed: int = 0) -> dict:
     """Rows of one epoch at the profile's ``max_seq_len``, packed vs padded, for CodeV-R1-like example lengths
-    (``data.codev_like_lengths``: CodeV-R1's mean 922 and p99 2553 tokens) of the profile's ``max_rows`` (the
+    (``packing.codev_like_lengths``: CodeV-R1's mean 922 and p99 2553 tokens) of the profile's ``max_rows`` (the
     paper's 10,000) examples, all of them trained on (as the paper's 1,249 steps were)."""
     n = profile.data.max_rows or serving_bench.PAPER_TRAINING_ROWS
-    lengths = data.codev_like_lengths(n=n, seed=seed)
-    use = data.token_use_for_lengths(lengths, profile.train.max_seq_len)
+    lengths = packing.codev_like_lengths(n=n, seed=seed)
+    use = packing.token_use_for_lengths(lengths, profile.train.max_seq_len)
     return {"examples": int(n), **use}
 
 

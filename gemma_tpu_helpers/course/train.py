@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fixes import data as data_lib
-from ..fixes import gemma4, lora, remat, sft, sharding
+from ..fixes import gemma4, lora, packing, remat, sft, sharding
 from ..fixes import mesh as mesh_lib
 from ..fixes.errors import GemmaTpuError
 from ..fixes.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
@@ -50,7 +50,7 @@ class Preempted(TrainingError):
 
 
 class GlobalBatches:
-    """This process's rows of each global batch (numpy, from :func:`data.batches`) as global ``jax.Array`` s sharded
+    """This process's rows of each global batch (numpy, from :func:`packing.batches`) as global ``jax.Array`` s sharded
     over ``axis``, via ``jax.make_array_from_process_local_data``. Re-iterable; maps in the calling thread.
 
     tunix's own input sharding cannot do this: it checks divisibility on the *local* shape, and a process's share
@@ -399,13 +399,13 @@ def _feeds(prepared, mesh, t):
     """The training and evaluation batches (this process's rows of each global batch) and the tokens in each
     optimizer step (of the whole global batch)."""
     rows = process_rows(mesh, t.micro_batch)
-    train_ds = GlobalBatches(data_lib.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
+    train_ds = GlobalBatches(packing.batches(prepared.train, t.micro_batch, t.seed, epochs=t.epochs, rows=rows),
                              mesh, t.micro_batch)
-    eval_ds = (GlobalBatches(data_lib.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False, rows=rows),
+    eval_ds = (GlobalBatches(packing.batches(prepared.eval, t.micro_batch, t.seed, shuffle=False, rows=rows),
                              mesh, t.micro_batch)
                if prepared.eval is not None and len(prepared.eval) >= t.micro_batch else None)
     micro_tokens = np.array([int((b["segment_ids"] > 0).sum())
-                             for b in data_lib.batches(prepared.train, t.micro_batch, t.seed, t.epochs,
+                             for b in packing.batches(prepared.train, t.micro_batch, t.seed, t.epochs,
                                                        rows=slice(None))])
     tokens_per_step = micro_tokens[: len(micro_tokens) // t.grad_accum * t.grad_accum].reshape(-1, t.grad_accum).sum(1)
     return train_ds, eval_ds, tokens_per_step

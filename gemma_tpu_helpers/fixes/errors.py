@@ -1,8 +1,5 @@
-"""The base class of every error raised on purpose (bad input, a missing artifact, a failed step).
-
-Error classes derive from :class:`GemmaTpuError` *and* a builtin (``ValueError`` ...), so ``except ValueError``
-keeps working; the message says what was wrong and how to fix it, in the terms of a Python caller.
-"""
+"""The base class of every error raised on purpose: each derives from :class:`GemmaTpuError` *and* a builtin
+(``ValueError`` ...), so ``except ValueError`` keeps working; its message says what was wrong and how to fix it."""
 
 from __future__ import annotations
 
@@ -16,3 +13,7 @@ class GemmaTpuError(Exception):
         super().__init__(*args)
         self.params = tuple(params)
         self.path = path
+
+
+class DataError(GemmaTpuError, ValueError):
+    """Data that cannot be loaded, rendered with its chat template or packed as asked (data, chat_tokens, packing)."""

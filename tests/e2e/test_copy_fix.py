@@ -107,11 +107,11 @@ SCRIPT = textwrap.dedent(r'''
     done("04")
 
     # 05 data: the assistant-only mask on the replica's tokenizer, and packing
-    data = fix("05", "data")
+    chat_tokens, packing = fix("05", "chat_tokens"), fix("05", "packing")
     tok = AutoTokenizer.from_pretrained(tiny)
-    ids, mask = data.tokenize_example(tok, [{"role": "user", "content": "Write a 2-to-1 mux."},
+    ids, mask = chat_tokens.tokenize_example(tok, [{"role": "user", "content": "Write a 2-to-1 mux."},
                                             {"role": "assistant", "content": "module mux(); endmodule"}])
-    packed = data.pack([(ids, mask)] * 3, 64)
+    packed = packing.pack([(ids, mask)] * 3, 64)
     out["05"] = {"ids": np.asarray(ids).tolist(), "mask": np.asarray(mask).tolist(),
                  "packed": packed.stats, "segments": packed.segment_ids.tolist()}
     done("05")

@@ -4,12 +4,12 @@ import os
 from pathlib import Path
 
 from gemma_tpu_helpers.course import base_model, equivalence, profiles
-from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.fixes import packing
 
 
 def test_settings_table_for_the_papers_runs():
     table = equivalence.settings_table(profiles.get_profile("v5p-8"),
-                                       data.codev_like_lengths(10000)).set_index("setting")
+                                       packing.codev_like_lengths(10000)).set_index("setting")
     gpu, ours = table.columns[0], table.columns[1]
     assert table.loc["examples per update", gpu] == "8"  # 1 per device x 4 accumulation x 2 GPUs
     assert table.loc["learning rate, schedule", "same"] and table.loc["LoRA rank / alpha / dropout", "same"]

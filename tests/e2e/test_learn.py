@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers.course import learning_check, paths, profiles
-from gemma_tpu_helpers.fixes import data, eval_problems
+from gemma_tpu_helpers.fixes import chat_tokens, data, eval_problems
 from gemma_tpu_helpers.fixes.chat_format import GEMMA3_TURN_TOKENS
 from support import run_cli
 
@@ -98,8 +98,9 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tokenizer):
     from gemma_tpu_helpers.fixes.chat_format import GEMMA3_CHAT_TEMPLATE
 
     with pytest.raises(data.DataError, match="end-of-turn"):
-        data.tokenize_example(tok, eval_problems.prompt_messages(problem) + [{"role": "assistant", "content": "x"}],
-                              chat_template=GEMMA3_CHAT_TEMPLATE)
+        chat_tokens.tokenize_example(tok, eval_problems.prompt_messages(problem) + [{"role": "assistant",
+                                                                                      "content": "x"}],
+                                     chat_template=GEMMA3_CHAT_TEMPLATE)
     good_ids, good_mask = learning_check.example(tok, problem)
     flipped_ids, flipped = learning_check.example(tok, problem, broken="prompt-mask")
     assert np.array_equal(good_ids, flipped_ids) and np.array_equal(flipped, 1 - good_mask)

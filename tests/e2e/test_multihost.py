@@ -52,12 +52,13 @@ profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 import jax, numpy as np
 from gemma_tpu_helpers.fixes import data, mesh as mesh_lib
+from gemma_tpu_helpers.fixes import packing
 mesh = profiles.get_profile("smoke").make_mesh()
 print("devices", jax.device_count(), jax.local_device_count(), "main", multihost.is_main(), flush=True)
 print("rows", multihost.process_rows(mesh, 4), flush=True)
-packed = data.pack([(np.arange(5, dtype=np.int32), np.ones(5, np.int8))] * 8, 8)
+packed = packing.pack([(np.arange(5, dtype=np.int32), np.ones(5, np.int8))] * 8, 8)
 try:
-    data.batches(packed, 3, seed=0)
+    packing.batches(packed, 3, seed=0)
 except data.DataError as e:
     print("DataError:", e, flush=True)
 """

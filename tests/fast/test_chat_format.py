@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers.course import data_views, model_views, paths, tiny
-from gemma_tpu_helpers.fixes import chat_format, data, gemma4
+from gemma_tpu_helpers.fixes import chat_format, chat_tokens, data, gemma4
 from support import REPO
 
 DESIGN = REPO.parent / "shared" / "DESIGN.md"
@@ -71,7 +71,7 @@ def test_file_set_and_tokenizer_config_are_the_real_ones(tiny_dir, tokenizer):
     assert tokenizer("hello").input_ids[0] != tokenizer.bos_token_id  # add_bos_token false: the template writes it
     gen = json.loads((tiny_dir / "generation_config.json").read_text())
     assert {k: gen[k] for k in chat_format.GENERATION_CONFIG} == chat_format.GENERATION_CONFIG
-    assert data.stop_token_ids(tokenizer) == [1, 106, 50]
+    assert chat_tokens.stop_token_ids(tokenizer) == [1, 106, 50]
 
 
 def test_vision_tower_and_multimodal_ids_as_in_the_31b(tiny_dir, tokenizer):
@@ -123,7 +123,7 @@ def test_chat_template_renders_gemma4_turns(tokenizer):
 def test_loss_mask_is_exactly_the_answer_and_its_end_of_turn(variant, tokenizer, gemma3_tokenizer):
     tok = gemma3_tokenizer if variant == "gemma3" else tokenizer
     template = None if variant == "gemma3" else chat_format.CHAT_TEMPLATES[variant]
-    ids, mask = data.tokenize_example(tok, CHAT, chat_template=template)
+    ids, mask = chat_tokens.tokenize_example(tok, CHAT, chat_template=template)
     eot = {"gemma3": "<end_of_turn>"}.get(variant, "<turn|>")
     assert tok.decode(ids[mask == 1]) == ANSWER + eot
     assert list(ids).count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
@@ -139,20 +139,20 @@ def test_loss_mask_is_exactly_the_answer_and_its_end_of_turn(variant, tokenizer,
 
 def test_a_wrong_format_fails_loudly_naming_the_template(tokenizer):
     with pytest.raises(data.DataError, match="the chat template passed in.*'<turn\\|>'.*Gemma 3"):
-        data.tokenize_example(tokenizer, CHAT, chat_template=chat_format.GEMMA3_CHAT_TEMPLATE)
+        chat_tokens.tokenize_example(tokenizer, CHAT, chat_template=chat_format.GEMMA3_CHAT_TEMPLATE)
     no_close = chat_format.GEMMA4_31B_CHAT_TEMPLATE.replace("{{- '<turn|>\\n' -}}\n{%- endfor -%}", "{%- endfor -%}")
     assert no_close != chat_format.GEMMA4_31B_CHAT_TEMPLATE
     with pytest.raises(data.DataError, match="end-of-turn"):
-        data.tokenize_example(tokenizer, CHAT, chat_template=no_close)
+        chat_tokens.tokenize_example(tokenizer, CHAT, chat_template=no_close)
     with pytest.raises(data.DataError, match="last message must be the assistant"):
-        data.tokenize_example(tokenizer, CHAT[:2])
+        chat_tokens.tokenize_example(tokenizer, CHAT[:2])
     table = data_views.compare_chat_formats(tokenizer, CHAT)
     assert table["loss mask"][0].endswith("tokens trained") and table["loss mask"][1].startswith("DataError")
     assert table["tokens of the marker"][0] == 1 and table["tokens of the marker"][1] > 1
 
 
 def test_show_example_marks_the_trained_span(tokenizer):
-    view = data.show_example(tokenizer, CHAT)
+    view = chat_tokens.show_example(tokenizer, CHAT)
     assert view["text"].endswith("<|channel>thought\n<channel|>\u27e6" + ANSWER + "<turn|>\u27e7")
     assert view["tokens"] == view["trained_tokens"] + view["prompt_tokens"] and view["trained_tokens"] > 5
 

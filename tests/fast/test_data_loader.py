@@ -5,7 +5,7 @@ import re
 import pytest
 
 from gemma_tpu_helpers.course import data_views, paths, profiles
-from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.fixes import chat_tokens, data
 from support import SHIPPED
 
 
@@ -70,7 +70,7 @@ def test_rl_config_of_the_replica():
     row = rl[0]
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert row["reward_model"]["ground_truth"].lstrip().startswith("module ")
-    sft_code = {data.training_target(r, "verilog") for r in data.load_rows(**SHIPPED)["response"]}
+    sft_code = {chat_tokens.training_target(r, "verilog") for r in data.load_rows(**SHIPPED)["response"]}
     ground_truths = {f"```verilog\n{x['ground_truth']}\n```" for x in rl["reward_model"]}
     assert len(ground_truths) == len(rl) and not ground_truths & sft_code, "RL rows repeat no SFT module"
 
@@ -109,9 +109,9 @@ REAL = f"<think>\nInvert the input.\n</think>\n<answer>\nHere is the module.\n\n
     ("<think>never closed", "", ""),
 ])
 def test_training_targets_of_real_format_rows(response, answer, verilog):
-    assert data.training_target(response, "answer") == answer
-    assert data.training_target(response, "verilog") == verilog
-    assert data.training_target(response, "full") == response
+    assert chat_tokens.training_target(response, "answer") == answer
+    assert chat_tokens.training_target(response, "verilog") == verilog
+    assert chat_tokens.training_target(response, "full") == response
     for text in (answer, verilog):
         assert not any(tag in text for tag in ("<think>", "</think>", "<answer>", "</answer>"))
 
@@ -120,22 +120,22 @@ def test_every_shipped_row_becomes_a_target_without_tags():
     rows = data.load_rows(**SHIPPED)
     for target in ("answer", "verilog"):
         for r in rows:
-            text = data.training_target(r["response"], target)
+            text = chat_tokens.training_target(r["response"], target)
             assert "```verilog\n" in text and not re.search(r"</?(think|answer)>", text), (target, r["id"])
     assert sum("<answer>" in r for r in rows["response"]) == 243  # nine rows in ten in the real form
     with pytest.raises(data.DataError, match="target must be one of"):
-        data.training_target(REAL, "answers")
+        chat_tokens.training_target(REAL, "answers")
 
 
 @pytest.mark.parametrize("system, expected", [("none", None), ("fixed", "Be terse."), ("row", "from the row")])
 def test_system_turn_is_a_setting(system, expected):
     row = {"system": "from the row", "prompt": "Write inv.", "response": REAL}
-    messages = data.to_messages(row, system_prompt="Be terse.", system=system, target="verilog")
+    messages = chat_tokens.to_messages(row, system_prompt="Be terse.", system=system, target="verilog")
     assert [m["role"] for m in messages] == ([] if expected is None else ["system"]) + ["user", "assistant"]
     assert expected is None or messages[0]["content"] == expected
     assert messages[-1]["content"] == FENCE
     with pytest.raises(data.DataError, match="system must be one of"):
-        data.to_messages(row, system="rows")
+        chat_tokens.to_messages(row, system="rows")
 
 
 def test_profiles_choose_no_system_turn_and_the_real_target():
@@ -146,7 +146,7 @@ def test_profiles_choose_no_system_turn_and_the_real_target():
     assert ((smoke.source, smoke.config, smoke.system) == (str(paths.SHIPPED_REPLICA), "sft", "none")
             and smoke.strip_think)
     row = data.load_rows(**SHIPPED)[0]
-    assert [m["role"] for m in data.spec_messages(row, smoke)] == ["user", "assistant"]
+    assert [m["role"] for m in chat_tokens.spec_messages(row, smoke)] == ["user", "assistant"]
 
 
 def _write_jsonl(path, rows):

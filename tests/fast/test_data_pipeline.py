@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.fixes import data, forward_inputs
+from gemma_tpu_helpers.fixes import chat_tokens, data, forward_inputs, packing
 from support import SHIPPED, run_cli
 
 ROW = {"prompt": "Write a module named inv with input a and output y.",
@@ -11,29 +11,29 @@ ROW = {"prompt": "Write a module named inv with input a and output y.",
 
 def _examples(tokenizer, n=12):
     rows = data.load_rows(**SHIPPED).select(range(n))
-    return data.tokenize_rows(rows, tokenizer, progress=False)
+    return chat_tokens.tokenize_rows(rows, tokenizer, progress=False)
 
 
 def test_batched_tokenize_rows_equals_tokenize_example_per_row(tokenizer, monkeypatch):
     """The batched tokenizer calls give exactly the per-row ids and masks, across batch boundaries (5 + 5 + 2)."""
     from gemma_tpu_helpers.course import profiles
 
-    monkeypatch.setattr(data, "TOKENIZE_BATCH", 5)
+    monkeypatch.setattr(chat_tokens, "TOKENIZE_BATCH", 5)
     rows = data.load_rows(**SHIPPED).select(range(12))
     for spec in (None, profiles.get_profile("v5p-8").data):
-        got = data.tokenize_rows(rows, tokenizer, progress=False, spec=spec)
-        want = [data.tokenize_example(tokenizer, data.spec_messages(r, spec) if spec else data.to_messages(r))
-                for r in rows]
+        got = chat_tokens.tokenize_rows(rows, tokenizer, progress=False, spec=spec)
+        chat = [chat_tokens.spec_messages(r, spec) if spec else chat_tokens.to_messages(r) for r in rows]
+        want = [chat_tokens.tokenize_example(tokenizer, c) for c in chat]
         assert len(got) == len(want) == 12
         for (ids, mask), (ids2, mask2) in zip(got, want):
             assert ids.tolist() == ids2.tolist() and mask.tolist() == mask2.tolist()
             assert ids.dtype == np.int32 and mask.dtype == np.int8 and mask.sum() > 0
-    assert data.tokenize_rows(rows.select([]), tokenizer, progress=False) == []
+    assert chat_tokens.tokenize_rows(rows.select([]), tokenizer, progress=False) == []
 
 
 def test_packing_keeps_every_token_once_with_its_own_positions(tokenizer):
     ex = _examples(tokenizer)
-    packed = data.pack(ex, max_seq_len=768)
+    packed = packing.pack(ex, max_seq_len=768)
     assert packed.stats["kept"] == len(ex) and packed.stats["rows"] < len(ex)
     seen = []
     for r in range(len(packed)):
@@ -60,7 +60,7 @@ def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, me
     from gemma_tpu_helpers.fixes.parity import forward
 
     ex = _examples(tokenizer, 3)
-    packed = data.pack(ex, max_seq_len=sum(len(i) for i, _ in ex))  # all three in one row
+    packed = packing.pack(ex, max_seq_len=sum(len(i) for i, _ in ex))  # all three in one row
     assert packed.stats["rows"] == 1
 
     def nll(tokens, mask, seg, pos):
@@ -86,8 +86,8 @@ def test_overlong_examples_dropped_or_trimmed_and_counted(tokenizer):
     ex = _examples(tokenizer, 12)
     limit = int(np.median([len(i) for i, _ in ex]))
     longer = sum(len(i) > limit for i, _ in ex)
-    dropped = data.pack(ex, limit, overlong="drop")
-    trimmed = data.pack(ex, limit, overlong="trim")
+    dropped = packing.pack(ex, limit, overlong="drop")
+    trimmed = packing.pack(ex, limit, overlong="trim")
     assert dropped.stats["dropped"] == longer and dropped.stats["kept"] == len(ex) - longer
     assert trimmed.stats["trimmed"] == longer and trimmed.stats["kept"] == len(ex)
     assert dropped.tokens.shape[1] == trimmed.tokens.shape[1] == limit
@@ -96,16 +96,16 @@ def test_overlong_examples_dropped_or_trimmed_and_counted(tokenizer):
 def test_max_seq_len_below_the_shortest_example(tokenizer):
     ex = _examples(tokenizer, 4)
     with pytest.raises(data.DataError, match="No example fits max_seq_len=8: the shortest has"):
-        data.pack(ex, 8)
+        packing.pack(ex, 8)
 
 
 def test_batches_are_deterministic_and_reiterable(tokenizer):
-    packed = data.pack(_examples(tokenizer, 24), 512)
-    ds = data.batches(packed, global_batch=4, seed=3, epochs=2)
+    packed = packing.pack(_examples(tokenizer, 24), 512)
+    ds = packing.batches(packed, global_batch=4, seed=3, epochs=2)
     first = [b["tokens"].tolist() for b in ds]
     assert first == [b["tokens"].tolist() for b in ds]  # re-iterable, same order
     assert len(first) == (2 * len(packed)) // 4
-    other = [b["tokens"].tolist() for b in data.batches(packed, global_batch=4, seed=4, epochs=2)]
+    other = [b["tokens"].tolist() for b in packing.batches(packed, global_batch=4, seed=4, epochs=2)]
     assert other != first
 
 
@@ -118,9 +118,9 @@ def test_split_is_deterministic_and_disjoint():
 
 
 def test_codev_like_lengths_and_token_use():
-    lengths = data.codev_like_lengths(5000)
+    lengths = packing.codev_like_lengths(5000)
     assert abs(lengths.mean() - 922) / 922 < 0.05 and abs(np.percentile(lengths, 99) - 2553) / 2553 < 0.1
-    use = data.token_use_for_lengths(lengths, 3072)
+    use = packing.token_use_for_lengths(lengths, 3072)
     assert 0 < use["pad_to_max"] < use["packed"] <= 1
     assert use["pad_to_max"] == pytest.approx(lengths[lengths <= 3072].sum() / (use["padded_rows"] * 3072))
 
@@ -200,10 +200,10 @@ def _settings():
 def _reference(tokenizer, row, setting):
     """tokenize_example on the row's messages, or the DataError it raises."""
     spec = setting.get("spec")
-    messages = (data.spec_messages(row, spec) if spec is not None
-                else data.to_messages(row, setting["strip_think"], setting["system_prompt"]))
+    messages = (chat_tokens.spec_messages(row, spec) if spec is not None
+                else chat_tokens.to_messages(row, setting["strip_think"], setting["system_prompt"]))
     try:
-        return messages, data.tokenize_example(tokenizer, messages)
+        return messages, chat_tokens.tokenize_example(tokenizer, messages)
     except data.DataError as e:
         return messages, str(e)
 
@@ -214,27 +214,27 @@ def test_tokenize_rows_is_bit_for_bit_tokenize_example_on_tricky_rows(variant, t
     ids, masks and dtypes on varied rows and settings, across batch boundaries; a row the reference rejects is
     rejected with the same DataError. The reference itself is checked against plain tokenizer calls."""
     tok = tokenizers[variant]
-    monkeypatch.setattr(data, "TOKENIZE_BATCH", 7)
+    monkeypatch.setattr(chat_tokens, "TOKENIZE_BATCH", 7)
     rows = _tricky_rows(60, seed=len(variant)) + [dict(r) for r in data.load_rows(**SHIPPED).select(range(0, 270, 30))]
-    eot_id = data.end_of_turn_id(tok)
+    eot_id = chat_tokens.end_of_turn_id(tok)
     checked, rejected = 0, 0
     for setting in _settings():
         ok, bad = [], []
         for row in rows:
             messages, want = _reference(tok, row, setting)
             (bad if isinstance(want, str) else ok).append((row, messages, want))
-        got = data.tokenize_rows([row for row, _, _ in ok], tok, progress=False, **setting)
+        got = chat_tokens.tokenize_rows([row for row, _, _ in ok], tok, progress=False, **setting)
         assert len(got) == len(ok)
         for (ids, mask), (row, messages, (want_ids, want_mask)) in zip(got, ok):
             assert ids.dtype == want_ids.dtype == np.int32 and mask.dtype == want_mask.dtype == np.int8
             assert ids.tolist() == want_ids.tolist() and mask.tolist() == want_mask.tolist(), (setting, row)
-            prompt, answer, _ = data.split_answer(tok, messages)
+            prompt, answer, _ = chat_tokens.split_answer(tok, messages)
             p_ids, a_ids = (tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, answer))
             assert want_ids.tolist() == p_ids + a_ids + [eot_id]  # the templates write <bos> themselves
             assert want_mask.tolist() == [0] * len(p_ids) + [1] * (len(a_ids) + 1)
         for row, _, message in bad:
             with pytest.raises(data.DataError) as e:
-                data.tokenize_rows([row], tok, progress=False, **setting)
+                chat_tokens.tokenize_rows([row], tok, progress=False, **setting)
             assert str(e.value) == message
         checked, rejected = checked + len(ok), rejected + len(bad)
     assert checked > 2 * rejected > 0  # mostly examples; some rows rejected (nothing to train on, a second <bos>)
@@ -252,8 +252,8 @@ def test_tokenize_rows_ignores_state_a_plain_call_resets(state, tokenizers):
     else:
         tok.split_special_tokens = True
     rows = [dict(r) for r in data.load_rows(**SHIPPED).select(range(6))]
-    got = data.tokenize_rows(rows, tok, progress=False)
-    want = [data.tokenize_example(tok, data.to_messages(r)) for r in rows]
+    got = chat_tokens.tokenize_rows(rows, tok, progress=False)
+    want = [chat_tokens.tokenize_example(tok, chat_tokens.to_messages(r)) for r in rows]
     assert all(len(ids) > 8 for ids, _ in want)
     for (ids, mask), (ids2, mask2) in zip(got, want):
         assert ids.tolist() == ids2.tolist() and mask.tolist() == mask2.tolist()

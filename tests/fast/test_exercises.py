@@ -142,11 +142,11 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
 
 def test_the_mask_exercise_means_what_data_tokenize_example_does(tokenizer):
     """Both train on the last answer and its closing end-of-turn token, and on nothing else."""
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.fixes import chat_tokens
 
     tok = tokenizer
     for chat in exercises._MASK_CHATS:
-        ids, mask = data.tokenize_example(tok, chat)
+        ids, mask = chat_tokens.tokenize_example(tok, chat)
         trained = ids[mask == 1].tolist()
         assert mask[-len(trained):].all(), "the trained tokens are the tail of the sequence"
         eot = tok.convert_ids_to_tokens(trained[-1])
