@@ -14,6 +14,7 @@ import math
 
 from . import compat, expert_lora, layout
 from .errors import GemmaTpuError
+from .partition_specs import annotated_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,9 +337,7 @@ def _place_lora(model):
         return model
 
     def wanted(v):
-        md = v.get_metadata()
-        names = next((md[k] for k in ("out_sharding", "sharding_names", "sharding") if md.get(k) is not None), ())
-        return NamedSharding(mesh, P(*names))
+        return NamedSharding(mesh, P(*(annotated_spec(v)[0] or ())))
 
     placed = jax.jit(lambda xs: xs, out_shardings=[wanted(v) for v in variables])([v.value for v in variables])
     for v, x in zip(variables, placed):

@@ -1,9 +1,21 @@
 """PartitionSpec arithmetic on plain shapes: the bytes one device holds, the dims a mesh cannot divide, and the
-spec with only the offending axes dropped. ``sizes`` maps mesh axis names to their sizes (``dict(mesh.shape)``)."""
+spec with only the offending axes dropped. ``sizes`` maps mesh axis names to their sizes (``dict(mesh.shape)``).
+And where a flax variable keeps its annotation (:func:`annotated_spec`)."""
 
 from __future__ import annotations
 
 import math
+
+SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")  # flax's metadata keys for an annotation, newest first
+
+
+def annotated_spec(variable) -> tuple[tuple | None, str | None]:
+    """An nnx variable's annotated spec and the metadata key that holds it; ``(None, None)`` when it has none."""
+    md = variable.get_metadata()
+    for key in SPEC_KEYS:
+        if md.get(key) is not None:
+            return tuple(md[key]), key
+    return None, None
 
 
 def axes_of(entry) -> tuple[str, ...]:

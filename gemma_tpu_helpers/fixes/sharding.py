@@ -14,9 +14,7 @@ import math
 
 from . import gemma4
 from .errors import GemmaTpuError
-from .partition_specs import bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
-
-_SPEC_KEYS = ("out_sharding", "sharding_names", "sharding")
+from .partition_specs import annotated_spec, bytes_per_device, divisible_spec, dtype_bits, indivisible_dims
 
 
 @dataclasses.dataclass
@@ -61,14 +59,6 @@ class ShardingError(GemmaTpuError, ValueError):
 
 def _mesh_sizes(mesh) -> dict[str, int]:
     return dict(mesh.shape)
-
-
-def _spec_of(v) -> tuple[tuple | None, str | None]:
-    md = v.get_metadata()
-    for key in _SPEC_KEYS:
-        if key in md and md[key] is not None:
-            return tuple(md[key]), key
-    return None, None
 
 
 def _fmt(spec) -> str:
@@ -120,7 +110,7 @@ def audit(model, mesh) -> list[ParamAudit]:
         value = v.value
         shape, dtype = tuple(value.shape), value.dtype
         ndim = len(shape)
-        spec, _ = _spec_of(v)
+        spec, _ = annotated_spec(v)
         is_lora = isinstance(v, nnx.LoRAParam)
         flags = []
         rank_ok = spec is None or len(spec) <= ndim and not (is_lora and spec and len(spec) != ndim)
@@ -186,7 +176,7 @@ def _lora_spec_from_base(model, path, ndim) -> tuple | None:
     base_var = base if isinstance(base, nnx.Variable) else getattr(getattr(base, "array", None), "qvalue", None)
     if not isinstance(base_var, nnx.Variable):
         return None
-    base_spec, _ = _spec_of(base_var)
+    base_spec, _ = annotated_spec(base_var)
     if base_spec is None:
         return (None,) * ndim
     lora_str = getattr(module, base_name + "_lora_einsum_str", None)
@@ -230,7 +220,7 @@ def fix_shardings(model, mesh, apply: bool = True) -> list[ShardingChange]:
         row = before[key]
         value = v.value
         shape, ndim = tuple(value.shape), len(value.shape)
-        spec, meta_key = _spec_of(v)
+        spec, meta_key = annotated_spec(v)
         new = spec
         reasons = []
         derived = _expected_lora_spec(model, path, shape, sizes) if isinstance(v, nnx.LoRAParam) else None
@@ -278,7 +268,7 @@ def apply_annotations(model, mesh) -> None:
     placements = []
     for path, v in _params(model):  # check everything first, so a failure changes nothing
         value = v.value
-        spec, _ = _spec_of(v)
+        spec, _ = annotated_spec(v)
         try:
             want = _named(mesh, spec, value.ndim)
             want.shard_shape(tuple(value.shape))  # raises when a dim does not divide
