@@ -24,6 +24,7 @@ from pathlib import Path
 from ..fixes import model_size
 from ..fixes.file_io import write_atomic
 from . import base_model, paths
+from .param_memory import DTYPE_BYTES
 
 DRIVE_MOUNT = "drive"  # under the working directory: /content/drive on Colab, where a notebook starts in /content
 DRIVE_RUNS = "MyDrive/gemma-tpu/runs"  # under the mount point
@@ -68,8 +69,9 @@ def stop_for_restart(preloaded: dict[str, str]) -> None:
 
 def drive_gb(profile) -> float:
     """What a profile's run directory holds at most, in GB: the base checkpoint and its merged copy (the text
-    weights in the profile's dtype, bf16: 2 bytes each; the towers and the LoRA checkpoints are small beside them)."""
-    return 2 * model_size.param_count(base_model.profile_text_config(profile)) * 2 / 1e9
+    weights in the profile's dtype; the towers and the LoRA checkpoints are small beside them)."""
+    weight_bytes = DTYPE_BYTES[profile.model.dtype]
+    return 2 * model_size.param_count(base_model.profile_text_config(profile)) * weight_bytes / 1e9
 
 
 def setup(profile, mount: bool = True) -> dict:

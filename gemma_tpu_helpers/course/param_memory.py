@@ -11,7 +11,7 @@ from ..fixes import layout
 from ..fixes.model_size import expert_param_count, param_count
 from .profiles import Profile
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 GIB = 1024**3
 
 
@@ -28,7 +28,7 @@ def memory_estimate(profile: Profile, text_config: dict) -> dict:
     """Per-device bytes for frozen params (fully sharded), LoRA params, their grads and AdamW state (replicated)."""
     p = param_count(text_config)
     lora = lora_param_count(text_config, profile.lora.rank, profile.lora.targets, profile.lora.expert_rank)
-    nbytes = _DTYPE_BYTES[profile.model.dtype]
+    nbytes = DTYPE_BYTES[profile.model.dtype]
     devices = profile.hardware.num_devices
     quantized = quantized_param_count(text_config, profile.lora.targets) if profile.lora.qlora else 0
     base = (p - quantized) * nbytes + quantized * nf4_bytes(nbytes)

@@ -208,7 +208,7 @@ def resolve_run(profile: Profile, run_dir: str | os.PathLike | Run | None = None
     if run_dir.exists() and not run_dir.is_dir():
         raise file_io.PathArgumentError(f"{run_dir} is a file; --run-dir takes a directory (checkpoints, metrics "
                                         f"and the base go under it).")
-    return Run(profile, run_dir, profile.run_dir(paths.default_runs_root()) if file_io.is_remote(run_dir) else run_dir)
+    return Run(profile, run_dir, profile.local_dir(run_dir))
 
 
 _PAPER_LORA = LoraSpec(rank=64, alpha=64, dropout=0.05)
