@@ -50,8 +50,8 @@ _CHECKED: set = set()  # (a base, its files' names, sizes and mtimes) checked in
 def _checked(base: Path) -> Path:
     """``gemma4.check_checkpoint(base)``: the course's one check of a base's files, once per process while they stay
     as they were (the loader in fixes/gemma4 checks again: a copied fix has no course around it)."""
-    key = (str(base), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(base.iterdir())
-                            if p.is_file()))
+    key = (str(base), tuple((p.name, s.st_size, s.st_mtime_ns) for p in sorted(base.iterdir())
+                            if p.is_file() for s in [p.stat()]))
     if key not in _CHECKED:
         gemma4.check_checkpoint(base)
         _CHECKED.add(key)

@@ -249,9 +249,10 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     targets = targets or lora.HF_TARGETS
     model, _ = lora.apply_lora(base, targets=targets, rank=rank, alpha=alpha, abstract=True, expert_rank=expert_rank)
     mesh = jax.sharding.AbstractMesh(tuple(mesh_shape), tuple(axes))
-    before = pd.DataFrame(sharding.audit(model, mesh))
+    audited = sharding.audit(model, mesh)
     changes = pd.DataFrame(sharding.fix_shardings(model, mesh, apply=False))
-    after = pd.DataFrame(sharding.audit(model, mesh))
+    fixed = sharding.audit(model, mesh)
+    before, after = pd.DataFrame(audited), pd.DataFrame(fixed)
     weight = before["path"].str.startswith("layers/").map({True: periods, False: 1})
 
     def total(df, kind, column="bytes_per_device"):
@@ -267,8 +268,8 @@ def plan_lora_sharding(text_config: dict, mesh_shape: tuple[int, ...] = (1, 4), 
     ]
     summary = pd.DataFrame(rows).set_index("what")
     summary.loc["total"] = summary.sum()
-    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=int((before["flag"] != "").sum()),
-                         periods=periods, flags_after=int((after["flag"] != "").sum()))
+    summary.attrs.update(mesh=dict(zip(axes, mesh_shape)), flags=len(sharding.flagged(audited)), periods=periods,
+                         flags_after=len(sharding.flagged(fixed)))
     return summary, before, changes
 
 
