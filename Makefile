@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 PROFILE ?= smoke
 JAX_CACHE_ALL := JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export GEMMA_TPU_SERVE_PYTHON := $(abspath $(SERVE_VENV))/bin/python
-# Built tools shared by every clone on the machine (CI reuses them); course/paths.py looks there too.
+# Built tools shared by every clone on the machine (CI reuses them); course/config/paths.py looks there too.
 GEMMA_TPU_TOOLS ?= $(HOME)/.cache/gemma-tpu
 export GEMMA_TPU_TOOLS
 IVERILOG_PREFIX := $(GEMMA_TPU_TOOLS)/iverilog-12

@@ -22,6 +22,7 @@ must, on this machine at that load.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import statistics
@@ -39,8 +40,8 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
     """``n`` shipped rows (cycled), prompts repeated to reach CodeV-R1-like example lengths."""
     import json
 
-    from gemma_tpu_helpers.course import paths
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.course.config import paths
+    from gemma_tpu_helpers.fixes.train import data
 
     shipped = [json.loads(line) for line in paths.SHIPPED_SFT.read_text().splitlines() if line.strip()]
     targets = data.codev_like_lengths(n=n, seed=seed)
@@ -55,9 +56,11 @@ def codev_like_rows(tokenizer, n: int, seed: int = 0) -> list[dict]:
 
 
 def data_module_at(rev: str):
-    """``gemma_tpu_helpers.fixes.data`` as it was at git revision ``rev`` (``gemma_tpu_helpers/data.py`` before the two
-    tiers), its relative imports resolved in ``fixes/``; None when git or the revision is missing."""
-    for path in ("gemma_tpu_helpers/fixes/data.py", "gemma_tpu_helpers/data.py"):
+    """``gemma_tpu_helpers.fixes.train.data`` as it was at git revision ``rev``; None when git or the revision is
+    missing. A file from before the stage folders (``fixes/data.py``, or ``gemma_tpu_helpers/data.py`` before the two
+    tiers) has its relative imports (``from .errors import ...``) resolved to today's module of that name."""
+    for path in ("gemma_tpu_helpers/fixes/train/data.py", "gemma_tpu_helpers/fixes/data.py",
+                 "gemma_tpu_helpers/data.py"):
         try:
             source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True,
                                     text=True).stdout
@@ -66,9 +69,17 @@ def data_module_at(rev: str):
             source = None
     if source is None:
         return None
-    name = "gemma_tpu_helpers.fixes._data_before"
+    package = "gemma_tpu_helpers.fixes.train"
+    if not path.endswith("/train/data.py"):  # a flat folder: each sibling it imports is one of today's fixes
+        package = "gemma_tpu_helpers.fixes._flat"
+        sys.modules[package] = importlib.util.module_from_spec(importlib.util.spec_from_loader(package, loader=None))
+        for file in (REPO / "gemma_tpu_helpers" / "fixes").glob("*/*.py"):
+            if file.stem != "__init__":
+                sys.modules[f"{package}.{file.stem}"] = importlib.import_module(
+                    f"gemma_tpu_helpers.fixes.{file.parent.name}.{file.stem}")
+    name = f"{package}._data_before"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__, module.__file__ = "gemma_tpu_helpers.fixes", str(REPO / path)
+    module.__package__, module.__file__ = package, str(REPO / path)
     sys.modules[name] = module
     exec(compile(source, f"{rev[:7]}:{path}", "exec"), module.__dict__)
     return module
@@ -112,14 +123,14 @@ def stages(module, rows, tokenizer, prof) -> dict[str, float]:
 
 def _bare_tokenizer(texts: list[str], tokenizer) -> int:
     """The floor: the same prompt and answer texts through the tokenizer alone, in tokenize_rows's batches."""
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.fixes.train import data
 
     return sum(len(ids) for i in range(0, len(texts), 2 * data.TOKENIZE_BATCH)
                for ids in data._encode_texts(tokenizer, texts[i:i + 2 * data.TOKENIZE_BATCH]))
 
 
 def _pipeline(rows: list[dict], tokenizer, spec) -> int:
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.fixes.train import data
 
     return sum(len(ids) for ids, _ in data.tokenize_rows(rows, tokenizer, progress=False, spec=spec))
 
@@ -149,7 +160,7 @@ def floor_ratios(rows: list[dict], tokenizer, prof, repeat: int) -> str:
     1 process 1,834 / 2,128 rows/s against the tokenizer's 3,053 / 2,983 (0.60 / 0.71); 2 processes 0.65 / 0.68 (the
     Rust tokenizer of one process already uses both cores). The chat template's 3 renders a row are 32% of the
     pipeline's single-thread time: they stand between it and 0.9."""
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.fixes.train import data
 
     splits = [data.split_answer(tokenizer, data.spec_messages(r, prof.data)) for r in rows]
     lines = [f"the pipeline against the bare tokenizer on the same rows (load {os.getloadavg()[0]:.2f}):"]
@@ -189,8 +200,8 @@ def main(argv=None) -> int:
                    help="only: rows/s of tokenize_rows at 1,000, 3,000 and 10,000 rows")
     args = p.parse_args(argv)
 
-    from gemma_tpu_helpers.course import profiles, tiny
-    from gemma_tpu_helpers.fixes import data
+    from gemma_tpu_helpers.course.config import profiles, tiny
+    from gemma_tpu_helpers.fixes.train import data
 
     prof = profiles.get_profile("v5p-8")
     tokenizer = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"])

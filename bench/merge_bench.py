@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from gemma_tpu_helpers.fixes import model_size
+from gemma_tpu_helpers.fixes.model import model_size
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -56,7 +56,7 @@ BENCH_OVERRIDES = {"vocab_size": 32768, "hidden_size": 2048, "intermediate_size"
 
 
 def text_config(layers: int) -> dict:
-    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.course.config import tiny
 
     return dict(tiny.tiny_text_config(layers), **BENCH_OVERRIDES)
 
@@ -75,7 +75,7 @@ def tensor_specs(text: dict) -> list[tuple[str, tuple[int, ...]]]:
 def check_specs_match_tiny(tmp: Path) -> None:
     """The meta-model key list reproduces what save_pretrained writes (checked on the real tiny checkpoint), the
     vision tower aside: the synthetic base has none (the merge copies it byte for byte, like any untargeted tensor)."""
-    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.course.config import tiny
 
     base = tiny.write_tiny_model(tmp / "tiny", layers=6, overwrite=True)
     vision = ("model.vision_tower.", "model.embed_vision.")
@@ -122,7 +122,8 @@ def write_base(out: Path, layers: int, shard_mb: int, seed: int = 0) -> Path:
 
 
 def write_lora(ckpt: Path, base: Path, rank: int = 64) -> Path:
-    from gemma_tpu_helpers.fixes import gemma4, layout, lora, lora_checkpoint
+    from gemma_tpu_helpers.fixes.model import gemma4, layout
+    from gemma_tpu_helpers.fixes.train import lora, lora_checkpoint
 
     text = gemma4.read_text_config(base)
     arrays = layout.synthetic_lora(text, lora.HF_TARGETS, rank)
@@ -137,7 +138,9 @@ def paper_merge(base: Path, ckpt: Path, out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan
+    from gemma_tpu_helpers.fixes.export import merge_plan
+    from gemma_tpu_helpers.fixes.model import gemma4
+    from gemma_tpu_helpers.fixes.train import lora_checkpoint
 
     index = json.loads((base / "model.safetensors.index.json").read_text())
     state = {}
@@ -205,7 +208,7 @@ def main(argv=None) -> int:
     subprocess.run(f"cat {base}/*.safetensors > /dev/null", shell=True, check=True)  # warm the page cache
 
     py = sys.executable
-    merge_cmd = lambda kernel, out: [py, "-c", "import sys; from gemma_tpu_helpers.fixes import merge; "  # noqa: E731
+    merge_cmd = lambda kernel, out: [py, "-c", "import sys; from gemma_tpu_helpers.fixes.export import merge; "  # noqa: E731
                                       "merge.merge_lora(*sys.argv[1:4], progress=False, kernel=sys.argv[4])",
                                       str(base), str(ckpt), str(out), kernel]
     cpu_only = {"JAX_PLATFORMS": "cpu"}  # a host-side step: no accelerator (and no libtpu start-up)
@@ -215,7 +218,7 @@ def main(argv=None) -> int:
     # the streamed weight check of this round's streamed merge (verify --weights): reads base and merged, no writes
     ways = {"streamed merge, XLA kernel (merge.merge_lora)": (merge_cmd("xla", work / "out_streamed"), cpu_only),
             "cp -r base": (["cp", "-r", str(base), str(work / "out_cp")], None),
-            check: ([py, "-c", "import sys; from gemma_tpu_helpers.fixes import weight_check; "
+            check: ([py, "-c", "import sys; from gemma_tpu_helpers.fixes.export import weight_check; "
                      "r = weight_check.verify_weights(*sys.argv[1:4], progress=False); sys.exit(0 if r['ok'] else 1)",
                      str(base), str(ckpt), str(work / "out_streamed")], cpu_only)}
     for i in range(args.repeat):
@@ -271,7 +274,7 @@ def dot_seconds(a: np.ndarray, b: np.ndarray, scale: float, out_dim: int, in_dim
     (same shapes, same precision; no read, no add, no rounding, no write); median of ``repeat``."""
     import jax
 
-    from gemma_tpu_helpers.fixes import safetensors_io
+    from gemma_tpu_helpers.fixes.export import safetensors_io
 
     cpu = jax.devices("cpu")[0]
     dot = _dot_kernel()
@@ -295,7 +298,9 @@ def _dot_kernel():
 
 def dots_alone(base: Path, ckpt: Path) -> float:
     """Seconds of every targeted tensor's ΔW matmuls alone (:func:`dot_seconds`), the whole checkpoint."""
-    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan
+    from gemma_tpu_helpers.fixes.export import merge_plan
+    from gemma_tpu_helpers.fixes.model import gemma4
+    from gemma_tpu_helpers.fixes.train import lora_checkpoint
 
     _, arrays = lora_checkpoint.restore_lora(ckpt)
     deltas = merge_plan.plan_merge(arrays, lora_checkpoint.read_lora_config(ckpt), gemma4.read_text_config(base))
@@ -315,7 +320,7 @@ def scaling(work: Path, shard_mb: int, layers=(6, 12, 18)) -> str:
         write_lora(ckpt, base)
         gb = sum(p.stat().st_size for p in base.glob("*.safetensors")) / 1e9
         subprocess.run(f"cat {base}/*.safetensors > /dev/null", shell=True, check=True)
-        merge_s, _ = timed([py, "-c", "import sys; from gemma_tpu_helpers.fixes import merge; "
+        merge_s, _ = timed([py, "-c", "import sys; from gemma_tpu_helpers.fixes.export import merge; "
                             "merge.merge_lora(*sys.argv[1:4], progress=False)", str(base), str(ckpt),
                             str(work / "out")], {"JAX_PLATFORMS": "cpu"})
         cp_s, _ = timed(["cp", "-r", str(base), str(work / "out_cp")])
@@ -336,7 +341,7 @@ def _shard_tensors(path: Path) -> dict[str, np.ndarray]:
 def kernel_differences(xla_dir: Path, numpy_dir: Path) -> str:
     """Every tensor of the two merges compared: untargeted must be identical; targeted, how many elements differ
     and by how many ulps (merge.ulp_distance)."""
-    from gemma_tpu_helpers.fixes import safetensors_io
+    from gemma_tpu_helpers.fixes.export import safetensors_io
 
     counts, total, untargeted_diff, worst = {}, 0, 0, 0
     for shard in sorted(p.name for p in xla_dir.glob("*.safetensors")):
@@ -383,7 +388,9 @@ def shard_profile(base: Path, ckpt: Path) -> str:
     import jax
     import ml_dtypes
 
-    from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge_plan, safetensors_io
+    from gemma_tpu_helpers.fixes.export import merge_plan, safetensors_io
+    from gemma_tpu_helpers.fixes.model import gemma4
+    from gemma_tpu_helpers.fixes.train import lora_checkpoint
 
     _, shards, _ = safetensors_io.base_layout(base)
     _, arrays = lora_checkpoint.restore_lora(ckpt)
@@ -476,7 +483,7 @@ def targeted_31b(c: dict) -> tuple[dict[tuple[int, int], int], int]:
     """({(out, in): how many such targeted tensors}, total parameter count) of the real 31B, all 7 targets."""
     import collections
 
-    from gemma_tpu_helpers.fixes import layout
+    from gemma_tpu_helpers.fixes.model import layout
 
     return dict(collections.Counter(layout.targeted_weights(c).values())), model_size.param_count(c)
 
@@ -487,7 +494,8 @@ def projection(copy_bytes_per_s: float, work: Path, rank: int = 64) -> str:
     import ml_dtypes
     from safetensors.numpy import save_file
 
-    from gemma_tpu_helpers.fixes import gemma4, merge_plan, safetensors_io, weight_check
+    from gemma_tpu_helpers.fixes.export import merge_plan, safetensors_io, weight_check
+    from gemma_tpu_helpers.fixes.model import gemma4
 
     c = gemma4.GEMMA4_31B_TEXT_CONFIG
     rng = np.random.default_rng(0)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gemma_tpu_helpers.course import base_model, plan, profiles  # noqa: E402
-from gemma_tpu_helpers.fixes import gemma4  # noqa: E402
+from gemma_tpu_helpers.course.budget import plan  # noqa: E402
+from gemma_tpu_helpers.course.config import base_model, profiles
+from gemma_tpu_helpers.fixes.model import gemma4  # noqa: E402
 
 GOAL = 1.02
 
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="checkpoint to train (default: the profile's base model)")
     args = ap.parse_args()
     profile = profiles.configure_jax(args.profile)
-    from gemma_tpu_helpers.course import helper_overhead
+    from gemma_tpu_helpers.course.runs import helper_overhead
 
     base = Path(args.base) if args.base else base_model.ensure_base(profile)
     with tempfile.TemporaryDirectory(prefix="train_step_bench_") as tmp:

@@ -1,13 +1,13 @@
 """``python -m gemma_tpu_helpers <step> ...``: the functions the notebooks call, from a shell (for tmux on a TPU VM).
-Each step is defined once, in a ``course/commands_*`` module; ``course/cli.py`` holds the pattern."""
+Each step is defined once, in a ``course/commands/commands_*`` module; ``course/commands/cli.py`` holds the pattern."""
 
 from __future__ import annotations
 
 import gc
 import sys
 
-from .course import commands_course, commands_model, commands_serve, commands_train
-from .course.cli import build_parser, run_cli
+from .course.commands import commands_course, commands_model, commands_serve, commands_train
+from .course.commands.cli import build_parser, run_cli
 
 COMMANDS = commands_model.COMMANDS + commands_train.COMMANDS + commands_serve.COMMANDS + commands_course.COMMANDS
 

@@ -8,7 +8,7 @@ try:
 except ImportError:  # pytest without nbmake: nothing runs a kernel here
     nb_run = None
 
-from gemma_tpu_helpers.course import logbook
+from gemma_tpu_helpers.course.front import logbook
 
 if nb_run is not None:
     nb_run.NotebookClient = logbook.notebook_client

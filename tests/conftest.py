@@ -21,7 +21,7 @@ os.environ.setdefault("GEMMA_TPU_PROFILE", "smoke")
 # spinning threads, 12.2 s with passive ones (9.0 s with one thread). Set before torch is imported; processes the
 # tests start (the CLI, vLLM) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from gemma_tpu_helpers.course import paths, profiles  # noqa: E402
+from gemma_tpu_helpers.course.config import paths, profiles  # noqa: E402
 
 SMOKE = profiles.configure_jax("smoke")
 # The Makefile puts `make iverilog`'s build first on PATH; a bare `pytest` gets the same here, for the tests that
@@ -51,7 +51,7 @@ def smoke():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """One tiny checkpoint for the whole session (read-only for tests: copy it before changing it)."""
-    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.course.config import tiny
 
     return tiny.write_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=0, layers=6)
 
@@ -67,7 +67,7 @@ def tokenizer(tiny_dir):
 @pytest.fixture(scope="session")
 def e2b_dir(tmp_path_factory):
     """The tiny E2B replica (KV-shared layers, per-layer inputs), once for the session; read-only for tests."""
-    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.course.config import tiny
 
     return tiny.write_tiny_model(tmp_path_factory.mktemp("e2b") / "base", variant="e2b")
 
@@ -80,7 +80,7 @@ def mesh():
 
 @pytest.fixture(scope="session")
 def tunix_model(tiny_dir, mesh):
-    from gemma_tpu_helpers.fixes import gemma4
+    from gemma_tpu_helpers.fixes.model import gemma4
 
     return gemma4.load_model(tiny_dir, mesh, dtype="float32")
 
@@ -91,7 +91,7 @@ def smoke_run(tmp_path_factory, tiny_dir):
     checkpoint every SMOKE_RUN_EVERY (what support.train_args runs). The reference of test_resume's killed and resumed
     runs, the checkpoints test_merge merges, the run test_train checks; trained once. Read-only for tests: copy it
     before changing it. (run_dir, TrainResult)."""
-    from gemma_tpu_helpers.course import train
+    from gemma_tpu_helpers.course.runs import train
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
     return run_dir, train.train(smoke_run_profile(), run_dir=run_dir, base_dir=tiny_dir, max_steps=SMOKE_RUN_STEPS,

@@ -39,14 +39,14 @@ def short_rows(profile, seq: int = 256):
 
 def smoke_run_profile():
     """The smoke profile as conftest's smoke run and support.train_args train it: rows of SMOKE_RUN_SEQ tokens."""
-    from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.course.config import profiles
 
     return short_rows(profiles.get_profile("smoke"), SMOKE_RUN_SEQ)
 
 
 def serve_python() -> Path:
     """The serving venv's python, as the course finds it ($GEMMA_TPU_SERVE_PYTHON, else .venv-serve)."""
-    from gemma_tpu_helpers.course import paths
+    from gemma_tpu_helpers.course.config import paths
 
     return paths.serve_python()
 
@@ -59,7 +59,7 @@ needs_serve_venv = pytest.mark.skipif(not SERVE_PY.is_file(), reason="no serving
 def vllm(spec, model, log_path, **start_kwargs):
     """A real vLLM server (``vllm_server.start``, 127.0.0.1) for a module's tests, stopped afterwards, also when a CI
     timeout's SIGTERM arrives (it unwinds through ``finally``); the tests skip without the serving venv."""
-    from gemma_tpu_helpers.fixes import vllm_server
+    from gemma_tpu_helpers.fixes.serve import vllm_server
 
     if not SERVE_PY.is_file():
         pytest.skip("no serving venv: run `make serve-venv`")
@@ -156,7 +156,7 @@ def losses(metrics):
 
 def wait_for_step(run_dir, procs, timeout=900) -> None:
     """Until process 0 has written the metrics of step 1 in ``run_dir`` (local or gs://): training runs, compiled."""
-    from gemma_tpu_helpers.fixes import file_io
+    from gemma_tpu_helpers.fixes.core import file_io
 
     path = file_io.to_path(str(run_dir)) / "train" / "metrics.jsonl"
     deadline = time.monotonic() + timeout
@@ -169,7 +169,7 @@ def wait_for_step(run_dir, procs, timeout=900) -> None:
 
 def stopped_step(out: str) -> int:
     """The step a preempted training says it stopped after (its one line, with the exit code and how to resume)."""
-    from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+    from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT
 
     line = next((x for x in out.splitlines() if x.startswith("preempted: SIGTERM: stopped after step ")), None)
     assert line is not None, out[-4000:]
@@ -180,7 +180,7 @@ def stopped_step(out: str) -> int:
 def sigterm_processes(run_dir, procs, to: int = 0) -> tuple[list[tuple[int, str]], float]:
     """A SIGTERM to the session of ``procs[to]`` once step 1 is recorded in ``run_dir`` (as a spot VM's shutdown
     sends it); every process must exit 75. ``([(returncode, output)], seconds from the signal to the last exit)``."""
-    from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+    from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT
 
     try:
         wait_for_step(run_dir, procs)
@@ -201,7 +201,7 @@ def check_resume(reference, run_dir, after_step: int, steps=SMOKE_RUN_STEPS, eve
     run's bit for bit. One process on one machine runs the same compiled program on the same inputs, which a CPU
     computes the same way each time: a resume that restored every bit (parameters, optimizer state, the data's
     position) cannot differ by even one rounding."""
-    from gemma_tpu_helpers.course import train
+    from gemma_tpu_helpers.course.runs import train
 
     a, b = losses(reference.metrics), losses(train.read_metrics(run_dir))
     want = list(range(1 if every_step else after_step + 1, steps + 1))
@@ -286,24 +286,25 @@ def path_of(module: str) -> Path:
 
 
 def copy_lines():
-    """{notebook: (module as "<tier>.<name>", the files its 'Copy into your project' line lists)}."""
+    """{notebook: (module as "<tier>.<folder>.<name>", the files its 'Copy into your project' line lists, the same
+    way)}."""
     import nbformat
 
     out = {}
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
-        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(fixes|course)/(\w+)\.py` and what it "
-                      r"imports from this package: ([^(]*)\(", text)
+        m = re.search(r"\*\*Copy into your project:\*\* `gemma_tpu_helpers/(fixes|course)/(\w+)/(\w+)\.py` and what "
+                      r"it imports from this package: ([^(]*)\(", text)
         assert m, f"{path.name} has no 'Copy into your project' line"
-        out[path.stem] = (f"{m.group(1)}.{m.group(2)}",
-                          {f"{t}.{n}" for t, n in re.findall(r"`(fixes|course)/(\w+)\.py`", m.group(3))})
+        out[path.stem] = (f"{m.group(1)}.{m.group(2)}.{m.group(3)}",
+                          {".".join(f) for f in re.findall(r"`(fixes|course)/(\w+)/(\w+)\.py`", m.group(4))})
     return out
 
 
 def have_iverilog() -> bool:
     """Whether Icarus Verilog 12 is installed (``make iverilog``): the eval tests score by simulating."""
-    from gemma_tpu_helpers.course import paths  # noqa: F401  (importing the course puts its Icarus first on PATH)
-    from gemma_tpu_helpers.fixes import eval_simulate
+    from gemma_tpu_helpers.course.config import paths  # noqa: F401  (importing the course puts its Icarus first on PATH)
+    from gemma_tpu_helpers.fixes.eval import eval_simulate
 
     try:
         return bool(eval_simulate.simulator_tools())
@@ -353,7 +354,8 @@ def lora_train_steps(model, steps=1) -> list[float]:
 
 def lora_ckpt(base: Path, ckpt: Path, steps=((1, 0),), std: float = 0.05) -> Path:
     """A LoRA checkpoint on every target of ``base``, one synthetic LoRA per (step, seed)."""
-    from gemma_tpu_helpers.fixes import gemma4, layout, lora_checkpoint
+    from gemma_tpu_helpers.fixes.model import gemma4, layout
+    from gemma_tpu_helpers.fixes.train import lora_checkpoint
 
     text = gemma4.read_text_config(base)
     meta = {"targets": list(layout.TARGETS), "rank": 4, "alpha": 8.0, "num_layers": text["num_hidden_layers"]}

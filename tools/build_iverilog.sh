@@ -12,7 +12,7 @@
 # autoconf's default -g -O2, and 7 MB installed instead of 65 MB; the simulations of the evaluation are tiny either way
 # (the 28 shipped problems: 1.0 s with both builds). `make setup` runs it beside pip, which fills the two venvs.
 # PREFIX lives outside the clone, so CI and fresh clones reuse it; the course puts it first on PATH
-# (course/paths.py, iverilog_prefix).
+# (course/config/paths.py, iverilog_prefix).
 set -euo pipefail
 
 VERSION=12.0

@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args()
 
-    from gemma_tpu_helpers.course import learning_check, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.runs import learning_check
 
     profile = profiles.configure_jax(profiles.get_profile(args.profile))
     changes = {k: v for k, v in (("steps", args.steps), ("learning_rate", args.lr), ("rank", args.rank),

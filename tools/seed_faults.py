@@ -49,7 +49,7 @@ class Fault:
 FAULTS: tuple[Fault, ...] = (
     Fault(
         "lora-table-loses-k_einsum",
-        "gemma_tpu_helpers/fixes/layout.py",
+        "gemma_tpu_helpers/fixes/model/layout.py",
         '    Row("k_proj", "attn/k_einsum", "w", "self_attn.k_proj", lambda L: (L.k, L.d, L.h),\n'
         '        lambda L, r: (L.d, r), lambda L, r: (r, L.k, L.h), lambda L: L.k_eq_v and not L.kv_shared,\n'
         '        note="global k=v layer: K only (it is also V); regexes without k_einsum miss it"),\n',
@@ -59,35 +59,35 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "loss-mask-covers-prompt",
-        "gemma_tpu_helpers/fixes/chat_tokens.py",
+        "gemma_tpu_helpers/fixes/train/chat_tokens.py",
         "    mask[len(p_ids):] = 1\n",
         "    mask[:] = 1\n",
         "the assistant-only loss mask is 1 on every token, so the prompt is trained on too",
     ),
     Fault(
         "merge-skips-a-tensor",
-        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "gemma_tpu_helpers/fixes/export/merge_plan.py",
         "        for row in rows:\n",
         "        for row in rows[:1]:\n",
         "one ΔW per tunix module: kv_einsum's second row (v_proj, B[:, 1]) is silently left out of the merge",
     ),
     Fault(
         "merge-scale-alpha",
-        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "gemma_tpu_helpers/fixes/export/merge_plan.py",
         "    scale = alpha / rank\n",
         "    scale = alpha\n",
         "the merge scales ΔW by alpha instead of alpha/rank (right only at rank 1)",
     ),
     Fault(
         "serve-base-not-merged",
-        "gemma_tpu_helpers/course/learning_check.py",
+        "gemma_tpu_helpers/course/runs/learning_check.py",
         '    after = answers(done.model_dir, "after")\n',
         '    after = answers(base_model.ensure_base(profile), "after")\n',
         "the learning check serves (and scores) the base model after training instead of the merged one",
     ),
     Fault(
         "sigterm-exits-without-saving",
-        "gemma_tpu_helpers/course/train.py",
+        "gemma_tpu_helpers/course/runs/train.py",
         "        trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed\n",
         "        trainer.checkpoint_manager.close()  # Orbax closed\n",
         "on SIGTERM (preemption) training closes Orbax without saving the step in progress: the work since the "
@@ -95,7 +95,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "template-loses-thought-channel",
-        "gemma_tpu_helpers/fixes/chat_format.py",
+        "gemma_tpu_helpers/fixes/model/chat_format.py",
         r"  {%- if not thinking -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}" + "\n",
         "",
         "the 31B chat template (the replica's chat_template.jinja) ends its generation prompt at <|turn>model\\n, "
@@ -103,7 +103,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "eot-id-shifted",
-        "gemma_tpu_helpers/fixes/chat_format.py",
+        "gemma_tpu_helpers/fixes/model/chat_format.py",
         '    106: "<turn|>",\n',
         '    107: "<turn|>",\n',
         "the replica's tokenizer puts <turn|> at 107, not 106 (an off-by-one in the special-token table): "
@@ -113,7 +113,7 @@ FAULTS: tuple[Fault, ...] = (
 FAULTS += (
     Fault(
         "expert-lora-on-every-expert",
-        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "gemma_tpu_helpers/fixes/train/expert_lora.py",
         "            delta = _ops()[0](lhs, lora_a.astype(lhs.dtype), lora_b.astype(lhs.dtype), group_sizes,\n",
         "            delta = _ops()[0](lhs, jax.numpy.broadcast_to(lora_a[:1], lora_a.shape).astype(lhs.dtype),\n"
         "                              lora_b.astype(lhs.dtype), group_sizes,\n",
@@ -121,7 +121,7 @@ FAULTS += (
     ),
     Fault(
         "expert-lora-weight-grads-untied",
-        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "gemma_tpu_helpers/fixes/train/expert_lora.py",
         "        return (*jax.lax.optimization_barrier((dx, da, db)), None)\n",
         "        return dx, da, db, None\n",
         "the experts' LoRA backward leaves dA and dB untied from dx: XLA:TPU computes them at the end of the step and "
@@ -129,7 +129,7 @@ FAULTS += (
     ),
     Fault(
         "megablox-rows-not-cut-per-shard",
-        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "gemma_tpu_helpers/fixes/train/expert_lora.py",
         "            gs = (jnp.clip(ends, lo, lo + m) - jnp.clip(ends - gs, lo, lo + m)).astype(jnp.int32)\n",
         "            gs = gs.astype(jnp.int32)\n",
         "each fsdp shard of the TPU's grouped matmul reads the whole step's group sizes for its half of the rows: "
@@ -137,7 +137,7 @@ FAULTS += (
     ),
     Fault(
         "nf4-levels-swapped",
-        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "gemma_tpu_helpers/fixes/train/expert_lora.py",
         "        levels = [jnp.where(on, hi, lo) for lo, hi in zip(levels[::2], levels[1::2])]\n",
         "        levels = [jnp.where(on, lo, hi) for lo, hi in zip(levels[::2], levels[1::2])]\n",
         "the nf4 experts' dequantisation reads each code's bits the wrong way round: every weight takes a "
@@ -145,7 +145,7 @@ FAULTS += (
     ),
     Fault(
         "merge-fold-skipped",
-        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "gemma_tpu_helpers/fixes/export/merge_plan.py",
         '        out[down] = dataclasses.replace(d, fold=s, note=f"{d.note}; per_expert_scale folded in")\n',
         "        out[down] = d\n",
         "the 26B's per_expert_scale is written as ones but never folded into down_proj: tpu-inference and every other "
@@ -153,21 +153,21 @@ FAULTS += (
     ),
     Fault(
         "fold-scale-wrong-expert",
-        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "gemma_tpu_helpers/fixes/export/merge_plan.py",
         "        folds = [None] * len(self.a) if self.fold is None else self.fold\n",
         "        folds = [None] * len(self.a) if self.fold is None else self.fold[::-1]\n",
         "each expert's down_proj is scaled by another expert's per_expert_scale",
     ),
     Fault(
         "merge-skips-expert-tensors",
-        "gemma_tpu_helpers/fixes/merge_plan.py",
+        "gemma_tpu_helpers/fixes/export/merge_plan.py",
         "            deltas.append(_expert_delta(key, modules[key], expected_experts[key], alpha / expert_rank))\n",
         "            pass\n",
         "the merge leaves the 3-D expert tensors as they were: the trained experts' LoRA is lost in the merged model",
     ),
     Fault(
         "peft-expert-factors-transposed",
-        "gemma_tpu_helpers/fixes/layout.py",
+        "gemma_tpu_helpers/fixes/model/layout.py",
         "    return a.transpose(0, 2, 1).reshape(e * r, d_in), b.transpose(2, 1, 0).reshape(b.shape[2], r * e)\n",
         "    return a.transpose(0, 2, 1).reshape(e * r, d_in), b.transpose(2, 0, 1).reshape(b.shape[2], r * e)\n",
         "the PEFT export groups lora_B's columns by expert instead of by rank: PEFT pairs each expert's A with "
@@ -175,7 +175,7 @@ FAULTS += (
     ),
     Fault(
         "qlora-experts-scale-per-expert-only",
-        "gemma_tpu_helpers/fixes/expert_lora.py",
+        "gemma_tpu_helpers/fixes/train/expert_lora.py",
         "                                           tiled_axes={row.contracted: tile_size})\n",
         "                                           tiled_axes={row.contracted: w.shape[row.contracted]})\n",
         "QLoRA's nf4 experts get one scale per expert and output channel, not per tile of 64 inputs: coarser than "
@@ -183,21 +183,21 @@ FAULTS += (
     ),
     Fault(
         "qlora-skips-the-experts",
-        "gemma_tpu_helpers/fixes/lora.py",
+        "gemma_tpu_helpers/fixes/train/lora.py",
         "    if qlora is not None and _has_experts(lora_model):  # qwix's quantizer never meets them (ragged_dot)\n",
         "    if False:\n",
         "QLoRA leaves the routed experts in bf16 (what qwix alone does): no memory saved on a MoE",
     ),
     Fault(
         "lora-init-eager",
-        "gemma_tpu_helpers/fixes/lora.py",
+        "gemma_tpu_helpers/fixes/train/lora.py",
         "    return _place_lora(nnx.jit(go)(model))\n",
         "    return _place_lora(go(model))\n",
         "qwix's init forward runs eagerly: per-op collectives on a multi-device CPU mesh, which can deadlock",
     ),
     Fault(
         "lora-left-replicated",
-        "gemma_tpu_helpers/fixes/lora.py",
+        "gemma_tpu_helpers/fixes/train/lora.py",
         "    return _place_lora(nnx.jit(go)(model))\n",
         "    return nnx.jit(go)(model)\n",
         "the jitted qwix init leaves every LoRA param replicated on every chip, not placed like its base weight",
@@ -212,14 +212,14 @@ FAULTS += (
     ),
     Fault(
         "profiles-reads-runs-env",
-        "gemma_tpu_helpers/course/profiles.py",
+        "gemma_tpu_helpers/course/config/profiles.py",
         "        root = root or paths.runs_root()\n",
         "        root = root or os.environ.get(\"GEMMA_TPU_RUNS\") or paths.default_runs_root()\n",
         "a second module reads the runs root from the environment: two places to change when the setting moves",
     ),
     Fault(
         "base-checked-every-time",
-        "gemma_tpu_helpers/course/base_model.py",
+        "gemma_tpu_helpers/course/config/base_model.py",
         "    if key not in _CHECKED:\n",
         "    if True:\n",
         "every step that needs the base reads all its shard headers again, three times in one learn",

@@ -12,8 +12,9 @@ import time
 import pytest
 
 import support
-from gemma_tpu_helpers.course import cost, paths, serving_bench
-from gemma_tpu_helpers.fixes import vllm_command, vllm_server
+from gemma_tpu_helpers.course.budget import cost, serving_bench
+from gemma_tpu_helpers.course.config import paths
+from gemma_tpu_helpers.fixes.serve import vllm_command, vllm_server
 from support import REPO
 
 OUTPUT_LEN = 16

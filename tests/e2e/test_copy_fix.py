@@ -1,6 +1,7 @@
 """Copy one fix: for notebooks 00-09, the files of the notebook's "Copy into your project" line go into an empty
-folder as a package of another name (fix00 ... fix09), and the notebook's documented calls run there, in a process
-where ``gemma_tpu_helpers`` cannot be imported. They must give what the same calls give in the package.
+folder as a package of another name (fix00 ... fix09), each file in its stage folder, and the notebook's documented
+calls run there, in a process where ``gemma_tpu_helpers`` cannot be imported. They must give what the same calls
+give in the package.
 
 A fix takes plain arguments: where one takes a model (the step, the sharding audit), the model is made by the copies
 a user would have made it with (notebook 00's ``gemma4.load_model``, notebook 02's ``lora.apply_lora``).
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers.course import paths
-from gemma_tpu_helpers.fixes import eval_problems, gemma4, layout, lora_checkpoint, multihost
+from gemma_tpu_helpers.course.config import paths
+from gemma_tpu_helpers.fixes.eval import eval_problems
+from gemma_tpu_helpers.fixes.model import gemma4, layout
+from gemma_tpu_helpers.fixes.train import lora_checkpoint, multihost
 from support import copy_lines, path_of
 
 NOTEBOOKS = [f"0{i}" for i in range(10)]
@@ -37,8 +40,9 @@ SCRIPT = textwrap.dedent(r'''
         sys.modules["gemma_tpu_helpers"] = None  # any import of the course's package fails here
         sys.path.insert(0, work["copies"])
 
-    def fix(nb, name):
-        return importlib.import_module(f"fix{nb}.{name}" if mode == "copies" else f"gemma_tpu_helpers.fixes.{name}")
+    def fix(nb, name):  # a module by its name: its stage folder comes along in a copy too (fix02/train/lora.py)
+        where = work["folders"][name]
+        return importlib.import_module(f"fix{nb}.{where}" if mode == "copies" else f"gemma_tpu_helpers.fixes.{where}")
 
     import jax
     import numpy as np
@@ -192,6 +196,21 @@ def same(a, b) -> bool:
     return a == b
 
 
+MODULES = [f"fixes.{p.parent.name}.{p.stem}" for p in path_of("fixes.core.errors").parents[1].glob("*/*.py")
+           if p.stem != "__init__"]
+
+
+def copy_into(pkg: Path, modules: set[str]) -> None:
+    """The files of ``modules`` ("fixes.<folder>.<name>") into the package ``pkg``, each in its stage folder, as the
+    copy line says: ``pkg/train/lora.py``, ``pkg/core/errors.py`` ..."""
+    for m in modules:
+        _, folder, _ = m.split(".")
+        (pkg / folder).mkdir(parents=True, exist_ok=True)
+        for init in (pkg / "__init__.py", pkg / folder / "__init__.py"):
+            init.touch()
+        shutil.copy(path_of(m), pkg / folder / path_of(m).name)
+
+
 @pytest.fixture(scope="module")
 def results(tiny_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("copy_fix")
@@ -199,11 +218,7 @@ def results(tiny_dir, tmp_path_factory):
     lines = {name[:2]: files for name, files in copy_lines().items()}
     for nb in NOTEBOOKS:
         module, listed = lines[nb]
-        pkg = copies / f"fix{nb}"
-        pkg.mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
-        for m in listed | {module}:
-            shutil.copy(path_of(m), pkg / path_of(m).name)
+        copy_into(copies / f"fix{nb}", listed | {module})
     text = gemma4.read_text_config(tiny_dir)
     checkpoint = root / "checkpoints"
     meta = {"targets": list(layout.TARGETS), "rank": 4, "alpha": 8.0, "num_layers": text["num_hidden_layers"]}
@@ -213,7 +228,8 @@ def results(tiny_dir, tmp_path_factory):
     for suffix in eval_problems.FILE_SUFFIXES.values():
         shutil.copy(paths.SHIPPED_EVAL / f"Prob001_majority3{suffix}", problems)
     work = {"tiny": str(tiny_dir), "checkpoint": str(checkpoint), "problems": str(problems), "out": str(root),
-            "copies": str(copies), "xla_flags": multihost.cpu_xla_flags(2)}
+            "copies": str(copies), "xla_flags": multihost.cpu_xla_flags(2),
+            "folders": {m.split(".")[-1]: m.split(".", 1)[1] for m in MODULES}}
     empty = root / "elsewhere"
     empty.mkdir()
     return run("package", work, empty), run("copies", work, empty)
@@ -242,14 +258,14 @@ def test_the_calls_did_real_work(results):
 
 
 def test_a_copy_without_one_of_its_files_fails(tmp_path):
-    """The copy run can fail: notebook 02's package without layout.py does not import."""
+    """The copy run can fail: notebook 02's package imports with every file of its copy line, not without
+    layout.py."""
     module, listed = {n[:2]: f for n, f in copy_lines().items()}["02"]
-    pkg = tmp_path / "fix02"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for m in (listed | {module}) - {"fixes.layout"}:
-        shutil.copy(path_of(m), pkg / path_of(m).name)
-    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['gemma_tpu_helpers'] = None; "
-                        f"sys.path.insert(0, {str(tmp_path)!r}); import fix02.lora"],
-                       capture_output=True, text=True, cwd=tmp_path)
+    code = ("import sys; sys.modules['gemma_tpu_helpers'] = None; "
+            f"sys.path.insert(0, {str(tmp_path)!r}); import fix02.train.lora")
+    copy_into(tmp_path / "fix02", listed | {module})
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=tmp_path).returncode == 0
+    shutil.rmtree(tmp_path / "fix02")
+    copy_into(tmp_path / "fix02", (listed | {module}) - {"fixes.model.layout"})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode != 0 and "layout" in r.stderr

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from gemma_tpu_helpers.course import paths, profiles
-from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.fixes.train import data
 from support import SHIPPED
 
 

@@ -3,8 +3,9 @@
 import os
 from pathlib import Path
 
-from gemma_tpu_helpers.course import base_model, equivalence, profiles
-from gemma_tpu_helpers.fixes import packing
+from gemma_tpu_helpers.course.config import base_model, profiles
+from gemma_tpu_helpers.course.runs import equivalence
+from gemma_tpu_helpers.fixes.train import packing
 
 
 def test_settings_table_for_the_papers_runs():

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import support
-from gemma_tpu_helpers.course import base_model
-from gemma_tpu_helpers.fixes import process_groups, vllm_command, vllm_server
+from gemma_tpu_helpers.course.config import base_model
+from gemma_tpu_helpers.fixes.core import process_groups
+from gemma_tpu_helpers.fixes.serve import vllm_command, vllm_server
 from support import run_cli
 
 REAL = "google/gemma-4-31B-it"
@@ -139,7 +140,7 @@ def test_explain_maps_each_hub_exception(monkeypatch, tmp_path):
     import httpx
     from huggingface_hub import errors
 
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(hub, "has_token", lambda: False)  # a token file under the real HF_HOME must not decide
@@ -190,7 +191,7 @@ def hub_resolves() -> bool:
 
 def v5p8_base(tmp_path):
     """base_model.ensure_base on the v5p-8 profile: the one place the real checkpoint is downloaded."""
-    from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.course.config import profiles
 
     return base_model.ensure_base(profiles.get_profile("v5p-8"), tmp_path / "runs" / "v5p-8")
 
@@ -198,7 +199,7 @@ def v5p8_base(tmp_path):
 @pytest.fixture
 def first_contact(monkeypatch, tmp_path):
     """In this process: no token (env or file), the Hub's own default endpoint."""
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(hub, "has_token", lambda: bool(os.environ.get("HF_TOKEN")))
@@ -215,7 +216,7 @@ def use_endpoint(monkeypatch, url):
 def test_no_network_for_real(first_contact, tmp_path):
     """This machine: no DNS for huggingface.co. The checkpoint (ensure_base) and the tokenizer (data-stats, CLI) both
     stop in one line, fast."""
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     t = time.time()
     with pytest.raises(hub.HubError, match=f"^cannot reach the Hugging Face Hub to download {REAL} .*check the "
@@ -241,7 +242,7 @@ def test_silent_network_times_out(monkeypatch, tmp_path):
     """A network that swallows packets: huggingface_hub itself would wait forever; the metadata call has a limit."""
     from huggingface_hub import constants
 
-    from gemma_tpu_helpers.course import hub, profiles
+    from gemma_tpu_helpers.course.config import hub, profiles
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -256,7 +257,7 @@ def test_silent_network_times_out(monkeypatch, tmp_path):
 
 
 def test_gated_repo_without_token_and_without_licence(fake_hub, first_contact, tmp_path):
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     use_endpoint(first_contact, fake_hub.url)
     with pytest.raises(hub.HubError, match=f"^{REAL} is gated and no Hugging Face token is set: accept its licence "
@@ -277,7 +278,7 @@ def test_gated_repo_without_token_and_without_licence(fake_hub, first_contact, t
 def test_wrong_repo_id(fake_hub, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     monkeypatch.setattr(constants, "ENDPOINT", fake_hub.url)
     monkeypatch.setenv("HF_TOKEN", "hf_something")
@@ -300,7 +301,7 @@ def small_disk(tmp_path):
 
 def test_disk_too_small_stops_before_downloading(fake_hub, small_disk, first_contact):
     """62 GB of shards (the Hub's sizes) against a 16 MB disk: one line, naming the ways out, nothing downloaded."""
-    from gemma_tpu_helpers.course import hub, profiles
+    from gemma_tpu_helpers.course.config import hub, profiles
 
     use_endpoint(first_contact, fake_hub.url)
     first_contact.setenv("HF_TOKEN", "hf_accepted")
@@ -315,7 +316,7 @@ def test_disk_too_small_stops_before_downloading(fake_hub, small_disk, first_con
 
 
 def test_disk_check_counts_what_is_already_there(tmp_path):
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     (tmp_path / "a.safetensors").write_bytes(b"x" * 10)
     sizes = {"a.safetensors": 10, "b.safetensors": 5, "c.json": 3}
@@ -331,7 +332,7 @@ def test_disk_message_offers_dev_shm_when_it_fits(small_disk):
     """The paper's way out (RAM as disk) is named only when /dev/shm can hold the download."""
     import shutil
 
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     need = 20 * 10**6  # more than the 16 MB tmpfs holds
     if shutil.disk_usage("/dev/shm").free < need:
@@ -364,7 +365,7 @@ def tokenizer_files_names(hub):
 
 def test_base_dir_is_used_as_it_is_or_downloaded_into(tiny_dir, fake_hub, small_disk, first_contact, tmp_path):
     """--base DIR: a complete checkpoint there is used untouched, offline; an empty DIR is the download target."""
-    from gemma_tpu_helpers.course import hub, profiles
+    from gemma_tpu_helpers.course.config import hub, profiles
 
     first_contact.setenv("HF_HUB_OFFLINE", "1")  # no Hub needed for a checkpoint that is already there
     first_contact.setattr(__import__("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
@@ -383,7 +384,7 @@ def test_base_dir_is_used_as_it_is_or_downloaded_into(tiny_dir, fake_hub, small_
 
 
 def test_ensure_base_resumes_an_incomplete_checkpoint(tmp_path):
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     d = tmp_path / "base"
     d.mkdir()
@@ -440,7 +441,8 @@ def test_setup_reports_every_check_on_a_tpu_profile(tmp_path):
 
 
 def test_setup_disk_check_on_a_small_disk(small_disk, tmp_path):
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     c = preflight.check_disk(profiles.get_profile("v5p-8"), small_disk / "v5p-8")
     assert c.status == "fail" and "needs 126.0 GB in" in c.detail and "--base DIR" in c.detail, c.detail
@@ -453,7 +455,8 @@ def test_setup_disk_check_on_a_small_disk(small_disk, tmp_path):
 
 
 def test_smoke_has_no_preflight():
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     assert preflight.checks(profiles.get_profile("smoke")) == []
     preflight.require(profiles.get_profile("smoke"))  # no TPU needed, nothing raised
@@ -462,14 +465,14 @@ def test_smoke_has_no_preflight():
 def test_tpu_pci_ids_match_jax():
     from jax._src import hardware_utils
 
-    from gemma_tpu_helpers.course import preflight
+    from gemma_tpu_helpers.course.front import preflight
 
     assert preflight.GOOGLE_PCI_VENDOR == hardware_utils._GOOGLE_PCI_VENDOR_ID
     assert preflight.TPU_PCI_IDS == {k: v.name for k, v in hardware_utils._TPU_PCI_DEVICE_IDS.items()}
 
 
 def test_tpu_chips_reads_pci_ids(tmp_path):
-    from gemma_tpu_helpers.course import preflight
+    from gemma_tpu_helpers.course.front import preflight
 
     for i, (vendor, device) in enumerate([("0x1ae0", "0x0062")] * 4 + [("0x1ae0", "0x0001"), ("0x8086", "0x0062")]):
         d = tmp_path / f"0000:00:0{i}.0"
@@ -491,7 +494,8 @@ def fake_pci(root, chips, device_id):
 
 def test_tpu_type_and_chip_count_against_the_profile(monkeypatch, tmp_path):
     """The TPU's presence is the one thing faked (this machine has none); the PCI ids are files as sysfs has them."""
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     monkeypatch.setattr(profiles, "tpu_visible", lambda: True)
     v5p8, v5p16 = profiles.get_profile("v5p-8"), profiles.get_profile("v5p-16")
@@ -532,7 +536,8 @@ def test_lock_holder_is_found_by_pid(tmp_path):
 
 def test_hbm_check_names_the_process_holding_the_tpu(monkeypatch, tmp_path):
     """A leftover process with the TPU's device file open and libtpu's lock: the check fails naming its pid."""
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     accel, lock = tmp_path / "accel0", tmp_path / "libtpu_lockfile"
     accel.write_text("")
@@ -563,7 +568,8 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
     vllm-tpu. It must refuse before launching anything, naming that process, not fail later in libtpu's log."""
     import dataclasses
 
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     accel = tmp_path / "accel0"
     accel.write_text("")
@@ -591,7 +597,8 @@ def test_serve_on_colab_names_the_other_process_that_holds_the_tpu(monkeypatch, 
 
 
 def test_versions_check_reads_the_pins():
-    from gemma_tpu_helpers.course import preflight, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.front import preflight
 
     c = preflight.check_versions(profiles.get_profile("v5p-8"))
     assert c.status == "ok", c.detail

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
+from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.fixes.core import file_io
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import REPO, run_cli
 
 BUCKET = "course"  # conftest's gcs fixture makes it
@@ -114,7 +115,7 @@ def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tiny_dir, tmp_path)
     """data-stats --source gs://.../CodeV-R1-dataset: the profile's config applies to the copy, as to a local one,
     and the figures are the local copy's; a second read uses the synced copy, and a changed object is fetched.
     (--base: the session's replica, whose tokenizer is the smoke base's, not a base built in the checkout's runs/.)"""
-    from gemma_tpu_helpers.course.paths import SHIPPED_REPLICA
+    from gemma_tpu_helpers.course.config.paths import SHIPPED_REPLICA
 
     local = tmp_path / "CodeV-R1-dataset"
     shutil.copytree(SHIPPED_REPLICA, local)
@@ -146,8 +147,8 @@ def test_data_from_a_copy_of_the_repository_in_a_bucket(gcs, tiny_dir, tmp_path)
 
 def test_runs_root_on_a_bucket(gcs, monkeypatch):
     """GEMMA_TPU_RUNS=gs://...: run directories go to the bucket; the base and the merged model stay local."""
-    from gemma_tpu_helpers.course import profiles
-    from gemma_tpu_helpers.course.commands_train import merge_paths
+    from gemma_tpu_helpers.course.commands.commands_train import merge_paths
+    from gemma_tpu_helpers.course.config import profiles
 
     monkeypatch.setenv("GEMMA_TPU_RUNS", f"{gcs}/runs")
     smoke = profiles.get_profile("smoke")

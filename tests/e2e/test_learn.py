@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import learning_check, paths, profiles
-from gemma_tpu_helpers.fixes import chat_tokens, data, eval_problems
-from gemma_tpu_helpers.fixes.chat_format import GEMMA3_TURN_TOKENS
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.course.runs import learning_check
+from gemma_tpu_helpers.fixes.eval import eval_problems
+from gemma_tpu_helpers.fixes.model.chat_format import GEMMA3_TURN_TOKENS
+from gemma_tpu_helpers.fixes.train import chat_tokens, data
 from support import run_cli
 
 SMOKE = profiles.get_profile("smoke")
@@ -95,7 +97,7 @@ def test_the_gemma3_variant_is_what_the_mask_check_refuses(tokenizer):
     text = tok.decode(ids)
     assert all(t in text for t in GEMMA3_TURN_TOKENS) and "<|turn>" not in text
     assert tok.decode(ids[mask == 1]).startswith("```verilog\n")
-    from gemma_tpu_helpers.fixes.chat_format import GEMMA3_CHAT_TEMPLATE
+    from gemma_tpu_helpers.fixes.model.chat_format import GEMMA3_CHAT_TEMPLATE
 
     with pytest.raises(data.DataError, match="end-of-turn"):
         chat_tokens.tokenize_example(tok, eval_problems.prompt_messages(problem) + [{"role": "assistant",

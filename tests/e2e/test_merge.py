@@ -11,19 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemma_tpu_helpers.course import commands_train, profile_steps
-from gemma_tpu_helpers.course.cli import run_cli
-from gemma_tpu_helpers.fixes import (
-    gemma4,
-    hf_checkpoint,
-    lora_checkpoint,
-    merge,
-    merge_plan,
-    peft_export,
-    safetensors_io,
-    verify,
-    weight_check,
-)
+from gemma_tpu_helpers.course.commands import commands_train
+from gemma_tpu_helpers.course.commands.cli import run_cli
+from gemma_tpu_helpers.course.runs import profile_steps
+from gemma_tpu_helpers.fixes.export import merge, merge_plan, peft_export, safetensors_io, verify, weight_check
+from gemma_tpu_helpers.fixes.model import gemma4, hf_checkpoint
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, shard_tensors
 
 LOCAL, GLOBAL = 5, 1  # the tiny model's 6 layers: 5 sliding, 1 global (k=v)
@@ -91,7 +84,7 @@ def test_restore_only_lora_arrays_as_numpy(trained):
 
 
 def test_plan_maps_every_module_once(trained, tiny_dir):
-    from gemma_tpu_helpers.fixes import gemma4
+    from gemma_tpu_helpers.fixes.model import gemma4
 
     meta = lora_checkpoint.read_lora_config(trained)
     _, arrays = lora_checkpoint.restore_lora(trained)
@@ -170,7 +163,7 @@ def test_merge_kernels_agree_on_the_tiny_model(tiny_dir, strong, merged, tmp_pat
 
 
 def test_merged_logits_match_tunix_base_plus_lora(tiny_dir, strong, merged, mesh):
-    from gemma_tpu_helpers.fixes import parity
+    from gemma_tpu_helpers.fixes.model import parity
 
     res = verify.verify_merge(tiny_dir, strong, merged, mesh=mesh)
     print(pd.DataFrame(res.rows).to_string())
@@ -203,7 +196,7 @@ def test_verify_catches_a_k_v_swap(tiny_dir, strong, mesh, tmp_path, monkeypatch
 def test_peft_adapter_matches_merged(tiny_dir, strong, merged, tmp_path):
     from safetensors import safe_open
 
-    from gemma_tpu_helpers.fixes import parity
+    from gemma_tpu_helpers.fixes.model import parity
 
     out = peft_export.export_peft_adapter(strong, tmp_path / "adapter", tiny_dir)
     cfg = json.loads((out / "adapter_config.json").read_text())
@@ -264,7 +257,7 @@ def test_truncated_orbax_checkpoint(tiny_dir, trained, tmp_path):
 
 
 def test_wrong_base_model(trained, tmp_path, monkeypatch):
-    from gemma_tpu_helpers.course import tiny
+    from gemma_tpu_helpers.course.config import tiny
 
     deeper = tiny.write_tiny_model(tmp_path / "deep", layers=12)
     with pytest.raises(merge_plan.LoraMismatchError, match="6-layer base, but this base has 12 layers"):
@@ -319,7 +312,7 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
 
 
 def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained, tmp_path):
-    from gemma_tpu_helpers.course import train
+    from gemma_tpu_helpers.course.runs import train
 
     run = tmp_path / "run"
     shutil.copytree(tiny_dir, run / "base")
@@ -328,9 +321,9 @@ def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained,
     (run / "train" / train.DONE).write_text(json.dumps({"steps": STEPS}))
     out = profile_steps.ensure_merged(smoke, run, progress=False)
     assert out == run / "merged" and merge.read_merge_info(out)["step"] == STEPS
-    stamp = (out / merge.MERGE_INFO).stat().st_mtime_ns
+    stamp = (out / hf_checkpoint.MERGE_INFO).stat().st_mtime_ns
     assert profile_steps.ensure_merged(smoke, run, progress=False) == out
-    assert (out / merge.MERGE_INFO).stat().st_mtime_ns == stamp  # cached
+    assert (out / hf_checkpoint.MERGE_INFO).stat().st_mtime_ns == stamp  # cached
     shutil.copytree(run / "checkpoints" / str(STEPS), run / "checkpoints" / str(STEPS + 1))  # a newer step appears
     (run / "train" / train.DONE).write_text(json.dumps({"steps": STEPS + 1}))
     profile_steps.ensure_merged(smoke, run, progress=False)

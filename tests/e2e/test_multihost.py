@@ -45,14 +45,15 @@ def test_process_count_mismatch_fails_on_both_sides():
 
 JOINED = """
 import sys
-from gemma_tpu_helpers.fixes import multihost
-from gemma_tpu_helpers.fixes import sft
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.fixes.train import multihost
+from gemma_tpu_helpers.fixes.train import sft
+from gemma_tpu_helpers.course.config import profiles
 profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 import jax, numpy as np
-from gemma_tpu_helpers.fixes import data, mesh as mesh_lib
-from gemma_tpu_helpers.fixes import packing
+from gemma_tpu_helpers.fixes.train import data
+from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
+from gemma_tpu_helpers.fixes.train import packing
 mesh = profiles.get_profile("smoke").make_mesh()
 print("devices", jax.device_count(), jax.local_device_count(), "main", multihost.is_main(), flush=True)
 print("rows", multihost.process_rows(mesh, 4), flush=True)
@@ -78,7 +79,7 @@ def test_joined_processes_see_global_devices_and_refuse_an_odd_batch():
 MAIN_FIRST = """
 import sys, time
 from pathlib import Path
-from gemma_tpu_helpers.fixes import multihost
+from gemma_tpu_helpers.fixes.train import multihost
 coordinator, pid, tmp, mode = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 multihost.initialize(coordinator, 2, pid, local_devices=4, timeout_s=60)
 where = tmp / f"host{pid}" if mode == "own" else tmp  # "own": hosts that share no disk
@@ -142,14 +143,15 @@ def test_launch_prints_pod_and_local_commands():
 
 PLANNED = """
 import sys
-from gemma_tpu_helpers.fixes import multihost
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.fixes.train import multihost
+from gemma_tpu_helpers.course.config import profiles
 profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 from tunix.sft import peft_trainer
-from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import gemma4, sft, sharding, step
-from gemma_tpu_helpers.fixes import mesh as mesh_lib
+from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.fixes.model import gemma4, sharding
+from gemma_tpu_helpers.fixes.train import sft, step
+from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 smoke = profiles.get_profile("smoke")
 t, mesh = smoke.train, smoke.make_mesh()
 model = train.apply_profile_lora(gemma4.load_model(sys.argv[3], mesh, dtype=smoke.model.dtype), smoke, t.seed)

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import plan, predictions, profiles, tiny
-from gemma_tpu_helpers.fixes import layout, model_size
+from gemma_tpu_helpers.course.budget import plan, predictions
+from gemma_tpu_helpers.course.config import profiles, tiny
+from gemma_tpu_helpers.fixes.model import layout, model_size
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 TINY = tiny.tiny_text_config(6)
@@ -33,7 +34,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
     import jax
     from flax import nnx
 
-    from gemma_tpu_helpers.fixes import step
+    from gemma_tpu_helpers.fixes.train import step
 
     v5p = profiles.get_profile("v5p-8")
     kw = dict(text_config=TINY, batch=1, rank=8, alpha=16.0, dtype="bfloat16")

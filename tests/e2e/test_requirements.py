@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers.course import profiles
+from gemma_tpu_helpers.course.config import profiles
 from support import REPO
 
 UV = Path(sys.executable).parent / "uv"

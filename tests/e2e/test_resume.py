@@ -32,9 +32,10 @@ import numpy as np
 import pytest
 
 import support
-from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import file_io, lora_checkpoint
-from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT
+from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.fixes.core import file_io
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
+from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT
 from support import (
     NO_PERIODIC,
     SMOKE_RUN_EVERY,

@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 import support
-from gemma_tpu_helpers.course import commands_serve, paths, profiles
-from gemma_tpu_helpers.fixes import adapters as lora_adapters
-from gemma_tpu_helpers.fixes import greedy, http_client, vllm_client, vllm_command, vllm_server
+from gemma_tpu_helpers.course.commands import commands_serve
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.fixes.core import http_client
+from gemma_tpu_helpers.fixes.model import greedy
+from gemma_tpu_helpers.fixes.serve import adapters as lora_adapters
+from gemma_tpu_helpers.fixes.serve import vllm_client, vllm_command, vllm_server
 from support import REPO
 
 SERVE_PY = support.SERVE_PY

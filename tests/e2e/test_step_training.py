@@ -6,7 +6,8 @@ import dataclasses
 
 import numpy as np
 
-from gemma_tpu_helpers.fixes import gemma4, remat, sft
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.train import remat, sft
 
 
 def test_lora_trains_under_remat_with_dropout(smoke, tiny_dir, mesh):
@@ -15,7 +16,7 @@ def test_lora_trains_under_remat_with_dropout(smoke, tiny_dir, mesh):
     stream the first step fails ("Cannot find rngs")."""
     from flax import nnx
 
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
     spec = dataclasses.replace(smoke.train, grad_accum=1, warmup_steps=0, learning_rate=3e-3)
     model = remat.lora_then_remat(gemma4.load_model(tiny_dir, mesh), 8, 16.0, "block", dropout=0.05)
@@ -40,7 +41,7 @@ def test_remat_changes_memory_not_the_loss(smoke, tiny_dir, mesh):
     """The same rows through the same seeded LoRA model without remat and under DECODER: the same first loss. remat
     recomputes the forward in the backward pass; the forward itself is the same program, so the two can differ only
     by how XLA fuses it: at most the reassociation of the mean over the 128 tokens (128 float32 ulps of the loss)."""
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
     spec = dataclasses.replace(smoke.train, grad_accum=1, warmup_steps=0, learning_rate=3e-3)
     rng = np.random.default_rng(1)

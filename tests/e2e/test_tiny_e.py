@@ -12,18 +12,10 @@ import numpy as np
 import pytest
 
 import support
-from gemma_tpu_helpers.course import base_model, profiles, tiny
-from gemma_tpu_helpers.fixes import (
-    chat_format,
-    file_io,
-    gemma4,
-    greedy,
-    model_size,
-    parity,
-    vllm_client,
-    vllm_command,
-    vllm_server,
-)
+from gemma_tpu_helpers.course.config import base_model, profiles, tiny
+from gemma_tpu_helpers.fixes.core import file_io
+from gemma_tpu_helpers.fixes.model import chat_format, gemma4, greedy, model_size, parity
+from gemma_tpu_helpers.fixes.serve import vllm_client, vllm_command, vllm_server
 from support import REPO, have_iverilog, run_cli
 
 E2B = "e2b"
@@ -271,7 +263,7 @@ def test_colab_profiles_are_one_chip_e_models(name, chip, model):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 @pytest.mark.parametrize("name", ["colab-v5e-1", "colab-v6e-1"])
 def test_colab_topology_is_one_abstract_chip(name):
-    from gemma_tpu_helpers.course import plan
+    from gemma_tpu_helpers.course.budget import plan
 
     mesh = plan.topology_mesh(profiles.get_profile(name))
     assert mesh.devices.size == 1 and mesh.devices.flat[0].platform == "tpu"
@@ -281,7 +273,7 @@ def test_colab_topology_is_one_abstract_chip(name):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_colab_v6e_plan_compiles_e4b_for_one_chip():
     """The real E4B train step, full depth (42 layers), compiled for v6e:1x1 at a short sequence: minutes."""
-    from gemma_tpu_helpers.course import plan
+    from gemma_tpu_helpers.course.budget import plan
 
     p = plan.aot_plan("colab-v6e-1", remat="block", seq_len=256)
     assert p["layers"] == 42 and p["method"] == "compiled" and p["fits"]

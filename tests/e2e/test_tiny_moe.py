@@ -8,21 +8,13 @@ import numpy as np
 import pytest
 
 import support
-from gemma_tpu_helpers.course import base_model, learning_check, profile_steps, profiles, tiny
-from gemma_tpu_helpers.fixes import (
-    chat_format,
-    compat,
-    gemma4,
-    greedy,
-    layout,
-    lora,
-    merge,
-    model_size,
-    parity,
-    peft_export,
-    vllm_client,
-    vllm_command,
-)
+from gemma_tpu_helpers.course.config import base_model, profiles, tiny
+from gemma_tpu_helpers.course.runs import learning_check, profile_steps
+from gemma_tpu_helpers.fixes.core import compat
+from gemma_tpu_helpers.fixes.export import merge, peft_export
+from gemma_tpu_helpers.fixes.model import chat_format, gemma4, greedy, layout, model_size, parity
+from gemma_tpu_helpers.fixes.serve import vllm_client, vllm_command
+from gemma_tpu_helpers.fixes.train import lora
 from support import have_iverilog, run_cli
 
 MOE = "26b-a4b"
@@ -221,7 +213,7 @@ def test_only_the_experts_a_token_is_routed_to_get_a_gradient(base, mesh):
     import torch
     from flax import nnx
 
-    from gemma_tpu_helpers.fixes.forward_inputs import causal_inputs
+    from gemma_tpu_helpers.fixes.model.forward_inputs import causal_inputs
 
     text = gemma4.read_text_config(base)
     moe_model = gemma4.load_model(base, mesh, dtype="float32")
@@ -430,7 +422,7 @@ def test_tpu_profiles_train_the_26b_on_fsdp2_tp2_with_the_papers_batch(name, chi
 
 
 def test_analytic_flops_count_the_active_experts_only():
-    from gemma_tpu_helpers.course import predictions
+    from gemma_tpu_helpers.course.budget import predictions
 
     c = gemma4.GEMMA4_26B_A4B_TEXT_CONFIG
     dense = dict(c, enable_moe_block=False)
@@ -442,7 +434,7 @@ def test_analytic_flops_count_the_active_experts_only():
 
 
 def test_one_v6e_chip_holds_the_26b_only_with_nf4_experts():
-    from gemma_tpu_helpers.course import param_memory
+    from gemma_tpu_helpers.course.budget import param_memory
 
     table = param_memory.one_chip_moe(gemma4.GEMMA4_26B_A4B_TEXT_CONFIG, profiles.CHIP_HBM_USABLE_GIB["v6e"])
     assert table["fits before activations"].tolist() == [False, False, True]
@@ -459,7 +451,7 @@ def test_moe_replica_layers_come_in_whole_periods():
 def test_each_moe_profile_trains_a_setting_that_fits(name):
     """The shipped compiled plan of the profile's own setting (its remat, seq 3072, 2 rows) fits with margin; the
     v6e-4 under BLOCK would not (4.4 GiB over), which is why it trains under DECODER."""
-    from gemma_tpu_helpers.course import plan
+    from gemma_tpu_helpers.course.budget import plan
 
     prof = profiles.get_profile(name)
     p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat),))[0]

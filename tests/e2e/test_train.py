@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import sft
+from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.fixes.train import sft
 from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 
 STEPS, EVERY = SMOKE_RUN_STEPS, SMOKE_RUN_EVERY  # conftest's smoke_run: the uninterrupted reference run
@@ -34,7 +34,7 @@ def test_trains_lora_only_and_loss_goes_down(smoke_run):
 def test_the_same_command_on_a_finished_run_loads_nothing(smoke_run, tiny_dir, tmp_path, monkeypatch):
     """Run again (a notebook cell, a tmux command), a finished run returns its metrics at once: no model is loaded,
     nothing is restored or written. A run whose last checkpoint is gone is not finished."""
-    from gemma_tpu_helpers.fixes import gemma4
+    from gemma_tpu_helpers.fixes.model import gemma4
 
     run_dir = tmp_path / "again"
     shutil.copytree(smoke_run[0], run_dir)

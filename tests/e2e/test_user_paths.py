@@ -18,9 +18,10 @@ import pytest
 
 import support
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import paths, profiles
-from gemma_tpu_helpers.course.cli import build_parser
-from gemma_tpu_helpers.fixes import eval_problems, vllm_command
+from gemma_tpu_helpers.course.commands.cli import build_parser
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.fixes.eval import eval_problems
+from gemma_tpu_helpers.fixes.serve import vllm_command
 from support import REPO, run_cli
 
 CMD = re.compile(r"python -m gemma_tpu_helpers((?: [^`#\n]*)?)")
@@ -163,7 +164,7 @@ def test_the_report_of_the_documented_run(work):
     versions, the training's devices, the clean step time (the median of the clean steps' step_s), peak HBM n/a on a
     CPU, the merge's seconds from merge_info.json, pass@1 of the documented eval, and the missing sweep with its
     step; the same block in runs/smoke/hardware_report.md."""
-    from gemma_tpu_helpers.course import logbook
+    from gemma_tpu_helpers.course.front import logbook
 
     d, results = work
     r = results["report --profile smoke --hardware"]
@@ -332,7 +333,7 @@ def test_damaged_safetensors_name_the_file(work, tmp_path, monkeypatch, capsys):
 
 def test_relative_checkpoint_restores_as_the_absolute_one(work, monkeypatch):
     """The root of the README bug: Orbax given a relative path failed inside, and the message blamed the data."""
-    from gemma_tpu_helpers.fixes import lora_checkpoint
+    from gemma_tpu_helpers.fixes.train import lora_checkpoint
 
     d, _ = work
     step, absolute = lora_checkpoint.restore_lora(d / "runs/smoke/checkpoints")

@@ -3,7 +3,9 @@ The check's rules on synthetic LoRAs: tests/fast/test_weight_check.py."""
 
 import pandas as pd
 
-from gemma_tpu_helpers.fixes import gemma4, lora_checkpoint, merge, weight_check
+from gemma_tpu_helpers.fixes.export import merge, weight_check
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import bf16_copy, lora_ckpt, short_rows
 
 
@@ -14,8 +16,8 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     bf16 files alike, and a layout bug in the merge plan (which the weight check shares) still fails on the logits."""
     from flax import nnx
 
-    from gemma_tpu_helpers.course import train
-    from gemma_tpu_helpers.fixes import merge_plan, verify
+    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.fixes.export import merge_plan, verify
 
     base = bf16_copy(tiny_dir, tmp_path / "base")
     model = gemma4.load_model(base, mesh, dtype="float32")

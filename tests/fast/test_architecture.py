@@ -1,6 +1,7 @@
-"""The package's declared layers hold: no import cycle, no private name imported from another module, no import
-that goes up a layer, every module declared, and this package's imports at the top of a file (only JAX, torch,
-vLLM and other heavy libraries are imported inside functions). Read from the source with ``ast``: nothing runs."""
+"""The package's layers hold: they are its stage folders, in the order ``gemma_tpu_helpers.TIERS`` declares them;
+no import cycle, no private name imported from another module, no import from a later folder, every folder declared,
+and this package's imports at the top of a file (only JAX, torch, vLLM and other heavy libraries are imported inside
+functions). Read from the source with ``ast``: nothing runs."""
 
 import ast
 import re
@@ -14,70 +15,86 @@ from support import copy_lines, path_of
 
 PKG = Path(gemma_tpu_helpers.__file__).parent
 TIERS = [tier for tier, _ in gemma_tpu_helpers.TIERS]
-LAYER_OF = {m: i for i, (_, mods) in enumerate(gemma_tpu_helpers.LAYERS) for m in mods}
-# every module as "<tier>.<name>" ("__main__" at the top)
-MODULES = sorted([f"{p.parent.name}.{p.stem}" for t in TIERS for p in (PKG / t).glob("*.py") if p.stem != "__init__"]
-                 + [p.stem for p in PKG.glob("*.py") if p.stem != "__init__"])
+# The layers, lowest first: "<tier>.<folder>" in the declared order; the CLI (__main__) on top
+FOLDERS = [f"{tier}.{folder}" for tier, folders in gemma_tpu_helpers.TIERS for folder in folders]
+LAYERS = FOLDERS + ["__main__"]
+# every module as "<tier>.<folder>.<name>" ("__main__" at the top), found on disk: nothing lists them by hand
+MODULES = sorted([f"{t}.{p.parent.name}.{p.stem}" for t in TIERS for p in (PKG / t).glob("*/*.py")
+                  if p.stem != "__init__"] + [p.stem for p in PKG.glob("*.py") if p.stem != "__init__"])
 
 
 def tier_of(module: str) -> str | None:
     return module.split(".")[0] if "." in module else None
 
 
+def layer_of(module: str) -> int:
+    """The position of a module's folder (or of a folder itself) in LAYERS."""
+    return LAYERS.index(".".join(module.split(".")[:2]))
+
+
 def imports(module: str):
-    """(imported module as "<tier>.<name>", imported names, inside a function?) for each import of this package in
-    ``module``."""
+    """(imported module as "<tier>.<folder>.<name>", imported names, inside a function?) for each import of this
+    package in ``module``: relative imports resolved from the module's own folder; a name imported from a folder
+    (``from ..train import lora``) is a module of that folder."""
     tree = ast.parse(path_of(module).read_text())
     inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
              for n in ast.walk(f) if n is not f}
-    here = tier_of(module)
+    package = module.split(".")[:-1]  # the module's folder, inside gemma_tpu_helpers
     out = []
-
-    def add(dotted: str, names, node):
-        """``dotted``: a path inside this package ("fixes.lora", "fixes", "lora" in the module's own folder)."""
-        parts = [p for p in dotted.split(".") if p]
-        if parts and parts[0] in TIERS:
-            if len(parts) > 1:
-                out.append((f"{parts[0]}.{parts[1]}", names, id(node) in inner))
-            else:  # from ..fixes import a, b
-                out.extend((f"{parts[0]}.{n}", [], id(node) in inner) for n in names)
-        elif parts:
-            out.append((f"{here}.{parts[0]}" if here else parts[0], names, id(node) in inner))
-        else:  # from . import a, b
-            out.extend(((f"{here}.{n}" if here else n), [], id(node) in inner) for n in names)
-
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith("gemma_tpu_helpers."):
-                    add(a.name.split(".", 1)[1], [], node)
+            found = [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            names = [a.name for a in node.names]
-            if node.level == 1 and here is None:
-                add(node.module or "", names, node)
-            elif node.level == 1:
-                add(node.module or "", names, node)
-            elif node.level == 2:
-                add(node.module or "", names, node)
-            elif node.module and node.module.startswith("gemma_tpu_helpers."):
-                add(node.module.split(".", 1)[1], names, node)
-            elif node.module == "gemma_tpu_helpers":
-                add("", names, node)
+            base = ["gemma_tpu_helpers"] + package[:len(package) - node.level + 1] if node.level else []
+            found = [(".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names])]
+        else:
+            continue
+        for dotted, names in found:
+            parts = dotted.split(".")
+            if parts[0] != "gemma_tpu_helpers":
+                continue
+            inside = ".".join(parts[1:])
+            if len(parts) == 4 or not isinstance(node, ast.ImportFrom):  # a module, its names imported
+                out.append((inside, names, id(node) in inner))
+            else:  # a folder, a tier or the package: the names are its modules
+                out.extend((f"{inside}.{n}" if inside else n, [], id(node) in inner) for n in names
+                           if (f"{inside}.{n}" if inside else n) in MODULES or len(parts) == 3)
     return out
 
 
 GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
 
 
-def test_every_module_is_in_a_layer():
-    assert set(MODULES) == set(LAYER_OF), (f"undeclared: {sorted(set(MODULES) - set(LAYER_OF))}; "
-                                           f"declared but missing: {sorted(set(LAYER_OF) - set(MODULES))}")
+def test_the_stages_are_the_declared_folders():
+    """Whoever opens the package sees the stages: only the CLI and the package docstring sit beside the two tiers, a
+    tier holds only its stage folders, and each folder on disk is one that TIERS declares (and the other way round),
+    with its own docstring."""
+    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "__main__.py"]
+    on_disk = sorted(f"{t}.{d.name}" for t in TIERS for d in (PKG / t).iterdir() if d.is_dir() and
+                     d.name != "__pycache__")
+    assert on_disk == sorted(FOLDERS), (sorted(set(on_disk) ^ set(FOLDERS)))
+    assert [p.name for t in TIERS for p in (PKG / t).glob("*.py")] == ["__init__.py"] * len(TIERS)
+    assert all(ast.get_docstring(ast.parse((PKG / f.replace(".", "/") / "__init__.py").read_text())) for f in FOLDERS)
+    assert {".".join(m.split(".")[:2]) for m in MODULES if "." in m} == set(FOLDERS)  # no empty stage
+
+
+def test_module_names_are_unique():
+    """A module's name alone says which file it is (in the copy lines, the notebooks and the seeded faults)."""
+    stems = [m.split(".")[-1] for m in MODULES]
+    assert len(stems) == len(set(stems)), sorted({s for s in stems if stems.count(s) > 1})
+
+
+def upward(graph: dict[str, list[str]]) -> list[str]:
+    """Each import of a module in a later folder than the importer's (LAYERS' order)."""
+    return [f"{m} imports {t}" for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m)]
 
 
 def test_no_import_goes_up_a_layer():
-    up = [f"{m} ({gemma_tpu_helpers.LAYERS[LAYER_OF[m]][0]}) imports {t} ({gemma_tpu_helpers.LAYERS[LAYER_OF[t]][0]})"
-          for m in MODULES for t in GRAPH[m] if t in LAYER_OF and LAYER_OF[t] > LAYER_OF[m]]
-    assert not up, up
+    assert not upward(GRAPH), upward(GRAPH)
+    seeded = {"fixes.core.file_io": ["fixes.train.lora"], "fixes.train.lora": ["fixes.train.remat"],
+              "course.config.paths": ["course.runs.train", "fixes.eval.eval_score"]}
+    assert upward(seeded) == ["fixes.core.file_io imports fixes.train.lora",
+                              "course.config.paths imports course.runs.train"]
 
 
 def test_no_import_cycle():
@@ -109,10 +126,10 @@ def test_this_packages_imports_are_at_the_top():
     assert not inner, inner
 
 
-@pytest.mark.parametrize("module", ["fixes.file_io", "fixes.process_groups", "fixes.http_client", "fixes.chat_format",
-                                    "fixes.compat"])
+@pytest.mark.parametrize("module", ["fixes.core.file_io", "fixes.core.process_groups", "fixes.core.http_client",
+                                    "fixes.model.chat_format", "fixes.core.compat"])
 def test_the_core_imports_only_the_error_base(module):
-    assert set(GRAPH[module]) <= {"fixes.errors"} and GRAPH["fixes.errors"] == []
+    assert set(GRAPH[module]) <= {"fixes.core.errors"} and GRAPH["fixes.core.errors"] == []
 
 
 def test_the_course_is_on_top_of_the_fixes():
@@ -121,19 +138,15 @@ def test_the_course_is_on_top_of_the_fixes():
     assert not down, down
 
 
-def test_the_two_tiers_are_folders():
-    """Whoever opens the package sees the tiers: only the CLI and the package docstring sit beside the two folders."""
-    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "__main__.py"]
-    assert {tier_of(m) for m in LAYER_OF} == set(TIERS) | {None}
-
-
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     """The checks can fail: an upward, private, function-level import in a scratch module is seen as such."""
-    (tmp_path / "fixes").mkdir()
-    (tmp_path / "fixes" / "scratch.py").write_text("def f():\n    from ..course.site import _private\n")
+    (tmp_path / "fixes" / "core").mkdir(parents=True)
+    (tmp_path / "fixes" / "core" / "scratch.py").write_text(
+        "from ..train import lora\nfrom . import errors as e\n"
+        "def f():\n    from ...course.front.site import _private\n")
     monkeypatch.setattr(support, "PKG", tmp_path)  # path_of reads the package's folder from there
-    (found,) = imports("fixes.scratch")
-    assert found == ("course.site", ["_private"], True)
+    assert imports("fixes.core.scratch") == [("fixes.train.lora", [], False), ("fixes.core.errors", [], False),
+                                             ("course.front.site", ["_private"], True)]
 
 
 def closure(module: str) -> set[str]:
@@ -184,11 +197,11 @@ def plotting_imports(source: str, module: str) -> list[str]:
 
 
 def test_no_fix_draws():
-    """A copied fix needs no plotting library: plots of its results are the course's (course/*_views.py)."""
+    """A copied fix needs no plotting library: plots of its results are the course's (course/views/)."""
     found = [f for m in MODULES if tier_of(m) == "fixes" for f in plotting_imports(path_of(m).read_text(), m)]
     assert not found, found
     seeded = "def chart(rows):\n    import matplotlib.pyplot as plt\n    return plt.subplots()\n"
-    assert plotting_imports(seeded, "fixes.data") == ["fixes.data:2 imports matplotlib.pyplot"]
+    assert plotting_imports(seeded, "fixes.train.data") == ["fixes.train.data:2 imports matplotlib.pyplot"]
 
 
 # ------------------------------------------------------------------------------------- the configuration boundary
@@ -196,18 +209,19 @@ def test_no_fix_draws():
 # Where a fix may touch the environment, and why. Anything else that reads os.environ or os.getenv, locates files from
 # its own __file__, or names the course (its package, its cache folder, its variables) in a string, is the course's.
 ENVIRONMENT_ALLOWED = {
-    "fixes.http_client": "VLLM_API_KEY is vLLM's own variable (its server reads it too), not the course's",
-    "fixes.multihost": "JAX reads its CPU device count from XLA_FLAGS before its backend starts: setting it is the fix",
-    "fixes.vllm_command": "vLLM's parser runs in a child process, which inherits the caller's environment",
-    "fixes.vllm_server": "the server runs in a child process, which inherits the caller's environment",
+    "fixes.core.http_client": "VLLM_API_KEY is vLLM's own variable (its server reads it too), not the course's",
+    "fixes.train.multihost": "JAX reads its CPU device count from XLA_FLAGS before its backend starts: setting it is "
+                             "the fix",
+    "fixes.serve.vllm_command": "vLLM's parser runs in a child process, which inherits the caller's environment",
+    "fixes.serve.vllm_server": "the server runs in a child process, which inherits the caller's environment",
 }
 COURSE_NAMES = ("gemma_tpu_helpers", "gemma-tpu", "GEMMA_TPU", "python -m", "this course")
 
 
 def cli_flags() -> set[str]:
-    """Every ``--flag`` the course's command line adds (``add_argument`` in course/*.py), read from the source."""
+    """Every ``--flag`` the course's command line adds (``add_argument`` in course/*/*.py), read from the source."""
     flags = set()
-    for path in (PKG / "course").glob("*.py"):
+    for path in (PKG / "course").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     node.func.attr == "add_argument":
@@ -243,7 +257,7 @@ def course_settings_in(source: str, module: str, flags=frozenset()) -> list[str]
 
 def test_no_fix_reads_the_courses_settings():
     """A fix takes every location and setting as an argument: the course reads the environment and its own paths
-    (course/paths.py) and passes them down."""
+    (course/config/paths.py) and passes them down."""
     found = [f for m in MODULES if tier_of(m) == "fixes"
              for f in course_settings_in(path_of(m).read_text(), m, CLI_FLAGS)]
     assert not found, found
@@ -254,15 +268,16 @@ def test_the_boundary_check_sees_a_violation():
     seeded = ("import os\nfrom pathlib import Path\n"
               "CACHE = os.environ.get('X')\nDATA = Path(__file__).parent / 'data'\n"
               "HINT = 'run gemma_tpu_helpers'\n")
-    found = course_settings_in(seeded, "fixes.data")
-    assert sorted(found) == ["fixes.data:3 reads os.environ", "fixes.data:4 locates files from its own __file__",
-                             "fixes.data:5 names the course ('gemma_tpu_helpers')"], found
-    assert course_settings_in("import os\nos.environ.get('VLLM_API_KEY')\n", "fixes.http_client") == []
+    found = course_settings_in(seeded, "fixes.train.data")
+    assert sorted(found) == ["fixes.train.data:3 reads os.environ",
+                             "fixes.train.data:4 locates files from its own __file__",
+                             "fixes.train.data:5 names the course ('gemma_tpu_helpers')"], found
+    assert course_settings_in("import os\nos.environ.get('VLLM_API_KEY')\n", "fixes.core.http_client") == []
 
 
 def test_a_fix_message_names_its_parameters_not_the_courses_flags():
     """A fix's error names its own parameters (``overwrite=True``); the course's CLI maps them to its flags
-    (course/cli.py FLAGS). A message naming one of the CLI's flags, or the course's commands, is found; another
+    (course/commands/cli.py FLAGS). A message naming one of the CLI's flags, or the course's commands, is found; another
     program's argument list (vLLM's ``["--port", ...]``) is not a message."""
     assert {"--overwrite", "--num-processes", "--port"} <= CLI_FLAGS
     message = ("def f(n, overwrite):\n"
@@ -272,10 +287,11 @@ def test_a_fix_message_names_its_parameters_not_the_courses_flags():
                "HINT = 'run `python -m tool eval` again'\n"
                "WHO = 'Was it trained by this course?'\n"
                "ARGV = ['--port', '8000', f'--model={1}']\n")
-    assert sorted(course_settings_in(message, "fixes.data", CLI_FLAGS)) == [
-        "fixes.data:2 names the course's flag --overwrite", "fixes.data:4 names the course's flag --num-processes",
-        "fixes.data:5 names the course ('python -m')", "fixes.data:6 names the course ('this course')"]
-    assert course_settings_in("raise ValueError('pass overwrite=True to replace it')\n", "fixes.data",
+    assert sorted(course_settings_in(message, "fixes.train.data", CLI_FLAGS)) == [
+        "fixes.train.data:2 names the course's flag --overwrite",
+        "fixes.train.data:4 names the course's flag --num-processes",
+        "fixes.train.data:5 names the course ('python -m')", "fixes.train.data:6 names the course ('this course')"]
+    assert course_settings_in("raise ValueError('pass overwrite=True to replace it')\n", "fixes.train.data",
                               CLI_FLAGS) == []
 
 
@@ -327,7 +343,8 @@ def test_no_test_module_imports_another():
 
 # -------------------------------------------------------------------------------- the course's settings, in one place
 
-SETTINGS_MODULE = "course.paths"  # reads and sets every environment variable the course uses, and locates the checkout
+# reads and sets every environment variable the course uses, and locates the checkout
+SETTINGS_MODULE = "course.config.paths"
 
 
 def environment_uses(source: str, module: str) -> list[str]:
@@ -344,7 +361,7 @@ def environment_uses(source: str, module: str) -> list[str]:
 
 
 def test_the_course_reads_its_settings_in_paths_alone():
-    """course/paths.py is the one course module that reads or sets the environment or computes the checkout's
+    """course/config/paths.py is the one course module that reads or sets the environment or computes the checkout's
     locations; the others ask it (``paths.runs_root()``, ``paths.setting(...)``, ``paths.REPO`` ...)."""
     found = [f for m in MODULES if tier_of(m) == "course" and m != SETTINGS_MODULE
              for f in environment_uses(path_of(m).read_text(), m)]
@@ -355,9 +372,9 @@ def test_the_course_reads_its_settings_in_paths_alone():
 def test_the_settings_check_sees_a_violation():
     seeded = ("import os\nfrom pathlib import Path\n"
               "ROOT = os.environ.get('GEMMA_TPU_RUNS')\nHERE = Path(__file__).parent\nos.putenv('X', '1')\n")
-    assert sorted(environment_uses(seeded, "course.profiles")) == [
-        "course.profiles:3 uses os.environ", "course.profiles:4 locates files from its own __file__",
-        "course.profiles:5 uses os.putenv"]
+    assert sorted(environment_uses(seeded, "course.config.profiles")) == [
+        "course.config.profiles:3 uses os.environ", "course.config.profiles:4 locates files from its own __file__",
+        "course.config.profiles:5 uses os.putenv"]
 
 
 IMPORT_EVERYTHING = """
@@ -404,7 +421,7 @@ def test_no_function_over_60_lines():
 
 def test_the_length_check_sees_a_long_function():
     seeded = "def f():\n" + "    x = 1\n" * 60 + "\n\ndef g():\n    return 1\n"
-    assert long_functions(seeded, "course.train") == {"course.train.f": 61}
+    assert long_functions(seeded, "course.runs.train") == {"course.runs.train.f": 61}
 
 
 # ------------------------------------------------------------------------------------- tests use the public API
@@ -431,5 +448,5 @@ def test_no_test_calls_a_private_function():
 
 
 def test_the_private_check_sees_one():
-    seeded = "from gemma_tpu_helpers.course import train as t\nt._apply_lora(1)\nt.train(2)\nt.__doc__\nt._X\n"
+    seeded = "from gemma_tpu_helpers.course.runs import train as t\nt._apply_lora(1)\nt.train(2)\nt.__doc__\nt._X\n"
     assert private_uses(seeded, "tests/x.py") == ["tests/x.py:2 t._apply_lora"]

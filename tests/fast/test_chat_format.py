@@ -8,8 +8,10 @@ import shutil
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import data_views, model_views, paths, tiny
-from gemma_tpu_helpers.fixes import chat_format, chat_tokens, data, gemma4
+from gemma_tpu_helpers.course.config import paths, tiny
+from gemma_tpu_helpers.course.views import data_views, model_views
+from gemma_tpu_helpers.fixes.model import chat_format, gemma4
+from gemma_tpu_helpers.fixes.train import chat_tokens, data
 from support import REPO
 
 DESIGN = REPO.parent / "shared" / "DESIGN.md"
@@ -166,7 +168,8 @@ def test_cached_tiny_model_of_the_old_format_is_rebuilt(tiny_dir, tmp_path):
 
 
 def test_the_prompt_the_server_sees_and_the_code_it_answers(tiny_dir):
-    from gemma_tpu_helpers.fixes import eval_problems, vllm_client
+    from gemma_tpu_helpers.fixes.eval import eval_problems
+    from gemma_tpu_helpers.fixes.serve import vllm_client
 
     problem = eval_problems.load_problems(paths.SHIPPED_EVAL)[0]
     text = vllm_client.rendered_prompt(tiny_dir, eval_problems.prompt_messages(problem))
@@ -188,7 +191,7 @@ def test_peft_targets_are_the_language_models_not_the_vision_towers(tiny_dir):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from gemma_tpu_helpers.fixes import lora
+    from gemma_tpu_helpers.fixes.train import lora
 
     names = [n for n, _ in AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).named_modules()]
     hits = [n for n in names if re.fullmatch(lora.peft_target_modules(), n)]

@@ -1,4 +1,4 @@
-"""The command line: each step defined once, in one pattern (course/cli.py, course/commands_*.py), every parser
+"""The command line: each step defined once, in one pattern (course/commands/), every parser
 builds, and bad input as a new user types it is one line on stderr, exit 2, no traceback."""
 
 import ast
@@ -11,12 +11,12 @@ import pytest
 import gemma_tpu_helpers
 import support
 from gemma_tpu_helpers import __main__ as main_module
-from gemma_tpu_helpers.course import cli
-from gemma_tpu_helpers.fixes import data
+from gemma_tpu_helpers.course.commands import cli
+from gemma_tpu_helpers.fixes.train import data
 from support import run_cli
 
 PKG = Path(gemma_tpu_helpers.__file__).parent
-CLI_MODULES = sorted([PKG / "course" / "cli.py", *(PKG / "course").glob("commands_*.py")])
+CLI_MODULES = sorted([PKG / "course" / "commands" / "cli.py", *(PKG / "course" / "commands").glob("commands_*.py")])
 
 
 # ------------------------------------------------------------------------------------------- as a new user typed it
@@ -78,7 +78,8 @@ def test_zero_where_zero_means_something():
 
 def test_a_learning_check_of_another_seed_is_another_cached_result():
     """``learn --seed N`` trains another LoRA: the seed is in the settings its cache is keyed on."""
-    from gemma_tpu_helpers.course import learning_check, profiles
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.course.runs import learning_check
 
     smoke = profiles.get_profile("smoke")
     args = cli.build_parser(main_module.COMMANDS).parse_args(["learn", "--seed", "3"])
@@ -123,8 +124,8 @@ def test_each_step_is_defined_once_and_its_parser_builds():
 
 
 def test_only_the_command_modules_add_arguments():
-    """No second pattern grows back: sub-commands and their arguments are added in course/cli.py and
-    course/commands_*.py alone (a vLLM launcher script inside a string does not count)."""
+    """No second pattern grows back: sub-commands and their arguments are added in course/commands/cli.py and
+    course/commands/commands_*.py alone (a vLLM launcher script inside a string does not count)."""
     found = [f"{path.relative_to(PKG)}:{node.lineno}" for path in sorted(PKG.rglob("*.py")) if path not in CLI_MODULES
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -143,9 +144,11 @@ def _run_raising(error, capsys) -> tuple[int, str]:
 def test_the_cli_says_what_a_fix_errors_parameters_are_called_here(tmp_path, capsys):
     """A fix's error names its parameters as a Python call spells them (GemmaTpuError.params); run_cli adds their
     flags from its one table (cli.FLAGS), and for a damaged tiny replica the step that rebuilds it."""
-    from gemma_tpu_helpers.course import tiny
-    from gemma_tpu_helpers.fixes import file_io, hf_checkpoint, safetensors_io
-    from gemma_tpu_helpers.fixes.errors import GemmaTpuError
+    from gemma_tpu_helpers.course.config import tiny
+    from gemma_tpu_helpers.fixes.core import file_io
+    from gemma_tpu_helpers.fixes.core.errors import GemmaTpuError
+    from gemma_tpu_helpers.fixes.export import safetensors_io
+    from gemma_tpu_helpers.fixes.model import hf_checkpoint
 
     out = tmp_path / "results.jsonl"
     out.write_text("keep me")
@@ -191,7 +194,7 @@ def test_every_flag_of_the_table_is_the_clis_and_every_name_a_fixs():
                for s in a.option_strings}
     assert not [f for v in cli.FLAGS.values() for f in re.findall(r"--[a-z][a-z0-9-]*", v) if f not in options]
     declared = set()
-    for path in (PKG / "fixes").glob("*.py"):
+    for path in (PKG / "fixes").rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.keyword) and node.arg == "params":

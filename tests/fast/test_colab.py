@@ -1,5 +1,5 @@
-"""The course on Colab (course/colab.py): the badge and install URL of every notebook come from pyproject.toml's one
-URL; Secrets, Drive and the restart message with a stand-in ``google.colab`` (tests/data/colab_standin, the real
+"""The course on Colab (course/front/colab.py): the badge and install URL of every notebook come from pyproject.toml's
+one URL; Secrets, Drive and the restart message with a stand-in ``google.colab`` (tests/data/colab_standin, the real
 package's names and errors). tests/e2e/test_colab_first_cells.py runs the notebooks' first cells with it."""
 
 import copy
@@ -9,7 +9,8 @@ from importlib import metadata
 
 import pytest
 
-from gemma_tpu_helpers.course import colab, paths, profiles
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.course.front import colab
 from support import REPO
 
 STANDIN = REPO / "tests" / "data" / "colab_standin"
@@ -124,14 +125,14 @@ def test_badges_command_checks_as_typed_and_refuses_another_host_in_one_line(tmp
 
 
 def test_a_gated_model_without_a_token_says_where_the_token_goes_on_colab(on_colab):
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     msg = hub.no_token_message("google/gemma-4-31B-it")
     assert "Colab's Secrets as HF_TOKEN" in msg and "export" not in msg
 
 
 def test_off_colab_the_token_is_exported():
-    from gemma_tpu_helpers.course import hub
+    from gemma_tpu_helpers.course.config import hub
 
     assert "`export HF_TOKEN=hf_...`" in hub.no_token_message("google/gemma-4-31B-it")
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import cost, profiles
+from gemma_tpu_helpers.course.budget import cost
+from gemma_tpu_helpers.course.config import profiles
 from support import run_cli
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from gemma_tpu_helpers.course import logbook
-from gemma_tpu_helpers.fixes import model_size
+from gemma_tpu_helpers.course.front import logbook
+from gemma_tpu_helpers.fixes.model import model_size
 from support import run_cli
 
 
@@ -24,7 +24,7 @@ def test_record_and_report(tmp_path):
 
 _RECORD = """
 import sys
-from gemma_tpu_helpers.course import logbook
+from gemma_tpu_helpers.course.front import logbook
 for i in range(40):
     logbook.record(sys.argv[1], f"{sys.argv[2]}_{i:02d}", i=i)
 """
@@ -119,6 +119,6 @@ def test_cli_help_lists_steps():
 def test_cli_setup_prints_the_memory_estimate():
     r = run_cli("setup", "--profile", "v5p-8", env={"JAX_PLATFORMS": "cpu"})
     assert r.returncode == 2 and "pre-flight failed (tpu" in r.stderr, r.stderr[-2000:]  # the report, then: no TPU here
-    from gemma_tpu_helpers.fixes import gemma4
+    from gemma_tpu_helpers.fixes.model import gemma4
 
     assert f"{model_size.param_count(gemma4.GEMMA4_31B_TEXT_CONFIG):,}" in r.stdout and "00_setup" in r.stdout

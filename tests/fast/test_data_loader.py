@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers.course import data_views, paths, profiles
-from gemma_tpu_helpers.fixes import chat_tokens, data
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.course.views import data_views
+from gemma_tpu_helpers.fixes.train import chat_tokens, data
 from support import SHIPPED
 
 

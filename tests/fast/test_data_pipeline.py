@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.fixes import chat_tokens, data, forward_inputs, packing
+from gemma_tpu_helpers.fixes.model import forward_inputs
+from gemma_tpu_helpers.fixes.train import chat_tokens, data, packing
 from support import SHIPPED, run_cli
 
 ROW = {"prompt": "Write a module named inv with input a and output y.",
@@ -16,7 +17,7 @@ def _examples(tokenizer, n=12):
 
 def test_batched_tokenize_rows_equals_tokenize_example_per_row(tokenizer, monkeypatch):
     """The batched tokenizer calls give exactly the per-row ids and masks, across batch boundaries (5 + 5 + 2)."""
-    from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.course.config import profiles
 
     monkeypatch.setattr(chat_tokens, "TOKENIZE_BATCH", 5)
     rows = data.load_rows(**SHIPPED).select(range(12))
@@ -56,8 +57,8 @@ def test_attention_mask_is_block_diagonal_causal():
 def test_packed_loss_equals_sum_of_per_example_losses(tokenizer, tunix_model, mesh):
     import jax.numpy as jnp
 
-    from gemma_tpu_helpers.fixes import sft
-    from gemma_tpu_helpers.fixes.parity import forward
+    from gemma_tpu_helpers.fixes.model.parity import forward
+    from gemma_tpu_helpers.fixes.train import sft
 
     ex = _examples(tokenizer, 3)
     packed = packing.pack(ex, max_seq_len=sum(len(i) for i, _ in ex))  # all three in one row
@@ -171,8 +172,8 @@ def tokenizers():
     Gemma 4 E2B/E4B (none) and Gemma 3 (system prompt folded into the user turn, <end_of_turn>)."""
     import copy
 
-    from gemma_tpu_helpers.course import tiny
-    from gemma_tpu_helpers.fixes import chat_format
+    from gemma_tpu_helpers.course.config import tiny
+    from gemma_tpu_helpers.fixes.model import chat_format
 
     base = tiny.build_tokenizer(tiny.tiny_text_config()["vocab_size"], "31b")
     e, gemma3 = copy.deepcopy(base), copy.deepcopy(base)
@@ -186,7 +187,7 @@ def _settings():
     """tokenize_rows keyword arguments: the profiles' DataSpecs, every target and system source, the no-spec form."""
     import dataclasses
 
-    from gemma_tpu_helpers.course import profiles
+    from gemma_tpu_helpers.course.config import profiles
 
     specs = list(dict.fromkeys(p.data for p in profiles.PROFILES.values()))
     base = specs[0]

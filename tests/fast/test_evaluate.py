@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import commands_serve, eval_views, paths
-from gemma_tpu_helpers.fixes import eval_problems, eval_sample, eval_score, eval_simulate
+from gemma_tpu_helpers.course.commands import commands_serve
+from gemma_tpu_helpers.course.config import paths
+from gemma_tpu_helpers.course.views import eval_views
+from gemma_tpu_helpers.fixes.eval import eval_problems, eval_sample, eval_score, eval_simulate
 from support import run_cli
 
 

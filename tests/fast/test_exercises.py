@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import exercises
+from gemma_tpu_helpers.course.front import exercises
 from support import REPO, run_cli
 
 KEYS = list(exercises.EXERCISES)
@@ -126,8 +126,9 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
     solution gives LoRA to every projection in it through qwix itself."""
     from flax import nnx
 
-    from gemma_tpu_helpers.course import tiny
-    from gemma_tpu_helpers.fixes import lora, sharding
+    from gemma_tpu_helpers.course.config import tiny
+    from gemma_tpu_helpers.fixes.model import sharding
+    from gemma_tpu_helpers.fixes.train import lora
 
     cfg = tiny.tiny_text_config()
     model = sharding.model_from_config(cfg, abstract=True)
@@ -142,7 +143,7 @@ def test_the_regex_checker_knows_tunix_s_real_module_paths(smoke):
 
 def test_the_mask_exercise_means_what_data_tokenize_example_does(tokenizer):
     """Both train on the last answer and its closing end-of-turn token, and on nothing else."""
-    from gemma_tpu_helpers.fixes import chat_tokens
+    from gemma_tpu_helpers.fixes.train import chat_tokens
 
     tok = tokenizer
     for chat in exercises._MASK_CHATS:

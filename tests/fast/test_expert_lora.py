@@ -1,11 +1,12 @@
-"""LoRA on the routed experts of the tiny 26B-A4B replica (fixes/expert_lora.py), on abstract shapes: the count
+"""LoRA on the routed experts of the tiny 26B-A4B replica (fixes/train/expert_lora.py), on abstract shapes: the count
 per expert and layer, and the targets refused. Parity with PEFT and the gradients: tests/e2e/test_tiny_moe.py."""
 
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import tiny
-from gemma_tpu_helpers.fixes import layout, lora, sharding
+from gemma_tpu_helpers.course.config import tiny
+from gemma_tpu_helpers.fixes.model import layout, sharding
+from gemma_tpu_helpers.fixes.train import lora
 
 RANK, EXPERT_RANK, ALPHA = 4, 2, 8.0
 
@@ -62,7 +63,7 @@ def test_nf4_experts_are_within_the_rounding_bound_of_nf4():
     from qwix._src.core import numerics, qarray
     from qwix._src.utils import flax_util
 
-    from gemma_tpu_helpers.fixes import expert_lora
+    from gemma_tpu_helpers.fixes.train import expert_lora
 
     text = tiny.tiny_text_config(6, "26b-a4b")
     model = sharding.model_from_config(text, layer_types=["sliding_attention"])
@@ -102,7 +103,7 @@ def test_qlora_quantizes_the_experts_and_their_lora_trains():
     from flax import nnx
     from qwix._src.utils import flax_util
 
-    from gemma_tpu_helpers.fixes import expert_lora
+    from gemma_tpu_helpers.fixes.train import expert_lora
     from support import lora_train_steps
 
     text = tiny.tiny_text_config(6, "26b-a4b")
@@ -157,7 +158,7 @@ def test_the_experts_lora_backward_is_autodiffs_with_the_weight_gradients_tied_t
     optimization barrier (docs/moe-experts.md: without it XLA:TPU computes them at the end of the step)."""
     import jax
 
-    from gemma_tpu_helpers.fixes import expert_lora
+    from gemma_tpu_helpers.fixes.train import expert_lora
 
     gs, x, a, b, _, ct = _grouped_inputs(64, 48, 40, 4, integers=False)
     ours, vjp = jax.vjp(lambda *v: expert_lora.lora_delta(*v, gs, 0.25), x, a, b)
@@ -179,7 +180,7 @@ def test_megablox_on_a_mesh_equals_ragged_dot_exactly_on_exact_inputs(mesh):
     import jax
     from jax.sharding import Mesh
 
-    from gemma_tpu_helpers.fixes import expert_lora
+    from gemma_tpu_helpers.fixes.train import expert_lora
 
     grid = Mesh(np.asarray(mesh.devices).reshape(-1)[:4].reshape(2, 2), ("fsdp", "tp"))
     gs, x, a, b, w, ct = _grouped_inputs(256, 352, 200, 8, integers=True)

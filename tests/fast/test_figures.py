@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma_tpu_helpers.course import logbook
+from gemma_tpu_helpers.course.front import logbook
 from support import REPO
 
 DATA = json.loads(logbook.QUOTED_FIGURES.read_text())
@@ -143,16 +143,10 @@ def test_a_total_covers_its_parts():
 def derive_namespace(tmp_dir) -> dict:
     """What a ``derive`` expression may use: the values (``v``), the shipped AOT points through the course's own plan
     code (``gib``, ``pred``, ``point``), the profiles and the serving and sharding arithmetic."""
-    from gemma_tpu_helpers.course import (
-        base_model,
-        param_memory,
-        plan,
-        predictions,
-        profile_steps,
-        profiles,
-        serving_bench,
-    )
-    from gemma_tpu_helpers.fixes import gemma4, model_size
+    from gemma_tpu_helpers.course.budget import param_memory, plan, predictions, serving_bench
+    from gemma_tpu_helpers.course.config import base_model, profiles
+    from gemma_tpu_helpers.course.runs import profile_steps
+    from gemma_tpu_helpers.fixes.model import gemma4, model_size
 
     GIB = 2**30
 

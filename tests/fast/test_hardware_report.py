@@ -1,7 +1,8 @@
-"""`report --hardware` (course/hardware_report.py) reading a run directory: each figure from the file its step writes
-(train/done.json, train/metrics.jsonl, merged/merge_info.json, eval/last_score.json, bench/sweep.csv), and each missing
-one with the step that makes it. The records are written by their own writers where they run here (the training's
-device_record on this CPU, eval's record_eval); tests/e2e/test_user_paths.py reads the report of a real smoke run."""
+"""`report --hardware` (course/commands/hardware_report.py) reading a run directory: each figure from the file its step
+writes (train/done.json, train/metrics.jsonl, merged/merge_info.json, eval/last_score.json, bench/sweep.csv), and
+each missing one with the step that makes it. The records are written by their own writers where they run here (the
+training's device_record on this CPU, eval's record_eval); tests/e2e/test_user_paths.py reads the report of a real
+smoke run."""
 
 import json
 import math
@@ -10,8 +11,9 @@ import statistics
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import hardware_report as hr
-from gemma_tpu_helpers.course import profiles, train
+from gemma_tpu_helpers.course.commands import hardware_report as hr
+from gemma_tpu_helpers.course.config import profiles
+from gemma_tpu_helpers.course.runs import train
 from support import have_iverilog, run_cli
 
 SMOKE = profiles.get_profile("smoke")
@@ -153,8 +155,8 @@ def test_record_eval_writes_null_for_nan(tmp_path):
 @pytest.mark.skipif(not have_iverilog(), reason="install Icarus Verilog 12: make iverilog")
 def test_eval_records_its_last_score(tmp_path):
     """The eval step writes what the report reads: its pass@k in RUN_DIR/eval/last_score.json."""
-    from gemma_tpu_helpers.course import paths
-    from gemma_tpu_helpers.fixes import eval_problems
+    from gemma_tpu_helpers.course.config import paths
+    from gemma_tpu_helpers.fixes.eval import eval_problems
 
     probs = sorted(eval_problems.load_problems(paths.SHIPPED_EVAL), key=lambda p: len(eval_problems.reference_code(p)))
     ok, bad = probs[0], probs[1]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gemma_tpu_helpers.fixes import errors, file_io, http_client, process_groups
+from gemma_tpu_helpers.fixes.core import errors, file_io, http_client, process_groups
 from support import REPO
 
 # ------------------------------------------------------------------------------------------------ atomic writes
@@ -36,7 +36,7 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_fails_midway(tmp_path):
 _HOLD = """
 import sys, time
 
-from gemma_tpu_helpers.fixes import file_io
+from gemma_tpu_helpers.fixes.core import file_io
 
 with file_io.locked(sys.argv[1]):
     print("held", flush=True)

@@ -11,8 +11,10 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers.course import equivalence
-from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint, layout, lora, peft_export
+from gemma_tpu_helpers.course.runs import equivalence
+from gemma_tpu_helpers.fixes.export import peft_export
+from gemma_tpu_helpers.fixes.model import gemma4, hf_checkpoint, layout
+from gemma_tpu_helpers.fixes.train import lora
 
 RANK = 4
 TARGET_LISTS = [(t,) for t in layout.TARGETS] + [layout.TARGETS, equivalence.PARITY_TARGETS, ("q_proj", "v_proj"),
@@ -171,7 +173,7 @@ def test_peft_keys_and_shapes_are_the_tables(targets, which, tiny_dir, e2b_dir):
     B (out, r)."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
-    from gemma_tpu_helpers.fixes import parity
+    from gemma_tpu_helpers.fixes.model import parity
 
     model_dir = tiny_dir if which == "31b" else e2b_dir
     text = gemma4.read_text_config(model_dir)
@@ -193,7 +195,7 @@ def test_targeted_weights_are_the_checkpoints_own_tensors(variant, tiny_dir, e2b
     """Every weight the table says LoRA adapts is in the replica's files at that [out, in] shape (k=v layers, KV-shared
     layers and E2B's doubled MLP included), and it leaves out only what no forward pass reads: the k/v projections
     the real E files still carry on KV-shared layers."""
-    from gemma_tpu_helpers.fixes import safetensors_io
+    from gemma_tpu_helpers.fixes.export import safetensors_io
 
     base = tiny_dir if variant == "31b" else e2b_dir
     text = gemma4.read_text_config(base)

@@ -3,8 +3,8 @@ import shutil
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, parity
-from gemma_tpu_helpers.fixes import mesh as mesh_lib
+from gemma_tpu_helpers.fixes.model import gemma4, parity
+from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
 
 def test_loaded_model_is_sharded_on_the_mesh(tunix_model, mesh):

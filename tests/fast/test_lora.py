@@ -4,8 +4,11 @@ import ast
 
 import pytest
 
-from gemma_tpu_helpers.course import model_views, param_memory, tiny
-from gemma_tpu_helpers.fixes import gemma4, lora, model_size
+from gemma_tpu_helpers.course.budget import param_memory
+from gemma_tpu_helpers.course.config import tiny
+from gemma_tpu_helpers.course.views import model_views
+from gemma_tpu_helpers.fixes.model import gemma4, model_size
+from gemma_tpu_helpers.fixes.train import lora
 from support import lora_train_steps
 
 
@@ -40,7 +43,7 @@ def test_rank_must_be_a_positive_int(rank):
 
 def test_a_target_that_matches_nothing_raises():
     # Every layer global with k=v: there is no v_proj anywhere, so v_proj alone cannot get LoRA.
-    from gemma_tpu_helpers.fixes import sharding
+    from gemma_tpu_helpers.fixes.model import sharding
 
     text = tiny.tiny_text_config(6)
     model = sharding.model_from_config(text, layer_types=["full_attention"] * 2, abstract=True)
@@ -130,7 +133,7 @@ def test_qwix_runs_the_model_traced_and_the_lora_lands_placed(tunix_model, mesh,
     rendezvous (a CI run of verify hung 1200 s and aborted). The params then sit where eager qwix puts them."""
     import jax
 
-    from gemma_tpu_helpers.fixes import sharding
+    from gemma_tpu_helpers.fixes.model import sharding
 
     seen = []
     cls = type(tunix_model)
@@ -170,7 +173,7 @@ def test_raw_qwix_traps(tunix_model, tiny_dir):
 
 def test_31b_paper_regex_misses_10_of_60_layers():
     """The same count on the 31B's structure (one period built abstractly; the pattern repeats 10 times)."""
-    from gemma_tpu_helpers.fixes import sharding
+    from gemma_tpu_helpers.fixes.model import sharding
 
     cut, periods = model_views.one_period_config(gemma4.GEMMA4_31B_TEXT_CONFIG)
     model = sharding.model_from_config(cut, dtype="bfloat16", abstract=True)
@@ -188,7 +191,7 @@ def qlora_model():
 
     Targets: every einsum kind (q_einsum, kv_einsum, k_einsum) and one dense MLP kernel, to keep it quick.
     """
-    from gemma_tpu_helpers.fixes import sharding
+    from gemma_tpu_helpers.fixes.model import sharding
 
     base = sharding.model_from_config(tiny.tiny_text_config(6), layer_types=["sliding_attention", "full_attention"])
     model, report = lora.apply_lora(base, targets=["q_proj", "k_proj", "down_proj"], rank=4, alpha=8.0, qlora="nf4")
@@ -199,7 +202,7 @@ def test_qlora_training_step_runs(qlora_model):
     import jax.numpy as jnp
     from flax import nnx
 
-    from gemma_tpu_helpers.fixes import compat
+    from gemma_tpu_helpers.fixes.core import compat
 
     model, report = qlora_model
     assert "gemma4_qlora_einsum" in compat.applied()  # apply_lora(qlora=...) applied it, explicitly
@@ -218,7 +221,7 @@ def test_qlora_training_step_runs(qlora_model):
                    reason="tunix 0.1.7 Einsum.__call__ casts the quantized weight with jnp.astype. When this XPASSes, "
                           "upstream is fixed: delete compat.patch_gemma4_qlora_einsum and its call in lora.apply_lora.")
 def test_qlora_without_the_shim_still_crashes_upstream(qlora_model):
-    from gemma_tpu_helpers.fixes import compat
+    from gemma_tpu_helpers.fixes.core import compat
 
     model, _ = qlora_model
     with compat.unpatched():

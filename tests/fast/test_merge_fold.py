@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import tiny
-from gemma_tpu_helpers.fixes import gemma4, layout, lora_checkpoint, merge, merge_plan, weight_check
+from gemma_tpu_helpers.course.config import tiny
+from gemma_tpu_helpers.fixes.export import merge, merge_plan, weight_check
+from gemma_tpu_helpers.fixes.model import gemma4, layout
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import bf16_copy, lora_ckpt, model_tensor
 
 PRE = gemma4.KEY_PREFIX

@@ -8,19 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import commands_train
-from gemma_tpu_helpers.course.cli import run_cli
-from gemma_tpu_helpers.fixes import (
-    gemma4,
-    lora_checkpoint,
-    merge,
-    merge_plan,
-    peft_export,
-    safetensors_io,
-    verify,
-    weight_check,
-)
-from gemma_tpu_helpers.fixes.errors import GemmaTpuError
+from gemma_tpu_helpers.course.commands import commands_train
+from gemma_tpu_helpers.course.commands.cli import run_cli
+from gemma_tpu_helpers.fixes.core.errors import GemmaTpuError
+from gemma_tpu_helpers.fixes.export import merge, merge_plan, peft_export, safetensors_io, verify, weight_check
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import shard_tensors
 
 
@@ -138,8 +131,8 @@ def test_every_merge_error_is_a_gemma_tpu_error_and_a_value_error():
 def test_e2b_merge_verify_and_peft_export_follow_the_layout(tmp_path):
     """The E2B replica (KV-shared layers with no k/v, a double-wide MLP there) with a synthetic LoRA on every target:
     the merge touches exactly the table's HF tensors, and both checks and PEFT agree with tunix base + LoRA."""
-    from gemma_tpu_helpers.course import profiles, tiny
-    from gemma_tpu_helpers.fixes import layout, parity
+    from gemma_tpu_helpers.course.config import profiles, tiny
+    from gemma_tpu_helpers.fixes.model import layout, parity
 
     mesh = profiles.get_profile("smoke-e").make_mesh()  # tp=1: the replica has one KV head
     base = tiny.write_tiny_model(tmp_path / "base", variant="e2b")

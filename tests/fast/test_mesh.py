@@ -1,9 +1,9 @@
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from gemma_tpu_helpers.course import model_views
-from gemma_tpu_helpers.fixes import gemma4
-from gemma_tpu_helpers.fixes import mesh as mesh_lib
+from gemma_tpu_helpers.course.views import model_views
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
 
 def test_mesh_axes_are_auto_and_shaped_by_the_profile(mesh, smoke):

@@ -6,8 +6,9 @@ import importlib.util
 import pytest
 
 from gemma_tpu_helpers import __main__ as cli
-from gemma_tpu_helpers.course import base_model, param_memory, plan, predictions, profiles, tiny
-from gemma_tpu_helpers.fixes import gemma4, model_size
+from gemma_tpu_helpers.course.budget import param_memory, plan, predictions
+from gemma_tpu_helpers.course.config import base_model, profiles, tiny
+from gemma_tpu_helpers.fixes.model import gemma4, model_size
 from support import run_cli
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
@@ -288,7 +289,7 @@ def test_a_peak_between_usable_and_nominal_hbm_does_not_fit():
 def test_notebook_04_records_the_tested_figure():
     import nbformat
 
-    from gemma_tpu_helpers.course import logbook
+    from gemma_tpu_helpers.course.front import logbook
 
     nb = nbformat.read(logbook.NOTEBOOKS_DIR / "04_gradient_checkpointing.ipynb", 4)
     record = [c.source for c in nb.cells if c.cell_type == "code" and "logbook.record(" in c.source]
@@ -314,7 +315,7 @@ def test_each_moe_tpu_profile_trains_the_experts_and_its_shipped_step_fits(name)
     (no compile: the shipped points of the profile's own setting) says FITS for a step compiled with the experts'
     LoRA (each point records it). Before expert_lora's own backward and megablox, the v6e-4's step with the experts
     compiled to 32.29 GiB (1.05 over) and the one-chip QLoRA step to 39.44 (8.2 over): docs/moe-experts.md."""
-    from gemma_tpu_helpers.fixes.lora import EXPERT_TARGETS
+    from gemma_tpu_helpers.fixes.train.lora import EXPERT_TARGETS
 
     prof = profiles.get_profile(name)
     assert set(EXPERT_TARGETS) <= set(prof.lora.targets) and prof.lora.expert_rank == 8

@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from gemma_tpu_helpers.course import launch, train
-from gemma_tpu_helpers.fixes.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
+from gemma_tpu_helpers.course.runs import launch, train
+from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
 from support import REPO
 
 
@@ -42,7 +42,7 @@ def test_watch_in_one_process_restores_the_handler_and_a_second_sigterm_is_defau
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second notice ends the process
     assert signal.getsignal(signal.SIGTERM) == before
     # a second SIGTERM during the save ends the process at once (in a child, with the default action)
-    code = ("import os, signal, time\nfrom gemma_tpu_helpers.fixes.preemption import PreemptionWatch\n"
+    code = ("import os, signal, time\nfrom gemma_tpu_helpers.fixes.train.preemption import PreemptionWatch\n"
             "with PreemptionWatch() as w:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05)\n"
             "    assert w.reached(1); print('first', flush=True); os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(5); print('survived')\n")

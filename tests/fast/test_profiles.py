@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import param_memory, plan, profiles, tiny
-from gemma_tpu_helpers.fixes import gemma4, model_size
+from gemma_tpu_helpers.course.budget import param_memory, plan
+from gemma_tpu_helpers.course.config import profiles, tiny
+from gemma_tpu_helpers.fixes.model import gemma4, model_size
 
 
 def test_unknown_profile_lists_valid_names():
@@ -55,7 +56,7 @@ def test_configure_jax_sets_device_count(smoke):
 
 
 def test_param_count_matches_the_real_models(tiny_dir):
-    from gemma_tpu_helpers.fixes.parity import load_hf
+    from gemma_tpu_helpers.fixes.model.parity import load_hf
 
     hf = load_hf(tiny_dir)
     real = sum(t.numel() for t in hf.model.language_model.state_dict().values())  # layer_scalar is a buffer
@@ -74,7 +75,7 @@ def test_memory_estimate_scales_with_devices():
 
 def test_a_colab_profile_checks_on_the_replica_of_its_own_model(tmp_path):
     """Parity and probes on colab-v6e-1 run on the tiny E4B (KV-shared layers, per-layer inputs), not the 31B's."""
-    from gemma_tpu_helpers.course import base_model
+    from gemma_tpu_helpers.course.config import base_model
 
     check = base_model.ensure_check_model(profiles.get_profile("colab-v6e-1"), tmp_path)
     text = gemma4.read_text_config(check)
@@ -94,7 +95,7 @@ def test_a_colab_runtime_picks_its_profile_by_accelerator_type(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
     """v5p-8's mesh on one (abstract) TPU chip, as on Colab: the error names the one-chip profiles."""
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
     one_chip = list(plan.topology_mesh(profiles.get_profile("colab-v5e-1")).devices.flat)
     with pytest.raises(mesh_lib.MeshError, match="needs 4 TPU chips but this runtime has 1") as e:
@@ -105,7 +106,7 @@ def test_a_31b_profile_on_one_chip_says_which_profiles_fit():
 def test_a_run_is_resolved_once_and_passed_down(tmp_path, monkeypatch):
     """resolve_run makes a run directory absolute once (relative to where the command runs); a Run handed on is
     returned as it is; a file is refused. (A gs:// run: tests/e2e/test_gcs.py, against a GCS on 127.0.0.1.)"""
-    from gemma_tpu_helpers.fixes import file_io
+    from gemma_tpu_helpers.fixes.core import file_io
 
     smoke = profiles.get_profile("smoke")
     monkeypatch.chdir(tmp_path)
@@ -121,7 +122,7 @@ def test_a_run_is_resolved_once_and_passed_down(tmp_path, monkeypatch):
 def test_the_course_checks_a_base_once_while_its_files_stay(tiny_dir, tmp_path, monkeypatch):
     import shutil
 
-    from gemma_tpu_helpers.course import base_model
+    from gemma_tpu_helpers.course.config import base_model
 
     base = shutil.copytree(tiny_dir, tmp_path / "base")
     checks = []

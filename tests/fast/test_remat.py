@@ -4,7 +4,8 @@
 
 import pytest
 
-from gemma_tpu_helpers.fixes import gemma4, lora, remat
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.train import lora, remat
 
 RANK, ALPHA = 8, 16.0
 
@@ -37,7 +38,8 @@ def test_the_trap_remat_before_lora_gives_no_lora_params(tiny_dir, mesh):
 def test_right_order_keeps_lora_and_sets_remat(lora_model):
     n = remat.count_lora_params(lora_model)
     # rank 8 over q, kv/k, o, gate, up, down on 6 layers of the tiny config (param_memory.lora_param_count agrees)
-    from gemma_tpu_helpers.course import param_memory, tiny
+    from gemma_tpu_helpers.course.budget import param_memory
+    from gemma_tpu_helpers.course.config import tiny
 
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     assert n == param_memory.lora_param_count(tiny.tiny_text_config(6), RANK, targets) > 0
@@ -51,9 +53,9 @@ def test_right_order_keeps_lora_and_sets_remat(lora_model):
 def test_the_policy_is_in_the_train_step(lora_model, mesh, policy, regions):
     """Rematerialised regions in the jaxpr of the train step training runs (sft.train_step): BLOCK wraps
     attention and MLP of each of the 6 layers, DECODER each layer once."""
-    from gemma_tpu_helpers.course import profiles
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
-    from gemma_tpu_helpers.fixes import sft, step
+    from gemma_tpu_helpers.course.config import profiles
+    from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes.train import sft, step
 
     remat.set_remat(lora_model, policy)
     spec = profiles.get_profile("smoke").train

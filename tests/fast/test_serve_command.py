@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import support
-from gemma_tpu_helpers.course import paths, profile_steps, profiles
-from gemma_tpu_helpers.fixes import vllm_command, vllm_server
+from gemma_tpu_helpers.course.config import paths, profiles
+from gemma_tpu_helpers.course.runs import profile_steps
+from gemma_tpu_helpers.fixes.serve import vllm_command, vllm_server
 from support import run_cli
 
 SERVE_PY = support.SERVE_PY

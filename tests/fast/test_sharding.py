@@ -4,8 +4,11 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course import model_views, param_memory, tiny
-from gemma_tpu_helpers.fixes import gemma4, lora, model_size, sharding
+from gemma_tpu_helpers.course.budget import param_memory
+from gemma_tpu_helpers.course.config import tiny
+from gemma_tpu_helpers.course.views import model_views
+from gemma_tpu_helpers.fixes.model import gemma4, model_size, sharding
+from gemma_tpu_helpers.fixes.train import lora
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gemma_tpu_helpers.course import colab, logbook, site
+from gemma_tpu_helpers.course.front import colab, logbook, site
 from support import REPO, run_cli
 
 PLOT = """import matplotlib

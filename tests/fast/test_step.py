@@ -6,8 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course import train
-from gemma_tpu_helpers.fixes import gemma4, remat, sft, step
+from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.fixes.model import gemma4
+from gemma_tpu_helpers.fixes.train import remat, sft, step
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def trainer_program(smoke, tiny_dir, mesh):
     a smoke-shaped micro-batch, and the trainer itself."""
     from tunix.sft import peft_trainer
 
-    from gemma_tpu_helpers.fixes import mesh as mesh_lib
+    from gemma_tpu_helpers.fixes.model import mesh as mesh_lib
 
     t = smoke.train
     model = train.apply_profile_lora(gemma4.load_model(tiny_dir, mesh, dtype=smoke.model.dtype), smoke, t.seed)

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from gemma_tpu_helpers.course import tiny
-from gemma_tpu_helpers.fixes import gemma4, hf_checkpoint
+from gemma_tpu_helpers.course.config import tiny
+from gemma_tpu_helpers.fixes.model import gemma4, hf_checkpoint
 from support import run_cli
 
 
@@ -85,7 +85,7 @@ def test_cli_tiny_model(tmp_path):
 
 _ENSURE = """
 import os, sys
-from gemma_tpu_helpers.course import tiny
+from gemma_tpu_helpers.course.config import tiny
 out = tiny.ensure_tiny_model(sys.argv[1], seed=0, layers=6)
 print(os.stat(out / "model.safetensors.index.json").st_ino)
 """

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from gemma_tpu_helpers import __main__ as main_module
-from gemma_tpu_helpers.course import cli, hub, param_memory, preflight, profiles
+from gemma_tpu_helpers.course.budget import param_memory
+from gemma_tpu_helpers.course.commands import cli
+from gemma_tpu_helpers.course.config import hub, profiles
+from gemma_tpu_helpers.course.front import preflight
 from support import REPO
 
 RUNBOOK = REPO / "docs" / "tpu-vm.md"
@@ -223,7 +226,7 @@ def disk_sizes_gb(text: str) -> dict[str, int]:
 def checkpoint_files_bytes(profile) -> int:
     """The Orbax checkpoints on the training disk: LoRA params and AdamW state (param_memory.memory_estimate,
     unsharded), keep_checkpoints of the full run and the first run's one."""
-    from gemma_tpu_helpers.course import base_model
+    from gemma_tpu_helpers.course.config import base_model
 
     b = param_memory.memory_estimate(profile, base_model.profile_text_config(profile))["per_device_bytes"]
     return (profile.train.keep_checkpoints + 1) * (b["LoRA params (replicated)"] + b["AdamW state (fp32, 2x)"])

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from gemma_tpu_helpers.course import workshop
+from gemma_tpu_helpers.course.front import workshop
 from support import run_cli
 
 

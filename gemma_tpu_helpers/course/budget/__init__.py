@@ -1,0 +1,1 @@
+"""What a run needs and costs: parameter memory, the AOT plan, predictions, the serving benchmark, prices."""

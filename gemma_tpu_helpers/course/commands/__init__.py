@@ -1,0 +1,2 @@
+"""The command line (python -m gemma_tpu_helpers): its parser and one module per group of commands, and the hardware
+report."""

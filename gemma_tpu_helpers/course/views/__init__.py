@@ -1,0 +1,1 @@
+"""Tables and plots of the fixes' results, for the notebooks."""

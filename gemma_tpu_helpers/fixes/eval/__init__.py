@@ -1,0 +1,1 @@
+"""VerilogEval: the problems, the simulator, sampling, pass@k."""
