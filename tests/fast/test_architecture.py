@@ -65,23 +65,48 @@ def imports(module: str):
 GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
 
 
+def stage_problems(pkg: Path, folders: list[str]) -> list[str]:
+    """What in the package folder ``pkg`` breaks the stage layout that ``folders`` ("<tier>.<folder>") declares: a
+    module beside the tiers or loose in a tier, a folder on disk that is not declared or a declared one that is
+    missing, a folder without its docstring or without a module, two modules of one name."""
+    tiers = sorted({f.split(".")[0] for f in folders})
+    found = [f"{p.name} beside the tiers" for p in sorted(pkg.glob("*.py")) if p.name not in ("__init__.py",
+                                                                                            "__main__.py")]
+    found += [f"{t}/{p.name} outside a stage folder" for t in tiers for p in sorted((pkg / t).glob("*.py"))
+              if p.name != "__init__.py"]
+    on_disk = {f"{t}.{d.name}" for t in tiers for d in (pkg / t).iterdir() if d.is_dir() and d.name != "__pycache__"}
+    found += [f"{f} is not declared in TIERS" for f in sorted(on_disk - set(folders))]
+    found += [f"{f} is declared but missing" for f in sorted(set(folders) - on_disk)]
+    for f in sorted(on_disk & set(folders)):
+        init = pkg / f.replace(".", "/") / "__init__.py"
+        if not init.is_file() or not ast.get_docstring(ast.parse(init.read_text())):
+            found.append(f"{f} has no docstring (its __init__.py)")
+        if not [p for p in (pkg / f.replace(".", "/")).glob("*.py") if p.name != "__init__.py"]:
+            found.append(f"{f} holds no module")
+    stems = [p.stem for p in pkg.glob("*/*/*.py") if p.stem != "__init__"]
+    found += [f"two modules named {s}" for s in sorted({s for s in stems if stems.count(s) > 1})]
+    return found
+
+
 def test_the_stages_are_the_declared_folders():
     """Whoever opens the package sees the stages: only the CLI and the package docstring sit beside the two tiers, a
-    tier holds only its stage folders, and each folder on disk is one that TIERS declares (and the other way round),
-    with its own docstring."""
-    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "__main__.py"]
-    on_disk = sorted(f"{t}.{d.name}" for t in TIERS for d in (PKG / t).iterdir() if d.is_dir() and
-                     d.name != "__pycache__")
-    assert on_disk == sorted(FOLDERS), (sorted(set(on_disk) ^ set(FOLDERS)))
-    assert [p.name for t in TIERS for p in (PKG / t).glob("*.py")] == ["__init__.py"] * len(TIERS)
-    assert all(ast.get_docstring(ast.parse((PKG / f.replace(".", "/") / "__init__.py").read_text())) for f in FOLDERS)
-    assert {".".join(m.split(".")[:2]) for m in MODULES if "." in m} == set(FOLDERS)  # no empty stage
+    tier holds only its stage folders, each folder on disk is one that TIERS declares (and the other way round), with
+    its docstring, and a module's name alone says which file it is (in the copy lines, the notebooks and the seeded
+    faults)."""
+    assert not stage_problems(PKG, FOLDERS), stage_problems(PKG, FOLDERS)
 
 
-def test_module_names_are_unique():
-    """A module's name alone says which file it is (in the copy lines, the notebooks and the seeded faults)."""
-    stems = [m.split(".")[-1] for m in MODULES]
-    assert len(stems) == len(set(stems)), sorted({s for s in stems if stems.count(s) > 1})
+def test_the_stage_check_sees_a_violation(tmp_path):
+    for f in ("fixes/core", "fixes/train", "fixes/extra", "course/config"):
+        (tmp_path / f).mkdir(parents=True)
+        (tmp_path / f / "__init__.py").write_text('"""A stage."""\n')
+    for f in ("helpers.py", "fixes/loose.py", "fixes/core/lora.py", "fixes/train/lora.py", "fixes/extra/x.py"):
+        (tmp_path / f).write_text("")
+    (tmp_path / "course" / "config" / "__init__.py").write_text("")
+    assert stage_problems(tmp_path, ["fixes.core", "fixes.train", "fixes.model", "course.config"]) == [
+        "helpers.py beside the tiers", "fixes/loose.py outside a stage folder", "fixes.extra is not declared in TIERS",
+        "fixes.model is declared but missing", "course.config has no docstring (its __init__.py)",
+        "course.config holds no module", "two modules named lora"]
 
 
 def upward(graph: dict[str, list[str]]) -> list[str]:
