@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="checkpoint to train (default: the profile's base model)")
     args = ap.parse_args()
     profile = profiles.configure_jax(args.profile)
-    from gemma_tpu_helpers.course.runs import helper_overhead
+    from gemma_tpu_helpers.course.training import helper_overhead
 
     base = Path(args.base) if args.base else base_model.ensure_base(profile)
     with tempfile.TemporaryDirectory(prefix="train_step_bench_") as tmp:

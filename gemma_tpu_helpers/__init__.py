@@ -9,7 +9,7 @@ names the files.
 
 ``course/``: the course on top. Stages: ``config`` (paths, profiles, runs, the Hub, the tiny replica, the base
 checkpoint), ``views`` (the notebooks' tables and plots), ``budget`` (memory, the AOT plan, predictions, cost),
-``runs`` (training, the learning check, equivalence), ``front`` (logbook, Colab, preflight, site, workshop,
+``training`` (training runs, the learning check, equivalence), ``front`` (logbook, Colab, preflight, site, workshop,
 exercises) and ``commands`` (the CLI, run by ``__main__``).
 
 The course imports the fixes, never the other way round; a module imports from its own folder or a folder before it
@@ -23,5 +23,5 @@ import.
 # another venv); everything else at the top of a module, so the import graph is what the file says.
 TIERS = (
     ("fixes", ("core", "model", "train", "export", "serve", "eval")),
-    ("course", ("config", "views", "budget", "runs", "front", "commands")),
+    ("course", ("config", "views", "budget", "training", "front", "commands")),
 )

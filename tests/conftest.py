@@ -91,7 +91,7 @@ def smoke_run(tmp_path_factory, tiny_dir):
     checkpoint every SMOKE_RUN_EVERY (what support.train_args runs). The reference of test_resume's killed and resumed
     runs, the checkpoints test_merge merges, the run test_train checks; trained once. Read-only for tests: copy it
     before changing it. (run_dir, TrainResult)."""
-    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.course.training import train
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
     return run_dir, train.train(smoke_run_profile(), run_dir=run_dir, base_dir=tiny_dir, max_steps=SMOKE_RUN_STEPS,

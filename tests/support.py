@@ -201,7 +201,7 @@ def check_resume(reference, run_dir, after_step: int, steps=SMOKE_RUN_STEPS, eve
     run's bit for bit. One process on one machine runs the same compiled program on the same inputs, which a CPU
     computes the same way each time: a resume that restored every bit (parameters, optimizer state, the data's
     position) cannot differ by even one rounding."""
-    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.course.training import train
 
     a, b = losses(reference.metrics), losses(train.read_metrics(run_dir))
     want = list(range(1 if every_step else after_step + 1, steps + 1))

@@ -38,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from gemma_tpu_helpers.course.config import profiles
-    from gemma_tpu_helpers.course.runs import learning_check
+    from gemma_tpu_helpers.course.training import learning_check
 
     profile = profiles.configure_jax(profiles.get_profile(args.profile))
     changes = {k: v for k, v in (("steps", args.steps), ("learning_rate", args.lr), ("rank", args.rank),

@@ -80,14 +80,14 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "serve-base-not-merged",
-        "gemma_tpu_helpers/course/runs/learning_check.py",
+        "gemma_tpu_helpers/course/training/learning_check.py",
         '    after = answers(done.model_dir, "after")\n',
         '    after = answers(base_model.ensure_base(profile), "after")\n',
         "the learning check serves (and scores) the base model after training instead of the merged one",
     ),
     Fault(
         "sigterm-exits-without-saving",
-        "gemma_tpu_helpers/course/runs/train.py",
+        "gemma_tpu_helpers/course/training/train.py",
         "        trainer.close()  # the last metrics line, the step's checkpoint if not saved yet, Orbax closed\n",
         "        trainer.checkpoint_manager.close()  # Orbax closed\n",
         "on SIGTERM (preemption) training closes Orbax without saving the step in progress: the work since the "

@@ -37,7 +37,7 @@ KERNEL = textwrap.dedent(r'''
     for i, source in enumerate(cells):
         exec(compile(source, f"<cell {i}>", "exec"), namespace)
     import gemma_tpu_helpers
-    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.course.training import train
     profile = namespace["profile"]
     print("RESULT " + json.dumps({
         "profile": profile.name, "package": gemma_tpu_helpers.__file__, "hf_token": os.environ.get("HF_TOKEN"),

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 from gemma_tpu_helpers.course.config import base_model, profiles
-from gemma_tpu_helpers.course.runs import equivalence
+from gemma_tpu_helpers.course.training import equivalence
 from gemma_tpu_helpers.fixes.train import packing
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from gemma_tpu_helpers.fixes.core import file_io
 from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from support import REPO, run_cli

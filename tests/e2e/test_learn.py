@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gemma_tpu_helpers.course.config import paths, profiles
-from gemma_tpu_helpers.course.runs import learning_check
+from gemma_tpu_helpers.course.training import learning_check
 from gemma_tpu_helpers.fixes.eval import eval_problems
 from gemma_tpu_helpers.fixes.model.chat_format import GEMMA3_TURN_TOKENS
 from gemma_tpu_helpers.fixes.train import chat_tokens, data

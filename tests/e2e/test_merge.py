@@ -13,7 +13,7 @@ import pytest
 
 from gemma_tpu_helpers.course.commands import commands_train
 from gemma_tpu_helpers.course.commands.cli import run_cli
-from gemma_tpu_helpers.course.runs import profile_steps
+from gemma_tpu_helpers.course.training import profile_steps
 from gemma_tpu_helpers.fixes.export import merge, merge_plan, peft_export, safetensors_io, verify, weight_check
 from gemma_tpu_helpers.fixes.model import gemma4, hf_checkpoint
 from gemma_tpu_helpers.fixes.train import lora_checkpoint
@@ -312,7 +312,7 @@ def test_disk_full_mid_write_leaves_nothing(tiny_dir, trained, tmp_path, monkeyp
 
 
 def test_ensure_merged_caches_and_rebuilds_on_new_step(smoke, tiny_dir, trained, tmp_path):
-    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.course.training import train
 
     run = tmp_path / "run"
     shutil.copytree(tiny_dir, run / "base")

@@ -148,7 +148,7 @@ from gemma_tpu_helpers.course.config import profiles
 profiles.configure_jax("smoke")
 multihost.initialize(sys.argv[1], 2, int(sys.argv[2]), local_devices=4, timeout_s=60)
 from tunix.sft import peft_trainer
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from gemma_tpu_helpers.fixes.model import gemma4, sharding
 from gemma_tpu_helpers.fixes.train import sft, step
 from gemma_tpu_helpers.fixes.model import mesh as mesh_lib

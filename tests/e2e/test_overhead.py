@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from gemma_tpu_helpers.course.runs import helper_overhead, train
+from gemma_tpu_helpers.course.training import helper_overhead, train
 from support import short_rows
 
 STEPS = 5

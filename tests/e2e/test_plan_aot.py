@@ -72,7 +72,7 @@ def test_aot_compile_for_v5p_in_this_process(smoke):
           f"QLoRA {q['argument_bytes'] / 2**20:.2f}")
     assert q["qlora"] == "nf4" and none["qlora"] is None
     assert none["argument_bytes"] - q["argument_bytes"] > 0.5 * targeted
-    compiled_plan = {**plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), "lora_rank": 8}  # compiled at rank 8
+    compiled_plan = dataclasses.replace(plan.assemble_plan(v5p, "decoder", 1024, [dec], 2, 2), lora_rank=8)  # rank 8
     pred = predictions.predict_run(compiled_plan, v5p, text_config=TINY)
     assert pred["xla_over_analytic"] == pytest.approx(dec["flops"] * 4 / predictions.analytic_step_flops(
         two, 1, 1024, 8, v5p.lora.targets, "decoder")["total"])

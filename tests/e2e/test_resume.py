@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 import support
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from gemma_tpu_helpers.fixes.core import file_io
 from gemma_tpu_helpers.fixes.train import lora_checkpoint
 from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT

@@ -276,5 +276,5 @@ def test_colab_v6e_plan_compiles_e4b_for_one_chip():
     from gemma_tpu_helpers.course.budget import plan
 
     p = plan.aot_plan("colab-v6e-1", remat="block", seq_len=256)
-    assert p["layers"] == 42 and p["method"] == "compiled" and p["fits"]
-    assert p["argument_bytes"] > 14 * 2**30  # the bf16 weights (14.0 GiB) are on the one chip
+    assert p.layers == 42 and p.method == "compiled" and p.fits
+    assert p.argument_bytes > 14 * 2**30  # the bf16 weights (14.0 GiB) are on the one chip

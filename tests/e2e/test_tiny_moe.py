@@ -9,7 +9,7 @@ import pytest
 
 import support
 from gemma_tpu_helpers.course.config import base_model, profiles, tiny
-from gemma_tpu_helpers.course.runs import learning_check, profile_steps
+from gemma_tpu_helpers.course.training import learning_check, profile_steps
 from gemma_tpu_helpers.fixes.core import compat
 from gemma_tpu_helpers.fixes.export import merge, peft_export
 from gemma_tpu_helpers.fixes.model import chat_format, gemma4, greedy, layout, model_size, parity
@@ -455,6 +455,6 @@ def test_each_moe_profile_trains_a_setting_that_fits(name):
 
     prof = profiles.get_profile(name)
     p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat),))[0]
-    assert p["layers"] == 30 and p["fits"] and p["peak_bytes"] <= 0.92 * p["hbm_bytes"], p["peak_bytes"] / plan.GIB
+    assert p.layers == 30 and p.fits and p.peak_bytes <= 0.92 * p.hbm_bytes, p.peak_bytes / plan.GIB
     if name == "v6e-4-moe":
-        assert not plan.course_plans("/nonexistent", settings=((name, "block"),))[0]["fits"]
+        assert not plan.course_plans("/nonexistent", settings=((name, "block"),))[0].fits

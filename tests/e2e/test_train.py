@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from gemma_tpu_helpers.fixes.train import sft
 from support import SMOKE_RUN_EVERY, SMOKE_RUN_STEPS, smoke_run_profile
 

@@ -16,7 +16,7 @@ def test_bf16_train_merge_verify(smoke, tiny_dir, tmp_path, mesh, monkeypatch):
     bf16 files alike, and a layout bug in the merge plan (which the weight check shares) still fails on the logits."""
     from flax import nnx
 
-    from gemma_tpu_helpers.course.runs import train
+    from gemma_tpu_helpers.course.training import train
     from gemma_tpu_helpers.fixes.export import merge_plan, verify
 
     base = bf16_copy(tiny_dir, tmp_path / "base")

@@ -96,6 +96,26 @@ def test_the_stages_are_the_declared_folders():
     assert not stage_problems(PKG, FOLDERS), stage_problems(PKG, FOLDERS)
 
 
+def ignored_by_git(paths: list[str]) -> list[str]:
+    """Which of ``paths`` (relative to the checkout) the checkout's ignore rules match, whether git tracks them or
+    not: a file there can be in this working tree and missing from a fresh clone."""
+    import subprocess
+
+    out = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="\n".join(paths), text=True,
+                         capture_output=True, cwd=support.REPO)
+    assert out.returncode in (0, 1), out.stderr  # 1: none ignored
+    return out.stdout.split()
+
+
+def test_no_file_of_the_package_is_ignored_by_git():
+    """A stage folder whose name the checkout ignores (``runs/`` holds the run directories) loses its new files in
+    every clone; the package's files must all be ones git keeps."""
+    files = [str(p.relative_to(support.REPO)) for p in PKG.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) > 80 and not ignored_by_git(files), ignored_by_git(files)
+    assert ignored_by_git(["gemma_tpu_helpers/course/runs/__init__.py", "gemma_tpu_helpers/fixes/core/errors.py"]) == [
+        "gemma_tpu_helpers/course/runs/__init__.py"]
+
+
 def test_the_stage_check_sees_a_violation(tmp_path):
     for f in ("fixes/core", "fixes/train", "fixes/extra", "course/config"):
         (tmp_path / f).mkdir(parents=True)
@@ -117,9 +137,9 @@ def upward(graph: dict[str, list[str]]) -> list[str]:
 def test_no_import_goes_up_a_layer():
     assert not upward(GRAPH), upward(GRAPH)
     seeded = {"fixes.core.file_io": ["fixes.train.lora"], "fixes.train.lora": ["fixes.train.remat"],
-              "course.config.paths": ["course.runs.train", "fixes.eval.eval_score"]}
+              "course.config.paths": ["course.training.train", "fixes.eval.eval_score"]}
     assert upward(seeded) == ["fixes.core.file_io imports fixes.train.lora",
-                              "course.config.paths imports course.runs.train"]
+                              "course.config.paths imports course.training.train"]
 
 
 def test_no_import_cycle():
@@ -446,7 +466,7 @@ def test_no_function_over_60_lines():
 
 def test_the_length_check_sees_a_long_function():
     seeded = "def f():\n" + "    x = 1\n" * 60 + "\n\ndef g():\n    return 1\n"
-    assert long_functions(seeded, "course.runs.train") == {"course.runs.train.f": 61}
+    assert long_functions(seeded, "course.training.train") == {"course.training.train.f": 61}
 
 
 # ------------------------------------------------------------------------------------- tests use the public API
@@ -473,5 +493,5 @@ def test_no_test_calls_a_private_function():
 
 
 def test_the_private_check_sees_one():
-    seeded = "from gemma_tpu_helpers.course.runs import train as t\nt._apply_lora(1)\nt.train(2)\nt.__doc__\nt._X\n"
+    seeded = "from gemma_tpu_helpers.course.training import train as t\nt._apply_lora(1)\nt.train(2)\nt.__doc__\nt._X\n"
     assert private_uses(seeded, "tests/x.py") == ["tests/x.py:2 t._apply_lora"]

@@ -79,7 +79,7 @@ def test_zero_where_zero_means_something():
 def test_a_learning_check_of_another_seed_is_another_cached_result():
     """``learn --seed N`` trains another LoRA: the seed is in the settings its cache is keyed on."""
     from gemma_tpu_helpers.course.config import profiles
-    from gemma_tpu_helpers.course.runs import learning_check
+    from gemma_tpu_helpers.course.training import learning_check
 
     smoke = profiles.get_profile("smoke")
     args = cli.build_parser(main_module.COMMANDS).parse_args(["learn", "--seed", "3"])

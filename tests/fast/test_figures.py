@@ -145,7 +145,7 @@ def derive_namespace(tmp_dir) -> dict:
     code (``gib``, ``pred``, ``point``), the profiles and the serving and sharding arithmetic."""
     from gemma_tpu_helpers.course.budget import param_memory, plan, predictions, serving_bench
     from gemma_tpu_helpers.course.config import base_model, profiles
-    from gemma_tpu_helpers.course.runs import profile_steps
+    from gemma_tpu_helpers.course.training import profile_steps
     from gemma_tpu_helpers.fixes.model import gemma4, model_size
 
     GIB = 2**30
@@ -159,7 +159,7 @@ def derive_namespace(tmp_dir) -> dict:
 
     def gib(name, remat, qlora=None):
         p = compiled(name, remat, qlora)
-        return [round(p[k] / GIB, 2) for k in ("argument_bytes", "temp_bytes", "peak_bytes")]
+        return [round(getattr(p, k) / GIB, 2) for k in ("argument_bytes", "temp_bytes", "peak_bytes")]
 
     def pred(name, remat, qlora=None):
         return predictions.predict_run(compiled(name, remat, qlora), profiles.get_profile(name))

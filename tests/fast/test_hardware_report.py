@@ -13,7 +13,7 @@ import pytest
 from gemma_tpu_helpers import __main__ as cli
 from gemma_tpu_helpers.course.commands import hardware_report as hr
 from gemma_tpu_helpers.course.config import profiles
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from support import have_iverilog, run_cli
 
 SMOKE = profiles.get_profile("smoke")

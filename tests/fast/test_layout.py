@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from gemma_tpu_helpers.course.runs import equivalence
+from gemma_tpu_helpers.course.training import equivalence
 from gemma_tpu_helpers.fixes.export import peft_export
 from gemma_tpu_helpers.fixes.model import gemma4, hf_checkpoint, layout
 from gemma_tpu_helpers.fixes.train import lora

@@ -1,6 +1,7 @@
 """The memory plan: the analytic estimate, and the AOT compile of the LoRA train step for a TPU topology on this CPU
 (libtpu's abstract devices, in the same process as the 8 virtual CPU devices)."""
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -29,8 +30,8 @@ def test_with_layers_keeps_the_pattern():
 
 def test_extrapolation_is_an_exact_line_fit():
     mk = lambda n, fixed, per: {"layers": n, **{k: fixed + n * per for k in plan._FIGURES}}  # noqa: E731
-    out = plan.extrapolate([mk(6, 1000, 10), mk(12, 1000, 10)], 60)
-    assert out["temp_bytes"] == 1600 and out["temp_bytes_per_layer"] == 10 and out["temp_bytes_fixed"] == 1000
+    out, fit = plan.extrapolate([mk(6, 1000, 10), mk(12, 1000, 10)], 60)
+    assert out["temp_bytes"] == 1600 and fit["temp_bytes"] == {"fixed": 1000, "per_layer": 10}
 
 
 def test_unknown_policy_is_a_clear_error(capsys):
@@ -52,15 +53,15 @@ def test_plan_without_aot_prints_the_estimate(capsys):
     assert "LoRA params (replicated)" in out and "--aot" in out
 
 
-def _fake_plan(profile_name: str, layers: int = 60, seq: int = 3072, policy: str = "block") -> dict:
+def _fake_plan(profile_name: str, layers: int = 60, seq: int = 3072, policy: str = "block") -> plan.AotPlan:
     """A 31B plan whose cost figures are the analytic count itself (no compile): per chip, 1 TB accessed."""
     prof = profiles.get_profile(profile_name)
     text = plan.with_layers(gemma4.GEMMA4_31B_TEXT_CONFIG, layers)
     flops = predictions.analytic_step_flops(text, prof.train.micro_batch, seq, prof.lora.rank, prof.lora.targets,
                                             policy)["total"]
-    return {"profile": profile_name, "layers": layers, "batch": prof.train.micro_batch, "seq_len": seq,
-            "lora_rank": prof.lora.rank, "remat": policy, "flops": flops / prof.hardware.num_devices,
-            "bytes_accessed": 1e12, "optimal_seconds": 0.0}
+    point = {"layers": layers, "compile_s": 0.0, **dict.fromkeys(plan._FIGURES, 10**9),
+             "flops": flops / prof.hardware.num_devices, "bytes_accessed": 1e12, "optimal_seconds": 0.0}
+    return plan.assemble_plan(prof, policy, seq, [point], layers, layers)
 
 
 def test_analytic_flops_of_the_31b():
@@ -108,14 +109,14 @@ def test_course_predictions_from_a_cached_plan(tmp_path):
     import json
 
     v5p = profiles.get_profile("v5p-8")
-    per_layer = _fake_plan("v5p-8", layers=12)["flops"] - _fake_plan("v5p-8", layers=6)["flops"]
+    per_layer = _fake_plan("v5p-8", layers=12).flops - _fake_plan("v5p-8", layers=6).flops
     points = [{**{k: 10**9 * n for k in plan._FIGURES}, "layers": n, "compile_s": 1.0,
-               "flops": _fake_plan("v5p-8", layers=n)["flops"], "bytes_accessed": 1e10 * n} for n in (6, 12)]
+               "flops": _fake_plan("v5p-8", layers=n).flops, "bytes_accessed": 1e10 * n} for n in (6, 12)]
     cached = plan.assemble_plan(v5p, "block", 3072, points, 60)
-    assert cached["flops"] == pytest.approx(_fake_plan("v5p-8")["flops"], rel=1e-9) and per_layer > 0
+    assert cached.flops == pytest.approx(_fake_plan("v5p-8").flops, rel=1e-9) and per_layer > 0
     key = plan.plan_key("v5p-8", "block", 3072, None)
     (tmp_path / "plan").mkdir()
-    (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(cached))
+    (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(dataclasses.asdict(cached)))
     preds = predictions.course_predictions(tmp_path, settings=(("v5p-8", "block"),))
     assert [p["profile"] for p in preds] == ["v5p-8"] and preds[0]["source"].startswith("cached")
     table = predictions.prediction_table(preds)
@@ -123,13 +124,27 @@ def test_course_predictions_from_a_cached_plan(tmp_path):
     assert table.loc[0, "h padded @ paper MFU"] == pytest.approx(3.34, abs=0.05)  # ~1,249 steps at the paper's pace
     line = predictions.packing_savings(preds[0])
     assert "packing saves" in line and "$" in line
-    old = {k: v for k, v in cached.items() if k not in ("flops", "bytes_accessed")}
+    old = {k: v for k, v in dataclasses.asdict(cached).items() if k not in ("flops", "bytes_accessed")}
     (tmp_path / "plan" / f"{key}.json").write_text(json.dumps(old))
     assert predictions.course_predictions(tmp_path, settings=(("v5p-8", "block"),)) == []
 
 
+def test_a_plan_cached_before_the_dataclass_reads_as_it_was_written():
+    """A plan cached as the flat dict the course wrote before AotPlan (each fitted part a key of its own, a
+    ``cached`` flag) reads back as the same plan."""
+    v5p = profiles.get_profile("v5p-8")
+    points = [{**{k: 10**9 * n + 7 for k in plan._FIGURES}, "layers": n, "compile_s": 1.0, "flops": 1e12 * n,
+               "bytes_accessed": 1e10 * n} for n in (6, 12)]
+    now = plan.assemble_plan(v5p, "block", 3072, points, 60)
+    assert now.fit["peak_bytes"] == {"fixed": 7, "per_layer": 10**9} and now.peak_bytes == 60 * 10**9 + 7
+    flat = {**{k: v for k, v in dataclasses.asdict(now).items() if k != "fit"}, "cached": False,
+            **{f"{k}_{part}": v for k, parts in now.fit.items() for part, v in parts.items()}}
+    assert plan.AotPlan.from_json(flat) == now
+    assert plan.AotPlan.from_json(dataclasses.asdict(now)) == now
+
+
 def test_predict_run_needs_the_cost_analysis():
-    old = {k: v for k, v in _fake_plan("v5p-8").items() if k not in ("flops", "bytes_accessed")}
+    old = dataclasses.replace(_fake_plan("v5p-8"), flops=None, bytes_accessed=None)
     with pytest.raises(plan.PlanError, match="no cost analysis"):
         predictions.predict_run(old, profiles.get_profile("v5p-8"))
 
@@ -137,9 +152,9 @@ def test_predict_run_needs_the_cost_analysis():
 def test_extrapolation_fits_the_costs_too():
     mk = lambda n: {"layers": n, "flops": 10.0 + 3 * n, "bytes_accessed": 5.0 + n,  # noqa: E731
                     **{k: 1000 + n * 10 for k in plan._FIGURES}}
-    out = plan.extrapolate([mk(6), mk(12)], 60)
-    assert out["flops"] == 190 and out["bytes_accessed"] == 65 and out["flops_per_layer"] == 3
-    assert "flops" not in plan.extrapolate([{k: v for k, v in mk(6).items() if k != "flops"}, mk(12)], 60)
+    out, fit = plan.extrapolate([mk(6), mk(12)], 60)
+    assert out["flops"] == 190 and out["bytes_accessed"] == 65 and fit["flops"]["per_layer"] == 3
+    assert "flops" not in plan.extrapolate([{k: v for k, v in mk(6).items() if k != "flops"}, mk(12)], 60)[0]
 
 
 @needs_libtpu
@@ -171,7 +186,7 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     the E structure (KV-shared layers, doubled MLP, per-layer inputs), the paper's MFU is its own 31B run's, and
     Colab (no hourly price) gets hours, no dollars."""
     p = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block"),))[0]
-    assert p["layers"] == p["model_layers"] == 35 and p["method"] == "compiled" and p["seq_len"] == 2048
+    assert p.layers == p.model_layers == 35 and p.method == "compiled" and p.seq_len == 2048
     pred = predictions.predict_run(p, profiles.get_profile("colab-v5e-1"))
     print(f"E2B on v5e-1: XLA / analytic FLOPs {pred['xla_over_analytic']:.3f}, {pred['step_s']:.2f} s per step")
     assert 0.9 <= pred["xla_over_analytic"] <= 1.1
@@ -182,7 +197,7 @@ def test_colab_e2b_prediction_from_its_compiled_step():
     assert "colab-v5e-1 (1 chip)," in predictions.format_prediction(pred)
     # QLoRA on the same chip: the nf4 weights take less HBM, their dequantisation more bytes per step
     q = plan.course_plans("/nonexistent", settings=(("colab-v5e-1", "block", "nf4"),))[0]
-    assert q["qlora"] == "nf4" and q["argument_bytes"] < 0.8 * p["argument_bytes"] and q["peak_bytes"] < p["peak_bytes"]
+    assert q.qlora == "nf4" and q.argument_bytes < 0.8 * p.argument_bytes and q.peak_bytes < p.peak_bytes
     assert (plan.plan_row(q)["LoRA"] == "QLoRA nf4"
             and predictions.predict_run(q, profiles.get_profile("colab-v5e-1"))["step_s"] > pred["step_s"])
 
@@ -231,7 +246,7 @@ def test_a_step_out_of_hbm_is_a_plan_that_does_not_fit():
     assert p["output_bytes"] is None and p["peak_bytes"] == p["argument_bytes"] + p["temp_bytes"]
     assert p["argument_bytes"] > model_size.param_count(plan.with_layers(text, 2)) * 2  # bf16 weights at least
     result = plan.assemble_plan(v5e, "none", 2048, [p], 6, 6)
-    assert not result["fits"] and result["method"] == "compile stopped at 2 layers: HBM OOM"
+    assert not result.fits and result.method == "compile stopped at 2 layers: HBM OOM"
     assert plan.plan_row(result)["fits"] is False and plan.plan_row(result)["output GiB"] is None
     text = plan.format_plan(result)
     assert "DOES NOT FIT" in text and "--remat" in text and "out of HBM" in text
@@ -253,10 +268,10 @@ def test_a_colab_profile_trains_a_setting_that_fits_with_margin(name):
     and a real runtime more. E2B under BLOCK (15.36 of 16 GiB) would fail here; its profile trains under DECODER."""
     prof = profiles.get_profile(name)
     p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat, prof.lora.qlora),))[0]
-    assert p["method"] == "compiled" and p["layers"] == p["model_layers"] and p["seq_len"] == prof.train.max_seq_len
-    print(f"{name}: remat {prof.train.remat}, peak {p['peak_bytes'] / plan.GIB:.2f} "
+    assert p.method == "compiled" and p.layers == p.model_layers and p.seq_len == prof.train.max_seq_len
+    print(f"{name}: remat {prof.train.remat}, peak {p.peak_bytes / plan.GIB:.2f} "
           f"of {prof.hardware.hbm_gib_per_chip} GiB")
-    assert p["peak_bytes"] <= 0.92 * p["hbm_bytes"]
+    assert p.peak_bytes <= 0.92 * p.hbm_bytes
 
 
 @needs_libtpu
@@ -279,10 +294,10 @@ def test_a_peak_between_usable_and_nominal_hbm_does_not_fit():
                           "output_bytes": int(9.5 * plan.GIB), "alias_bytes": int(9.5 * plan.GIB),
                           "temp_bytes": int((peak - 9.5) * plan.GIB), "peak_bytes": int(peak * plan.GIB)}
     over = plan.assemble_plan(v5e, "block", 2048, [point(15.9)], 35, 35)
-    assert not over["fits"] and over["spare_bytes"] < 0
+    assert not over.fits and over.spare_bytes < 0
     assert "DOES NOT FIT, 0.15 GiB over" in plan.format_plan(over) and "15.75 GiB XLA can use" in plan.format_plan(over)
     under = plan.assemble_plan(v5e, "block", 2048, [point(15.5)], 35, 35)
-    assert under["fits"] and plan.plan_row(under)["spare GiB"] == 0.25
+    assert under.fits and plan.plan_row(under)["spare GiB"] == 0.25
     assert "FITS, 0.25 GiB spare" in plan.format_plan(under)
 
 
@@ -303,7 +318,7 @@ def test_plan_without_aot_prints_the_shipped_verdict(tmp_path):
     r = run_cli("plan", "--profile", "colab-v6e-1", cwd=tmp_path, env={"GEMMA_TPU_RUNS": "runs"}, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     ref = plan.course_plans("/nonexistent", settings=(("colab-v6e-1", "block", None),))[0]
-    assert f"{ref['peak_bytes'] / plan.GIB:.2f} GiB of the 31.24 GiB XLA can use" in r.stdout and "FITS" in r.stdout
+    assert f"{ref.peak_bytes / plan.GIB:.2f} GiB of the 31.24 GiB XLA can use" in r.stdout and "FITS" in r.stdout
     assert "from: reference" in r.stdout and not (tmp_path / "runs").exists()  # nothing compiled, nothing written
     r = run_cli("plan", "--profile", "v6e-8", "--remat", "none", cwd=tmp_path, timeout=300)
     assert r.returncode == 0 and "AOT plan" not in r.stdout and "(add --aot" in r.stdout  # no shipped point
@@ -320,12 +335,12 @@ def test_each_moe_tpu_profile_trains_the_experts_and_its_shipped_step_fits(name)
     prof = profiles.get_profile(name)
     assert set(EXPERT_TARGETS) <= set(prof.lora.targets) and prof.lora.expert_rank == 8
     p = plan.course_plans("/nonexistent", settings=((name, prof.train.remat, prof.lora.qlora),))[0]
-    assert p["source"].startswith("reference") and p["layers"] == p["model_layers"] == 30
-    assert p["seq_len"] == prof.train.max_seq_len == 3072 and p["batch"] == prof.train.micro_batch
-    assert all(point["expert_rank"] == 8 for point in p["points"]) and p["expert_rank"] == 8
+    assert p.source.startswith("reference") and p.layers == p.model_layers == 30
+    assert p.seq_len == prof.train.max_seq_len == 3072 and p.batch == prof.train.micro_batch
+    assert all(point["expert_rank"] == 8 for point in p.points) and p.expert_rank == 8
     text = plan.format_plan(p)
     print(text)
-    assert p["fits"] and p["peak_bytes"] <= p["hbm_usable_bytes"] and ": FITS, " in text
+    assert p.fits and p.peak_bytes <= p.hbm_usable_bytes and ": FITS, " in text
     assert "rank 64 + experts r8, bf16" in text and plan.plan_row(p)["LoRA"].endswith("+ experts r8")
 
 

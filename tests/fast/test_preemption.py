@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from gemma_tpu_helpers.course.runs import launch, train
+from gemma_tpu_helpers.course.training import launch, train
 from gemma_tpu_helpers.fixes.train.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch
 from support import REPO
 

@@ -14,7 +14,7 @@ import pytest
 
 import support
 from gemma_tpu_helpers.course.config import paths, profiles
-from gemma_tpu_helpers.course.runs import profile_steps
+from gemma_tpu_helpers.course.training import profile_steps
 from gemma_tpu_helpers.fixes.serve import vllm_command, vllm_server
 from support import run_cli
 

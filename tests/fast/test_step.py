@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gemma_tpu_helpers.course.runs import train
+from gemma_tpu_helpers.course.training import train
 from gemma_tpu_helpers.fixes.model import gemma4
 from gemma_tpu_helpers.fixes.train import remat, sft, step
 

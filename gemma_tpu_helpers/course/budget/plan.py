@@ -35,6 +35,60 @@ class PlanError(GemmaTpuError, ValueError):
     pass
 
 
+@dataclasses.dataclass(frozen=True)
+class AotPlan:
+    """XLA's memory for one setting of the train step, per chip (``*_bytes``), against the chip's HBM: compiled at
+    ``layers`` or extrapolated there from the compiled ``points`` (``method`` says which; ``fit``: each figure's
+    fixed and per-layer part, when extrapolated). ``hbm_oom``: XLA stopped for lack of HBM, so ``peak_bytes``
+    (arguments + temporaries) is a lower bound and the output and alias figures are unknown (None)."""
+
+    profile: str
+    topology: str
+    chip: str
+    mesh: dict
+    model: str
+    remat: str
+    seq_len: int
+    batch: int
+    lora_rank: int
+    qlora: str | None  # "nf4": the QLoRA step
+    expert_rank: int | None  # each routed expert's LoRA rank (an MoE), else None
+    layers: int
+    model_layers: int
+    method: str
+    points: list[dict]  # compile_train_step's figures at each compiled depth (as data/aot_points.json ships them)
+    argument_bytes: int
+    temp_bytes: int
+    output_bytes: int | None
+    alias_bytes: int | None
+    peak_bytes: int
+    hbm_bytes: int
+    hbm_usable_bytes: int  # what XLA may allocate of it (profiles.Hardware.hbm_usable_gib_per_chip)
+    spare_bytes: int | None
+    fits: bool
+    hbm_oom: bool
+    compile_s_total: float
+    flops: float | None = None  # XLA's cost analysis of one micro-step, per chip (None: compiled before it was kept)
+    bytes_accessed: float | None = None
+    optimal_seconds: float | None = None
+    fit: dict = dataclasses.field(default_factory=dict)  # {figure: {"fixed": bytes, "per_layer": bytes}}
+    source: str = ""  # course_plans: the shipped reference, a cached compile, or compiled now
+
+    @classmethod
+    def from_json(cls, data: dict) -> AotPlan:
+        """A plan as :func:`cached_aot_plan` stores it; one cached before this class (flat ``<figure>_fixed`` and
+        ``<figure>_per_layer`` keys, no usable-HBM figure) reads too."""
+        fit = data.get("fit") or {k[:-len("_per_layer")]: {"fixed": data[k[:-len("_per_layer")] + "_fixed"],
+                                                           "per_layer": data[k]}
+                                  for k in data if k.endswith("_per_layer")}
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {"hbm_usable_bytes": data["hbm_bytes"], "hbm_oom": False, "expert_rank": None, "qlora": None,
+                  "model": "google/gemma-4-31B-it", "model_layers": data["layers"], **data, "fit": fit}
+        values.setdefault("spare_bytes", None if values["hbm_oom"] else
+                          values["hbm_usable_bytes"] - values["peak_bytes"])
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
 def require_libtpu() -> None:
     if importlib.util.find_spec("libtpu") is None:
         raise PlanError("The AOT plan compiles for a TPU topology and needs libtpu on this host (no TPU required): "
@@ -168,25 +222,24 @@ def cost_figures(compiled) -> dict:
             "optimal_seconds": optimal if optimal > 0 else None}  # libtpu 0.0.52 gives v6e a negative one
 
 
-def extrapolate(points: list[dict], layers: int) -> dict:
+def extrapolate(points: list[dict], layers: int) -> tuple[dict, dict]:
     """Fit ``bytes = fixed + L * per_layer`` through the compiled points (two or more) and evaluate it at
-    ``layers``. Returns the predicted figures plus each figure's per-layer and fixed part."""
+    ``layers``: ``({"layers": layers, figure: predicted}, {figure: {"fixed": ..., "per_layer": ...}})``."""
     import numpy as np
 
     ls = np.array([p["layers"] for p in points], dtype=float)
-    out = {"layers": layers}
+    out, fit = {"layers": layers}, {}
     for k in _FIGURES + tuple(c for c in _COSTS if all(c in p for p in points)):
         ys = np.array([p[k] for p in points], dtype=float)
         per_layer, fixed = np.polyfit(ls, ys, 1)
         out[k] = int(round(fixed + per_layer * layers))
-        out[f"{k}_per_layer"] = int(round(per_layer))
-        out[f"{k}_fixed"] = int(round(fixed))
-    return out
+        fit[k] = {"fixed": int(round(fixed)), "per_layer": int(round(per_layer))}
+    return out, fit
 
 
 def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | None = None, layers: int | None = None,
              fit_layers: tuple[int, ...] = FIT_LAYERS, text_config: dict | None = None,
-             qlora: str | None = None) -> dict:
+             qlora: str | None = None) -> AotPlan:
     """XLA's per-chip memory for the profile's LoRA train step, against the chip's HBM.
 
     ``layers=None``: compile the ``fit_layers`` variants and extrapolate linearly to the model's depth (60 for the
@@ -217,80 +270,81 @@ def aot_plan(profile: Profile | str, remat: str | None = None, seq_len: int | No
 
 
 def assemble_plan(profile: Profile, policy: str, seq_len: int, points: list[dict], layers: int,
-                  model_layers: int = 60) -> dict:
+                  model_layers: int = 60) -> AotPlan:
     """An :func:`aot_plan` result from compiled points: the point itself if it has ``layers`` layers, else the
     linear fit through the points evaluated at ``layers``."""
     exact = [p for p in points if p["layers"] == layers]
     oom = [p for p in points if p.get("hbm_oom")]
+    fit = {}
     if oom:  # the deepest variant that ran out: a deeper model needs more
-        result = dict(max(oom, key=lambda p: p["layers"]))
-        method = f"compile stopped at {result['layers']} layers: HBM OOM"
+        figures = max(oom, key=lambda p: p["layers"])
+        method = f"compile stopped at {figures['layers']} layers: HBM OOM"
     elif exact:
-        result, method = dict(exact[0]), "compiled"
+        figures, method = exact[0], "compiled"
     else:
-        result = extrapolate(points, layers)
+        figures, fit = extrapolate(points, layers)
         method = f"extrapolated from {', '.join(str(p['layers']) for p in points)} layers"
-    hbm, usable = profile.hardware.hbm_gib_per_chip * GIB, profile.hardware.hbm_usable_gib_per_chip * GIB
-    result.update({
-        "profile": profile.name, "topology": profile.hardware.tpu_topology, "chip": profile.hardware.chip,
-        "mesh": dict(profile.hardware.mesh), "remat": policy, "seq_len": seq_len,
-        "batch": profile.train.micro_batch, "lora_rank": profile.lora.rank, "method": method, "points": points,
-        "qlora": points[0].get("qlora"), "expert_rank": points[0].get("expert_rank"), "model": profile.model.source,
-        "hbm_bytes": int(hbm), "hbm_usable_bytes": int(usable),
-        "spare_bytes": None if oom else int(usable - result["peak_bytes"]),
-        "fits": not oom and bool(result["peak_bytes"] <= usable), "model_layers": model_layers,
-        "compile_s_total": round(sum(p["compile_s"] for p in points), 1),
-    })
-    return result
+    hw = profile.hardware
+    hbm, usable = int(hw.hbm_gib_per_chip * GIB), int(hw.hbm_usable_gib_per_chip * GIB)
+    return AotPlan(
+        profile=profile.name, topology=hw.tpu_topology, chip=hw.chip, mesh=dict(hw.mesh), model=profile.model.source,
+        remat=policy, seq_len=seq_len, batch=profile.train.micro_batch, lora_rank=profile.lora.rank,
+        qlora=points[0].get("qlora"), expert_rank=points[0].get("expert_rank"), layers=figures["layers"],
+        model_layers=model_layers, method=method, points=points,
+        **{k: figures[k] for k in _FIGURES}, hbm_bytes=hbm, hbm_usable_bytes=usable,
+        spare_bytes=None if oom else usable - figures["peak_bytes"],
+        fits=not oom and bool(figures["peak_bytes"] <= usable), hbm_oom=bool(oom),
+        compile_s_total=round(sum(p["compile_s"] for p in points), 1),
+        **{k: figures.get(k) for k in (*_COSTS, "optimal_seconds")}, fit=fit)
 
 
-def fit_table(plan: dict):
+def fit_table(plan: AotPlan):
     """The compiled points of a plan and, when extrapolated, the fitted fixed and per-layer parts (GiB per chip)."""
     import pandas as pd
 
     rows = [{"what": f"compiled, {p['layers']} layers", "compile s": p["compile_s"],
              **{k.replace("_bytes", " GiB"): None if p.get(k) is None else round(p[k] / GIB, 3) for k in _FIGURES}}
-            for p in plan["points"]]
-    if f"{_FIGURES[0]}_per_layer" in plan:
+            for p in plan.points]
+    if plan.fit:
         for part in ("fixed", "per_layer"):
             rows.append({"what": f"fit: {part.replace('_', ' ')}",
-                         **{k.replace("_bytes", " GiB"): round(plan[f"{k}_{part}"] / GIB, 3) for k in _FIGURES}})
-        rows.append({"what": f"extrapolated, {plan['layers']} layers",
-                     **{k.replace("_bytes", " GiB"): round(plan[k] / GIB, 3) for k in _FIGURES}})
+                         **{k.replace("_bytes", " GiB"): round(plan.fit[k][part] / GIB, 3) for k in _FIGURES}})
+        rows.append({"what": f"extrapolated, {plan.layers} layers",
+                     **{k.replace("_bytes", " GiB"): round(getattr(plan, k) / GIB, 3) for k in _FIGURES}})
     return pd.DataFrame(rows)
 
 
-def lora_label(plan: dict, rank: bool = False) -> str:
+def lora_label(plan: AotPlan, rank: bool = False) -> str:
     """"LoRA", or "QLoRA nf4" for a plan of the QLoRA step (``rank``: and its rank), "+ experts r8" when each routed
     expert has its own LoRA (an MoE)."""
-    label = (f"QLoRA {plan['qlora']}" if plan.get("qlora") else "LoRA") + (f" rank {plan.get('lora_rank')}" * rank)
-    return label + (f" + experts r{plan['expert_rank']}" if plan.get("expert_rank") else "")
+    label = (f"QLoRA {plan.qlora}" if plan.qlora else "LoRA") + (f" rank {plan.lora_rank}" * rank)
+    return label + (f" + experts r{plan.expert_rank}" if plan.expert_rank else "")
 
 
-def plan_row(plan: dict) -> dict:
+def plan_row(plan: AotPlan) -> dict:
     """One table row (GiB per chip) of an :func:`aot_plan` result."""
-    g = lambda k: None if plan.get(k) is None else round(plan[k] / GIB, 2)  # noqa: E731
+    g = lambda k: None if getattr(plan, k) is None else round(getattr(plan, k) / GIB, 2)  # noqa: E731
     return {
-        "profile": plan["profile"], "remat": plan["remat"], "LoRA": lora_label(plan), "seq": plan["seq_len"],
-        "layers": plan["layers"],
-        "method": plan["method"], "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
+        "profile": plan.profile, "remat": plan.remat, "LoRA": lora_label(plan), "seq": plan.seq_len,
+        "layers": plan.layers,
+        "method": plan.method, "arguments GiB": g("argument_bytes"), "temp GiB": g("temp_bytes"),
         "output GiB": g("output_bytes"), "peak GiB": g("peak_bytes"), "HBM GiB": g("hbm_bytes"),
         "XLA can use GiB": g("hbm_usable_bytes"), "spare GiB": g("spare_bytes"),
-        "fits": plan["fits"] if plan["layers"] >= plan.get("model_layers", 60) or plan.get("hbm_oom")
-        else f"({plan['layers']} of {plan.get('model_layers', 60)} layers)",
-        "compile s": plan["compile_s_total"],
+        "fits": plan.fits if plan.layers >= plan.model_layers or plan.hbm_oom
+        else f"({plan.layers} of {plan.model_layers} layers)",
+        "compile s": plan.compile_s_total,
     }
 
 
-def plan_table(plans: list[dict]):
+def plan_table(plans: list[AotPlan]):
     import pandas as pd
 
     return pd.DataFrame([plan_row(p) for p in plans])
 
 
 def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: str | None = None,
-                    seq_len: int | None = None, layers: int | None = None, **kwargs) -> dict:
-    """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``cached`` says which."""
+                    seq_len: int | None = None, layers: int | None = None, **kwargs) -> AotPlan:
+    """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``source`` says which."""
     profile = profile if isinstance(profile, Profile) else profiles.get_profile(profile)
     key = plan_key(profile.name, remat or profile.train.remat, seq_len or profile.train.max_seq_len, layers,
                    kwargs.get("qlora") or profile.lora.qlora)
@@ -298,10 +352,10 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
         key += f"_d{kwargs['text_config']['hidden_size']}"
     path = Path(run_dir) / "plan" / f"{key}.json"
     if path.is_file():
-        return {**json.loads(path.read_text()), "cached": True}
-    result = aot_plan(profile, remat, seq_len, layers, **kwargs)
-    write_atomic(path, json.dumps(result, indent=1, default=str))
-    return {**result, "cached": False}
+        return dataclasses.replace(AotPlan.from_json(json.loads(path.read_text())), source=f"cached ({path})")
+    result = dataclasses.replace(aot_plan(profile, remat, seq_len, layers, **kwargs), source="compiled now")
+    write_atomic(path, json.dumps(dataclasses.asdict(result), indent=1, default=str))
+    return result
 
 
 # The course's settings: the three remat policies on the v5p-8, and the v6e-8, at seq 3072.
@@ -335,7 +389,7 @@ def plan_key(profile_name: str, policy: str, seq_len: int, layers: int | None, q
 
 
 def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COURSE_PLANS,
-                 seq_len: int | None = None, layers: int | None = None) -> list[dict]:
+                 seq_len: int | None = None, layers: int | None = None) -> list[AotPlan]:
     """The AOT plans of ``settings`` (``(profile, policy)`` or ``(profile, policy, qlora)``; ``seq_len`` default:
     each profile's): from ``run_dir/plan/`` when cached there, compiled (and cached) when ``compute``, else the
     reference figures shipped with the course (``source`` says which)."""
@@ -347,29 +401,29 @@ def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COU
         key = plan_key(name, policy, seq, layers, qlora)
         path = Path(run_dir) / "plan" / f"{key}.json"
         if path.is_file():
-            out.append({**json.loads(path.read_text()), "source": f"cached ({path})"})
+            out.append(dataclasses.replace(AotPlan.from_json(json.loads(path.read_text())), source=f"cached ({path})"))
         elif compute:
-            out.append({**cached_aot_plan(run_dir, prof, policy, seq, layers, qlora=qlora), "source": "compiled now"})
+            out.append(cached_aot_plan(run_dir, prof, policy, seq, layers, qlora=qlora))
         elif key in REFERENCE_POINTS:
             points = REFERENCE_POINTS[key]
             model_layers = base_model.profile_text_config(prof)["num_hidden_layers"]
             depth = layers or (model_layers if len(points) > 1 else points[0]["layers"])
             step = ("the train step" if all(p.get("step") == "train" for p in points) else
                     "the pre-#13 stand-in step (plain AdamW, replicated LoRA; recompile with plan --aot)")
-            out.append({**assemble_plan(prof, policy, seq, points, depth, model_layers),
-                        "source": f"reference ({REFERENCE_NOTE}; {step})"})
+            out.append(dataclasses.replace(assemble_plan(prof, policy, seq, points, depth, model_layers),
+                                           source=f"reference ({REFERENCE_NOTE}; {step})"))
     return out
 
 
-def extrapolation_error(plan: dict, checks: list[dict]):
+def extrapolation_error(plan: AotPlan, checks: list[dict]):
     """Extrapolated vs compiled bytes (GiB per chip) at the depths of independent compiles ``checks``. A check of
     another step than the plan's points (``step``: "train", or none for the pre-#13 stand-in) is left out: the
     table would measure the change of step, not the fit's error."""
     import pandas as pd
 
     rows = []
-    for c in (c for c in checks if c.get("step") == plan["points"][0].get("step")):
-        pred = extrapolate(plan["points"], c["layers"])
+    for c in (c for c in checks if c.get("step") == plan.points[0].get("step")):
+        pred, _ = extrapolate(plan.points, c["layers"])
         for k in ("argument_bytes", "temp_bytes", "peak_bytes"):
             rows.append({"layers": c["layers"], "figure": k.replace("_bytes", ""),
                          "extrapolated GiB": round(pred[k] / GIB, 3), "compiled GiB": round(c[k] / GIB, 3),
@@ -377,18 +431,16 @@ def extrapolation_error(plan: dict, checks: list[dict]):
     return pd.DataFrame(rows)
 
 
-def format_plan(plan: dict) -> str:
-    g = lambda k: plan[k] / GIB  # noqa: E731
-    usable = plan.get("hbm_usable_bytes", plan["hbm_bytes"])  # a plan cached before the usable figure: the nominal
-    spare = plan.get("spare_bytes", usable - plan["peak_bytes"])
+def format_plan(plan: AotPlan) -> str:
+    g = lambda k: getattr(plan, k) / GIB  # noqa: E731
+    usable, spare = plan.hbm_usable_bytes, plan.spare_bytes
     of = f"of the {usable / GIB:.2f} GiB XLA can use ({g('hbm_bytes'):.0f} GiB HBM)"
     lines = [
-        f"AOT plan: {plan['profile']} ({plan['topology']}, mesh {plan['mesh']}), "
-        f"{plan.get('model', 'google/gemma-4-31B-it')} {lora_label(plan, rank=True)}, bf16",
-        f"  remat={plan['remat']} batch={plan['batch']} seq={plan['seq_len']} layers={plan['layers']} "
-        f"({plan['method']})",
+        f"AOT plan: {plan.profile} ({plan.topology}, mesh {plan.mesh}), {plan.model} "
+        f"{lora_label(plan, rank=True)}, bf16",
+        f"  remat={plan.remat} batch={plan.batch} seq={plan.seq_len} layers={plan.layers} ({plan.method})",
     ]
-    for p in plan["points"]:
+    for p in plan.points:
         if p.get("hbm_oom"):
             lines.append(f"  compiled {p['layers']:3d} layers: XLA stopped after {p['compile_s']:.1f} s, out of HBM "
                          f"(temp {p['temp_bytes'] / GIB:.2f} GiB alone exceeds what the chip has)")
@@ -396,15 +448,15 @@ def format_plan(plan: dict) -> str:
         lines.append(f"  compiled {p['layers']:3d} layers in {p['compile_s']:6.1f} s: arguments "
                      f"{p['argument_bytes'] / GIB:7.2f} GiB, temp {p['temp_bytes'] / GIB:7.2f} GiB, "
                      f"output {p['output_bytes'] / GIB:7.2f} GiB")
-    if plan.get("hbm_oom"):
+    if plan.hbm_oom:
         lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB = at least "
                      f"{g('peak_bytes'):.2f} GiB {of}: DOES NOT FIT. Try remat block or "
                      f"decoder (--remat), a shorter --seq-len, or QLoRA (--qlora nf4).")
         return "\n".join(lines)
     lines.append(f"  per chip: arguments {g('argument_bytes'):.2f} GiB + temp {g('temp_bytes'):.2f} GiB + output "
                  f"{g('output_bytes'):.2f} GiB - aliased {g('alias_bytes'):.2f} GiB = {g('peak_bytes'):.2f} GiB "
-                 f"{of}: " + (f"FITS, {spare / GIB:.2f} GiB spare" if plan["fits"] else
+                 f"{of}: " + (f"FITS, {spare / GIB:.2f} GiB spare" if plan.fits else
                               f"DOES NOT FIT, {-spare / GIB:.2f} GiB over")
-                 + (f" (a {plan['layers']}-layer variant of the {plan['model_layers']}-layer model)"
-                    if plan["layers"] < plan.get("model_layers", plan["layers"]) else ""))
+                 + (f" (a {plan.layers}-layer variant of the {plan.model_layers}-layer model)"
+                    if plan.layers < plan.model_layers else ""))
     return "\n".join(lines)

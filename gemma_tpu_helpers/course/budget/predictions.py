@@ -14,7 +14,7 @@ from ...fixes.train import packing
 from ..config import base_model, profiles
 from ..config.profiles import Profile
 from . import serving_bench
-from .plan import PlanError, course_plans, with_layers
+from .plan import AotPlan, PlanError, course_plans, with_layers
 
 # Rematerialisation recomputes each layer's forward once in the backward pass (tunix BLOCK / DECODER).
 _RECOMPUTED_FORWARDS = {"none": 0, "block": 1, "decoder": 1}
@@ -70,38 +70,38 @@ def epoch_rows(profile: Profile, seed: int = 0) -> dict:
     return {"examples": int(n), **use}
 
 
-def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, paper_steps: int | None = None,
+def predict_run(plan: AotPlan, profile: Profile, paper_hours: float | None = None, paper_steps: int | None = None,
                 paper_profile: str = "v5p-8", text_config: dict | None = None) -> dict:
     """The training run an :func:`aot_plan` result (with cost figures) implies: roofline seconds per optimizer step
     (XLA's per-chip FLOPs at peak or its bytes at HBM bandwidth, whichever is longer), steps per epoch packed vs
     padded, hours and dollars per epoch, the MFU the paper's measured run implies, and the epoch at that MFU.
     A profile without a price (Colab bills compute units) gets hours and no dollars."""
     hw, tr = profile.hardware, profile.train
-    if "flops" not in plan:
-        raise PlanError(f"The plan for {plan['profile']} has no cost analysis (compiled before it was recorded); "
+    if plan.flops is None:
+        raise PlanError(f"The plan for {plan.profile} has no cost analysis (compiled before it was recorded); "
                         f"recompile it.")
     if not hw.peak_bf16_flops_per_chip or not hw.hbm_bytes_per_s_per_chip:
         raise PlanError(f"Profile {profile.name!r} names no chip peaks (profiles.CHIP_PEAK_BF16_FLOPS).")
 
     chips, rows_per_step = hw.num_devices, tr.micro_batch * tr.grad_accum
-    compute_s = plan["flops"] / hw.peak_bf16_flops_per_chip
-    memory_s = plan["bytes_accessed"] / hw.hbm_bytes_per_s_per_chip
+    compute_s = plan.flops / hw.peak_bf16_flops_per_chip
+    memory_s = plan.bytes_accessed / hw.hbm_bytes_per_s_per_chip
     micro_s = max(compute_s, memory_s)
     step_s = micro_s * tr.grad_accum
-    text = with_layers(text_config or base_model.profile_text_config(profile), plan["layers"])
-    analytic = analytic_step_flops(text, plan["batch"], plan["seq_len"], plan["lora_rank"], profile.lora.targets,
-                                   plan["remat"], profile.lora.expert_rank)
-    xla_total = plan["flops"] * chips
+    text = with_layers(text_config or base_model.profile_text_config(profile), plan.layers)
+    analytic = analytic_step_flops(text, plan.batch, plan.seq_len, plan.lora_rank, profile.lora.targets,
+                                   plan.remat, profile.lora.expert_rank)
+    xla_total = plan.flops * chips
     rows = epoch_rows(profile)
     steps = {k: math.ceil(rows[f"{k}_rows"] / rows_per_step) for k in ("packed", "padded")}
     price = hw.price_usd_per_hour
     usd = lambda hours: {k: h * price for k, h in hours.items()} if price else dict.fromkeys(hours)  # noqa: E731
     out = {
-        "profile": profile.name, "chips": chips, "layers": plan["layers"], "remat": plan["remat"],
-        "seq_len": plan["seq_len"], "rows_per_step": rows_per_step,
-        "flops_per_chip": plan["flops"], "bytes_per_chip": plan["bytes_accessed"],
+        "profile": profile.name, "chips": chips, "layers": plan.layers, "remat": plan.remat,
+        "seq_len": plan.seq_len, "rows_per_step": rows_per_step,
+        "flops_per_chip": plan.flops, "bytes_per_chip": plan.bytes_accessed,
         "compute_s": compute_s, "memory_s": memory_s, "bound": "compute" if compute_s >= memory_s else "memory",
-        "micro_step_s": micro_s, "step_s": step_s, "xla_optimal_s": plan.get("optimal_seconds"),
+        "micro_step_s": micro_s, "step_s": step_s, "xla_optimal_s": plan.optimal_seconds,
         "analytic_total_flops": analytic["total"], "analytic_model_flops": analytic["model"],
         "xla_over_analytic": xla_total / analytic["total"], "attention_share": analytic["attention_share"],
         "rows": rows, "steps": steps, "price_usd_per_hour": price,
@@ -115,13 +115,13 @@ def predict_run(plan: dict, profile: Profile, paper_hours: float | None = None, 
     # FLOPs per row (this step's count when the plan is of the paper's model and length)
     paper_rows = paper.train.micro_batch * paper.train.grad_accum
     paper_row_flops = analytic_step_flops(base_model.profile_text_config(paper), 1, paper.train.max_seq_len,
-                                          paper.lora.rank, paper.lora.targets, plan["remat"])["model"]
+                                          paper.lora.rank, paper.lora.targets, plan.remat)["model"]
     paper_mfu = paper_steps * paper_rows * paper_row_flops / (
         paper_hours * 3600 * paper.hardware.num_devices * paper.hardware.peak_bf16_flops_per_chip)
     out.update({"paper_hours": paper_hours, "paper_steps": paper_steps, "paper_mfu": paper_mfu,
                 "paper_hfu": paper_mfu * xla_total / analytic["model"],  # XLA's FLOPs, the recompute included
                 "roofline_mfu": analytic["model"] / (chips * hw.peak_bf16_flops_per_chip * micro_s)})
-    at_paper_s = analytic["model"] / plan["batch"] * rows_per_step / (paper_mfu * chips * hw.peak_bf16_flops_per_chip)
+    at_paper_s = analytic["model"] / plan.batch * rows_per_step / (paper_mfu * chips * hw.peak_bf16_flops_per_chip)
     at_paper_s = max(at_paper_s, step_s)  # never faster than the roofline (a memory-bound chip: v6e)
     out["paper_mfu_step_s"] = at_paper_s
     out["paper_mfu_hours"] = {k: v * at_paper_s / 3600 for k, v in steps.items()}
@@ -138,8 +138,8 @@ def course_predictions(run_dir: str | os.PathLike, compute: bool = False, settin
     the shipped reference) has XLA's cost analysis; the others are left out (compile them with ``plan --aot``)."""
     out = []
     for p in course_plans(run_dir, compute=compute, settings=settings):
-        if "flops" in p and p["layers"] >= p.get("model_layers", p["layers"]):
-            out.append({**predict_run(p, profiles.get_profile(p["profile"])), "source": p["source"]})
+        if p.flops is not None and p.layers >= p.model_layers:
+            out.append({**predict_run(p, profiles.get_profile(p.profile)), "source": p.source})
     return out
 
 

@@ -13,7 +13,7 @@ from ...fixes.train import remat as remat_lib
 from ..budget import param_memory, plan, predictions
 from ..config import base_model, paths, profiles, tiny
 from ..front import logbook, preflight, workshop
-from ..runs import profile_steps
+from ..training import profile_steps
 from ..views import data_views, model_views
 from .cli import (
     Command,
@@ -204,16 +204,15 @@ def run_plan(args) -> int:
                                   seq_len=args.seq_len, layers=args.layers)
         if known:  # compiled here before (runs/<profile>/plan) or shipped with the course: no compile
             print(plan.format_plan(known[0]))
-            print(f"  from: {known[0]['source']}")
+            print(f"  from: {known[0].source}")
         print("(add --aot for XLA's compiled per-chip figures, activations included" +
               (", compiled now)" if known else ")"))
         return 0
     result = plan.aot_plan(profile, args.remat, args.seq_len, args.layers, qlora=args.qlora)
     print(plan.format_plan(result))
-    if (result["layers"] >= result.get("model_layers", result["layers"])
-            and profile.hardware.peak_bf16_flops_per_chip and not result.get("hbm_oom")):
+    if result.layers >= result.model_layers and profile.hardware.peak_bf16_flops_per_chip and not result.hbm_oom:
         print(predictions.format_prediction(predictions.predict_run(result, profile)))
-    return 0 if result["fits"] else 1
+    return 0 if result.fits else 1
 
 
 # ----------------------------------------------------------------------------------------------------- data-stats

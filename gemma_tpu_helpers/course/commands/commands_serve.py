@@ -14,7 +14,7 @@ from ...fixes.serve import vllm_command, vllm_server
 from ..budget import cost, serving_bench
 from ..config import paths, profiles
 from ..front import preflight
-from ..runs import learning_check
+from ..training import learning_check
 from . import hardware_report
 from .cli import Command, cli_path, input_file, non_negative_int, positive_int, positive_seconds, tcp_port
 

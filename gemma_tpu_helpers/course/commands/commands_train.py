@@ -13,7 +13,7 @@ from ...fixes.train import data, multihost
 from ...fixes.train.preemption import PREEMPTED_EXIT
 from ..config import profiles
 from ..front import preflight
-from ..runs import launch, profile_steps, train
+from ..training import launch, profile_steps, train
 from .cli import (
     Command,
     cli_path,

@@ -27,7 +27,7 @@ from ..budget import plan, predictions
 from ..config import paths
 from ..config.profiles import Profile, resolve_run
 from ..front import logbook, preflight
-from ..runs import train
+from ..training import train
 from .cli import PROG
 
 REPORT = "hardware_report.md"  # in the run directory (the local one when the run directory is on gs://)
@@ -136,8 +136,8 @@ def prediction(profile: Profile, run_dir) -> dict | None:
     if not found:
         return None
     p = found[0]
-    out = {"peak_bytes": p.get("peak_bytes"), "source": p["source"]}
-    if "flops" in p and p["layers"] >= p.get("model_layers", p["layers"]) and profile.hardware.peak_bf16_flops_per_chip:
+    out = {"peak_bytes": p.peak_bytes, "source": p.source}
+    if p.flops is not None and p.layers >= p.model_layers and profile.hardware.peak_bf16_flops_per_chip:
         out["run"] = predictions.predict_run(p, profile)
     return out
 

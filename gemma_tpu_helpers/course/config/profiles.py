@@ -101,7 +101,7 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class LearnSpec:
-    """The learning check's settings (``course/runs/learning_check.py``): the LoRA trained on ``tasks`` eval
+    """The learning check's settings (``course/training/learning_check.py``): the LoRA trained on ``tasks`` eval
     problems (the shortest references), each optimizer step one pass over them, then merged, served and scored
     greedily."""
 

@@ -36,7 +36,7 @@ from ..budget.serving_bench import PAPER_TRAINING_HOURS
 from ..config import paths
 from ..config.profiles import GPU_RECIPE, get_profile
 from ..config.tiny import tiny_text_config
-from ..runs.profile_steps import hbm_per_chip
+from ..training.profile_steps import hbm_per_chip
 
 RIGHT, WRONG, NOT_ATTEMPTED = "right", "wrong", "not attempted"
 REL_TOL = 1e-3  # numeric answers: relative tolerance (enough for hand-rounded figures to 3 significant digits)

@@ -44,13 +44,14 @@ _NOTEBOOKS = [
      "fixes.train.remat, course.budget.plan"),
     ("05_data_pipeline", "Data pipeline restructuring: chat format, loss mask, packing", "fixes.train.data"),
     ("06_training", "LoRA training, checkpoints, resume, GPU-recipe equivalence, the learning check's training",
-     "fixes.train.sft, fixes.train.data, course.runs.train, course.runs.equivalence, course.runs.learning_check"),
+     "fixes.train.sft, fixes.train.data, course.training.train, course.training.equivalence, "
+     "course.training.learning_check"),
     ("07_orbax_merge", "Orbax -> safetensors merge, streamed and verified",
      "fixes.export.merge, fixes.export.weight_check, fixes.export.verify, fixes.export.peft_export"),
     ("08_vllm_serving", "vLLM-TPU setup (vLLM CPU build here)",
      "fixes.serve.vllm_server, fixes.serve.vllm_command, fixes.serve.vllm_client, fixes.model.greedy"),
     ("09_evaluation", "VerilogEval-style pass@k with iverilog; the learning check, before and after",
-     "fixes.eval.eval_score, fixes.eval.eval_sample, fixes.eval.eval_simulate, course.runs.learning_check"),
+     "fixes.eval.eval_score, fixes.eval.eval_sample, fixes.eval.eval_simulate, course.training.learning_check"),
     ("10_benchmark_and_cost", "vllm bench serve sweep and TPU-vs-GPU cost",
      "course.budget.serving_bench, course.budget.cost"),
 ]

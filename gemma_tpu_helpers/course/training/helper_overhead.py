@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ...fixes.train import data, lora, packing, sft
 from ...fixes.model import gemma4, hf_checkpoint
 from ...fixes.model import mesh as mesh_lib
-from . import train
+from ...fixes.train import data, lora, packing, sft
 from ..config.profiles import Profile
+from . import train
 
 
 def bare_tunix_run(profile: Profile, base_dir, prepared, steps: int) -> dict:

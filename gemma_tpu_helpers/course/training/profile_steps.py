@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ...fixes.model import gemma4
-from ...fixes.serve import vllm_command
 from ...fixes.core.file_io import path_id
-from ...fixes.model.layout import lora_param_count
-from ...fixes.train.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex
 from ...fixes.export.merge import merge_lora, read_merge_info
+from ...fixes.model import gemma4
+from ...fixes.model.layout import lora_param_count
+from ...fixes.serve import vllm_command
+from ...fixes.train.lora import EXPERT_TARGETS, apply_lora, coverage_of_regex
 from ..config import base_model, profiles
 from ..views import model_views
 from . import train

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ...fixes.train import data as data_lib
-from ...fixes.model import gemma4, sharding
-from ...fixes.train import lora, packing, remat, sft
-from ...fixes.model import mesh as mesh_lib
 from ...fixes.core.errors import GemmaTpuError
 from ...fixes.core.file_io import absolute_path, config_hash, is_remote, to_path, write_atomic
+from ...fixes.model import gemma4, sharding
+from ...fixes.model import mesh as mesh_lib
 from ...fixes.model.hf_checkpoint import read_text_config
+from ...fixes.train import data as data_lib
+from ...fixes.train import lora, packing, remat, sft
 from ...fixes.train.lora_checkpoint import list_steps
 from ...fixes.train.multihost import is_main, main_first, process_rows
 from ...fixes.train.preemption import PREEMPTED_EXIT, NoticeBeforeTraining, PreemptionWatch

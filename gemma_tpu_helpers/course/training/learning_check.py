@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ...fixes.train import chat_tokens, packing
-from ...fixes.eval import eval_problems, eval_sample, eval_score
-from ...fixes.serve import vllm_server
-from ...fixes.train import data as data_lib
-from ...fixes.model.chat_format import GEMMA3_CHAT_TEMPLATE
 from ...fixes.core.errors import GemmaTpuError
 from ...fixes.core.file_io import write_atomic
+from ...fixes.eval import eval_problems, eval_sample, eval_score
 from ...fixes.export.merge import merge_lora
+from ...fixes.model.chat_format import GEMMA3_CHAT_TEMPLATE
+from ...fixes.serve import vllm_server
+from ...fixes.train import chat_tokens, packing
+from ...fixes.train import data as data_lib
 from ..config import base_model, paths, profiles
 from . import train
 

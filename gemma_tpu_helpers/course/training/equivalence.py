@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...fixes.train import chat_tokens, data, packing, remat, sft
-from ...fixes.model import gemma4, layout, parity
 from ...fixes.export import peft_export
+from ...fixes.model import gemma4, layout, parity
+from ...fixes.train import chat_tokens, data, packing, remat, sft
 from ..config import paths
 from ..config.profiles import GPU_RECIPE, Profile
 
