@@ -53,9 +53,10 @@ def test_a_run_with_evaluations_reports_the_step_time_of_one_without(compared):
     a, b = table.attrs["helpers_step_s"], table.attrs["bare_step_s"]
     print(f"\nmedian step: {a:.2f} s with evaluations every 2 steps, {b:.2f} s in the bare loop (none); the steps "
           f"with an evaluation took {evals:.2f} s")
-    # Same program, same batches: the figure may differ by the machine's noise and the helpers' own cost only.
-    # Before clean_step, a step with an evaluation counted its time (notebook 06's smoke run: 8.8 s against 3.3 s).
-    assert 0.5 < a / b < 2, (a, b)
+    # The figure is the one step without a compile, evaluation or save in its time: step 3's, exactly. Before
+    # clean_step, a step with an evaluation counted its time (notebook 06's smoke run: 8.8 s against 3.3 s); the
+    # ratio to the bare loop is printed, not asserted (a timed bound failed at 0.49 on a loaded 2-core CI run).
+    assert a == metrics.loc[3, "step_s"] == table["helpers step s"].iloc[2], (a, metrics["step_s"])
 
 
 def test_compare_refuses_a_used_run_dir_and_too_few_steps(smoke, tiny_dir, tmp_path):
