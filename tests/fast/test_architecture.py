@@ -57,8 +57,8 @@ def imports(module: str):
             if len(parts) == 4 or not isinstance(node, ast.ImportFrom):  # a module, its names imported
                 out.append((inside, names, id(node) in inner))
             else:  # a folder, a tier or the package: the names are its modules
-                out.extend((f"{inside}.{n}" if inside else n, [], id(node) in inner) for n in names
-                           if (f"{inside}.{n}" if inside else n) in MODULES or len(parts) == 3)
+                named = [".".join([*parts[1:], n]) for n in names]
+                out.extend((m, [], id(node) in inner) for m in named if m in MODULES or len(parts) == 3)
     return out
 
 

@@ -78,9 +78,8 @@ class AotPlan:
     def from_json(cls, data: dict) -> AotPlan:
         """A plan as :func:`cached_aot_plan` stores it; one cached before this class (flat ``<figure>_fixed`` and
         ``<figure>_per_layer`` keys, no usable-HBM figure) reads too."""
-        fit = data.get("fit") or {k[:-len("_per_layer")]: {"fixed": data[k[:-len("_per_layer")] + "_fixed"],
-                                                           "per_layer": data[k]}
-                                  for k in data if k.endswith("_per_layer")}
+        fit = data.get("fit") or {k: {"fixed": data[f"{k}_fixed"], "per_layer": data[f"{k}_per_layer"]}
+                                  for k in (*_FIGURES, *_COSTS) if f"{k}_per_layer" in data}
         names = {f.name for f in dataclasses.fields(cls)}
         values = {"hbm_usable_bytes": data["hbm_bytes"], "hbm_oom": False, "expert_rank": None, "qlora": None,
                   "model": "google/gemma-4-31B-it", "model_layers": data["layers"], **data, "fit": fit}
@@ -342,6 +341,11 @@ def plan_table(plans: list[AotPlan]):
     return pd.DataFrame([plan_row(p) for p in plans])
 
 
+def read_cached_plan(path: Path) -> AotPlan:
+    """A plan :func:`cached_aot_plan` wrote to ``path``, its ``source`` naming the file."""
+    return dataclasses.replace(AotPlan.from_json(json.loads(path.read_text())), source=f"cached ({path})")
+
+
 def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: str | None = None,
                     seq_len: int | None = None, layers: int | None = None, **kwargs) -> AotPlan:
     """:func:`aot_plan`, cached as JSON in ``run_dir/plan/`` (compile once, reuse on rerun); ``source`` says which."""
@@ -352,7 +356,7 @@ def cached_aot_plan(run_dir: str | os.PathLike, profile: Profile | str, remat: s
         key += f"_d{kwargs['text_config']['hidden_size']}"
     path = Path(run_dir) / "plan" / f"{key}.json"
     if path.is_file():
-        return dataclasses.replace(AotPlan.from_json(json.loads(path.read_text())), source=f"cached ({path})")
+        return read_cached_plan(path)
     result = dataclasses.replace(aot_plan(profile, remat, seq_len, layers, **kwargs), source="compiled now")
     write_atomic(path, json.dumps(dataclasses.asdict(result), indent=1, default=str))
     return result
@@ -401,7 +405,7 @@ def course_plans(run_dir: str | os.PathLike, compute: bool = False, settings=COU
         key = plan_key(name, policy, seq, layers, qlora)
         path = Path(run_dir) / "plan" / f"{key}.json"
         if path.is_file():
-            out.append(dataclasses.replace(AotPlan.from_json(json.loads(path.read_text())), source=f"cached ({path})"))
+            out.append(read_cached_plan(path))
         elif compute:
             out.append(cached_aot_plan(run_dir, prof, policy, seq, layers, qlora=qlora))
         elif key in REFERENCE_POINTS:
